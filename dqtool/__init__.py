@@ -1,0 +1,35 @@
+"""dqtool: inspect, convert, fold, check and lint the dequantization nodes of ONNX models.
+
+The public API is imported lazily so that ``import dqtool`` stays cheap and a command
+such as ``fold`` never imports onnxruntime.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+__version__ = "0.1.0"
+
+# public name -> module that defines it
+_API = {
+    "DqtoolError": "dqtool.errors",
+    "InputError": "dqtool.errors",
+    "RefusedError": "dqtool.errors",
+    "KernelError": "dqtool.errors",
+    "dequantize": "dqtool.kernel",
+    "quantize": "dqtool.kernel",
+    "dequantize_opmx": "dqtool.kernel",
+    "reference_evaluator": "dqtool.kernel.evaluator",
+}
+
+__all__ = sorted(_API)
+
+
+def __getattr__(name: str) -> Any:
+    module = _API.get(name)
+    if module is None:
+        raise AttributeError(f"module 'dqtool' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
