@@ -1,0 +1,3 @@
+from dqtool.cli import main
+
+main()

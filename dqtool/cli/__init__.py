@@ -1,0 +1,86 @@
+"""The ``dqtool`` command line: a thin layer over the Python API.
+
+Each command lives in its own module and is imported only when it runs, so a command
+whose import fails does not take the others down, and ``fold`` never imports onnxruntime.
+User errors print one line on stderr with exit 2 (bad input) or 1 (findings / refused);
+anything else is a bug and keeps its traceback.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+import click
+
+from dqtool import __version__
+from dqtool.cli.app import App
+
+# command -> (module, attribute, one-line help shown in `dqtool --help`)
+COMMANDS: dict[str, tuple[str, str, str]] = {
+    "inspect": ("dqtool.cli.inspect_cmd", "inspect_cmd",
+                "What dequantization a model holds, and what is wrong with it."),
+    "upgrade": ("dqtool.cli.convert_cmd", "upgrade_cmd",
+                "Move a model up to an opset, converting every Q/DQ exactly."),
+    "downgrade": ("dqtool.cli.convert_cmd", "downgrade_cmd",
+                  "Lower a model to an opset by exact rewrites, or refuse with the reason."),
+    "fold": ("dqtool.cli.fold_cmd", "fold_cmd",
+             "Fold constant dequantization into float initializers."),
+    "check": ("dqtool.cli.check_cmd", "check_cmd",
+              "Validate a model or a conversion against onnxruntime and the kernel."),
+    "lint": ("dqtool.cli.lint_cmd", "lint_cmd",
+             "Lint models against a target (an opset, onnxruntime, DirectML, ...)."),
+}
+
+
+def _unavailable(name: str, reason: str) -> click.Command:
+    @click.command(name, help=f"(not available: {reason})",
+                   context_settings={"ignore_unknown_options": True})
+    @click.argument("args", nargs=-1, type=click.UNPROCESSED)
+    @click.pass_obj
+    def cmd(app: App, args: tuple[str, ...]) -> None:
+        app.abort(f"'{name}' is not available in this build: {reason}", 2)
+
+    return cmd
+
+
+class LazyGroup(click.Group):
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return list(COMMANDS)
+
+    def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
+        if name not in COMMANDS:
+            return None
+        module, attr, _ = COMMANDS[name]
+        try:
+            return getattr(importlib.import_module(module), attr)
+        except (ImportError, AttributeError) as e:
+            return _unavailable(name, str(e).splitlines()[0])
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        # Short help from the table: listing commands must not import them all.
+        with formatter.section("Commands"):
+            formatter.write_dl([(name, text) for name, (_, _, text) in COMMANDS.items()])
+
+
+@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="dqtool")
+@click.option("-v", "--verbose", count=True, help="More detail on stderr.")
+@click.pass_context
+def cli(ctx: click.Context, verbose: int) -> None:
+    """Inspect, convert, fold, check and lint the dequantization nodes of ONNX models.
+
+    Exit codes: 0 success; 1 findings (check mismatch, lint errors, conversion refused);
+    2 usage error or unreadable input.
+    """
+    ctx.obj = App(verbose=verbose)
+
+
+def main(argv: list[str] | None = None) -> None:
+    from dqtool.errors import DqtoolError
+
+    try:
+        cli.main(args=argv, prog_name="dqtool", standalone_mode=True)
+    except DqtoolError as e:  # raised outside a command body (rare)
+        App().abort(str(e), e.exit_code)
+    sys.exit(0)

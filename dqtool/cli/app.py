@@ -1,0 +1,64 @@
+"""The object every command gets: consoles, verbosity, and how to stop with a message."""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import sys
+from collections.abc import Callable
+from typing import Any, NoReturn, TypeVar
+
+import click
+from rich.console import Console
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+class App:
+    """Data goes to stdout, messages to stderr; NO_COLOR is honoured by rich."""
+
+    def __init__(self, verbose: int = 0) -> None:
+        self.verbose = verbose
+        no_color = bool(os.environ.get("NO_COLOR"))
+        self.out = Console(file=sys.stdout, no_color=no_color, highlight=False, soft_wrap=False)
+        self.err = Console(file=sys.stderr, no_color=no_color, highlight=False, stderr=True)
+
+    def abort(self, message: str, code: int = 2) -> NoReturn:
+        # A plain write: rich would wrap a long path across lines, and this must be one line.
+        click.echo(f"dqtool: error: {message}", err=True)
+        raise SystemExit(code)
+
+    def warn(self, message: str) -> None:
+        click.echo(f"dqtool: warning: {message}", err=True)
+
+    def info(self, message: str) -> None:
+        self.err.print(message)
+
+    def print_json(self, doc: Any) -> None:
+        sys.stdout.write(json.dumps(doc, indent=2, default=_json_default) + "\n")
+
+
+def _json_default(o: Any) -> Any:
+    if hasattr(o, "to_json"):
+        return o.to_json()
+    if hasattr(o, "item"):
+        return o.item()
+    if isinstance(o, (set, frozenset, tuple)):
+        return list(o)
+    return str(o)
+
+
+def user_errors(func: F) -> F:
+    """Turn dqtool's user errors into one line and an exit code; bugs keep tracebacks."""
+
+    @functools.wraps(func)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        from dqtool.errors import DqtoolError
+
+        try:
+            return func(*args, **kwargs)
+        except DqtoolError as e:
+            App().abort(str(e), e.exit_code)
+
+    return wrapper  # type: ignore[return-value]

@@ -1,0 +1,96 @@
+"""``dqtool inspect MODEL [--json]``."""
+
+from __future__ import annotations
+
+import click
+from rich.table import Table
+
+from dqtool.cli.app import App, user_errors
+
+
+def _size(n: int | None) -> str:
+    if n is None:
+        return "?"
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return str(n)
+
+
+def _shape(dims) -> str:
+    return "?" if dims is None else "(" + ",".join("?" if d is None else str(d) for d in dims) + ")"
+
+
+def render(app: App, report) -> None:
+    table = Table(title=f"{report.model}: {len(report.nodes)} Q/DQ nodes", title_justify="left")
+    for col in ("node", "op", "types (q→s→out)", "granularity", "zp", "const", "shape",
+                "stored→folded", "feeds", "problems"):
+        table.add_column(col, overflow="fold")
+    for n in report.nodes:
+        s = n.spec
+        op = f"{s.domain}:{'DQ' if s.is_dequantize else 'Q'}-{s.version}"
+        gran = s.granularity or "?"
+        if s.granularity == "per-axis":
+            gran += f" axis={s.axis}"
+        elif s.granularity == "blocked":
+            gran += f" axis={s.axis} bs={s.block_size}"
+        kinds = f"{s.quant_type}→{s.scale_type}→{s.float_type if s.is_dequantize else s.quant_type}"
+        where = n.name or "<unnamed>"
+        if n.graph != "main":
+            where += f"\n[{n.graph}]"
+        problems = "\n".join(f"{p.severity}: {p.message}" for p in s.problems) or "-"
+        table.add_row(
+            where, op, kinds, gran, s.zero_point, "yes" if s.constant else "no",
+            _shape(s.x_shape), f"{_size(n.bytes_stored)}→{_size(n.bytes_folded)}"
+            if s.is_dequantize else "-", ",".join(sorted(set(n.consumers))) or "-", problems,
+        )
+    app.out.print(table)
+    sm = report.summary
+    app.out.print(
+        f"IR version {report.ir_version}; opsets "
+        + ", ".join(f"{d} {v}" for d, v in report.opset_imports.items())
+        + (f"; {sm['functions']} local functions" if sm["functions"] else "")
+        + ("; external data" if report.external_data else "")
+    )
+    app.out.print(f"{sm['dequantize_nodes']} DequantizeLinear, {sm['quantize_nodes']} "
+                  f"QuantizeLinear; {sm['constant_dequantize']} constant DequantizeLinear; "
+                  f"{sm['nodes_with_problems']} with errors")
+    for key, label in (("by_domain_version", "by domain/version"),
+                       ("by_quant_type", "by quantized type"),
+                       ("by_granularity", "by granularity")):
+        if sm[key]:
+            app.out.print(f"{label}: " + ", ".join(f"{k} ×{v}" for k, v in sm[key].items()))
+    app.out.print(f"bytes stored {_size(sm['bytes_stored'])}, folded {_size(sm['bytes_folded'])}"
+                  + (f" ({sm['bytes_unknown']} nodes of unknown size)" if sm["bytes_unknown"]
+                     else ""))
+    app.out.print(f"lowest ai.onnx opset expressing every node: {_lowest(sm)}")
+
+
+def _lowest(sm: dict) -> str:
+    if sm["not_expressible_in_onnx"]:
+        return "none (" + ", ".join(sm["not_expressible_in_onnx"]) + " cannot be)"
+    text = "any (no typed Q/DQ nodes)" if sm["lowest_onnx_opset"] is None \
+        else str(sm["lowest_onnx_opset"])
+    if sm["types_unknown"]:
+        text += f" (types unknown for {len(sm['types_unknown'])} nodes)"
+    return text
+
+
+@click.command("inspect")
+@click.argument("model", type=click.Path(dir_okay=True, path_type=str))
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
+@click.pass_obj
+@user_errors
+def inspect_cmd(app: App, model: str, as_json: bool) -> None:
+    """What dequantization MODEL holds, and what is wrong with it.
+
+    Exits 0 whenever the model can be read, even when nodes have problems (lint judges).
+    """
+    from dqtool.inspect import inspect
+
+    report = inspect(model)
+    if as_json:
+        app.print_json(report.to_json())
+    else:
+        render(app, report)

@@ -1,0 +1,161 @@
+"""Small helpers over onnx_ir: where nodes live, which values are constant, their shapes.
+
+Nothing here reads tensor data unless asked for a value (``constant_array``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import numpy as np
+import onnx_ir as ir
+
+from dqtool import types
+
+DEFAULT_DOMAINS = ("", "ai.onnx")
+
+
+def domain_name(domain: str) -> str:
+    """The domain as reports spell it: ``ai.onnx`` for the default domain."""
+    return "ai.onnx" if domain in DEFAULT_DOMAINS else domain
+
+
+def opset_of(opsets: dict[str, int], domain: str) -> int | None:
+    if domain in DEFAULT_DOMAINS:
+        return opsets.get("", opsets.get("ai.onnx"))
+    return opsets.get(domain)
+
+
+@dataclass(frozen=True)
+class Site:
+    """A node and where it lives: its graph's path and the opset imports in force."""
+
+    node: ir.Node
+    graph: str  # "main", "main/If_0/then_branch", "function:pkg.Local"
+    opsets: dict[str, int]
+    function: ir.Function | None = None
+
+
+def _walk_graph(
+    graph: ir.Graph | ir.Function, path: str, opsets: dict[str, int], fn: ir.Function | None
+) -> Iterator[Site]:
+    for node in graph:
+        yield Site(node, path, opsets, fn)
+        for attr in node.attributes.values():
+            if attr.type == ir.AttributeType.GRAPH:
+                subs = [attr.value]
+            elif attr.type == ir.AttributeType.GRAPHS:
+                subs = list(attr.value)
+            else:
+                continue
+            for i, sub in enumerate(subs):
+                label = attr.name if len(subs) == 1 else f"{attr.name}[{i}]"
+                node_label = node.name or node.op_type
+                yield from _walk_graph(sub, f"{path}/{node_label}/{label}", opsets, fn)
+
+
+def walk(model: ir.Model) -> Iterator[Site]:
+    """Every node of the model: main graph, subgraphs, model-local functions."""
+    yield from _walk_graph(model.graph, "main", dict(model.opset_imports), None)
+    for fn in model.functions.values():
+        label = f"function:{fn.domain}.{fn.name}" if fn.domain else f"function:{fn.name}"
+        if fn.overload:
+            label += f":{fn.overload}"
+        yield from _walk_graph(fn, label, dict(fn.opset_imports), fn)
+
+
+def input_value(node: ir.Node, index: int) -> ir.Value | None:
+    """The node's index-th input, or None when absent or given as the empty name."""
+    if index >= len(node.inputs):
+        return None
+    return node.inputs[index]
+
+
+def constant_tensor(value: ir.Value | None) -> ir.TensorProtocol | None:
+    """The tensor a value always holds (initializer or Constant node), else None.
+
+    An initializer that is also a graph input can be overridden at run time, so it is
+    not constant.
+    """
+    if value is None:
+        return None
+    if value.const_value is not None and not value.is_graph_input():
+        return value.const_value
+    producer = value.producer()
+    if producer is not None and producer.op_type == "Constant" and producer.domain in DEFAULT_DOMAINS:
+        attr = producer.attributes.get("value")
+        if attr is not None and attr.type == ir.AttributeType.TENSOR:
+            return attr.value
+    return None
+
+
+def constant_array(value: ir.Value | None) -> np.ndarray | None:
+    tensor = constant_tensor(value)
+    return None if tensor is None else tensor.numpy()
+
+
+def elem_type(value: ir.Value | None) -> str | None:
+    """The ONNX name of a value's element type, from its declaration or its constant."""
+    if value is None:
+        return None
+    dtype = value.dtype
+    if dtype is None:
+        tensor = constant_tensor(value)
+        dtype = tensor.dtype if tensor is not None else None
+    if dtype is None:
+        return _quantize_output_type(value)
+    return types.name_of(dtype)
+
+
+def _quantize_output_type(value: ir.Value) -> str | None:
+    """The type a QuantizeLinear produces, for models without value_info (quantizers
+    rarely write it): the zero point's type, else output_dtype, else uint8."""
+    producer = value.producer()
+    if producer is None or producer.op_type != "QuantizeLinear" or value.index() != 0:
+        return None
+    zp = input_value(producer, 2)
+    if zp is not None:
+        return elem_type(zp)
+    attr = producer.attributes.get("output_dtype")
+    if attr is not None and not attr.is_ref() and attr.type == ir.AttributeType.INT and attr.value:
+        t = types.from_onnx_int(attr.value)
+        return t.name if t else None
+    return "uint8"
+
+
+def shape_of(value: ir.Value | None) -> tuple[int | str | None, ...] | None:
+    if value is None:
+        return None
+    shape = value.shape
+    if shape is None:
+        tensor = constant_tensor(value)
+        shape = tensor.shape if tensor is not None else None
+    if shape is None:
+        producer = value.producer()
+        # Q/DQ keep their input's shape.
+        if producer is not None and producer.op_type in ("QuantizeLinear", "DequantizeLinear"):
+            return shape_of(input_value(producer, 0))
+    if shape is None:
+        return None
+    dims: list[int | str | None] = []
+    for d in shape:
+        if isinstance(d, int):
+            dims.append(d)
+        else:
+            dims.append(d.value if d.value is not None else None)
+    return tuple(dims)
+
+
+def num_elements(shape: tuple[int | str | None, ...] | None) -> int | None:
+    if shape is None or not all(isinstance(d, int) for d in shape):
+        return None
+    return int(np.prod(shape, dtype=np.int64)) if shape else 1
+
+
+def stored_bytes(type_name: str | None, shape: tuple[int | str | None, ...] | None) -> int | None:
+    """Bytes a tensor of this type and shape takes in a model (packed types packed)."""
+    n = num_elements(shape)
+    if n is None or type_name is None or type_name not in types.TYPES:
+        return None
+    return (n * types.TYPES[type_name].bits + 7) // 8

@@ -1,0 +1,177 @@
+"""``dqtool.inspect``: what (de)quantization a model holds, and what is wrong with it."""
+
+from __future__ import annotations
+
+import os
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import onnx_ir as ir
+
+from dqtool import codecs, graph, io, versions
+from dqtool.spec import QuantSpec
+
+
+@dataclass(frozen=True)
+class NodeReport:
+    name: str
+    graph: str
+    spec: QuantSpec
+    consumers: tuple[str, ...]
+    bytes_stored: int | None
+    bytes_folded: int | None
+    lowest_onnx_opset: int | None
+
+    def to_json(self) -> dict[str, Any]:
+        s = self.spec
+        return {
+            "name": self.name,
+            "op_type": s.op,
+            "domain": s.domain,
+            "version": s.version,
+            "since_version": s.since_version,
+            "graph": self.graph,
+            "x_type": s.quant_type,
+            "scale_type": s.scale_type,
+            "output_type": s.float_type if s.is_dequantize else s.quant_type,
+            "input_type": None if s.is_dequantize else s.float_type,
+            "granularity": s.granularity,
+            "axis": s.axis,
+            "block_size": s.block_size,
+            "has_zero_point": s.zero_point != "none",
+            "zero_point": s.zero_point,
+            "zero_point_type": s.zero_point_type,
+            "packing": s.packing,
+            "constant": s.constant,
+            "x_shape": _dims(s.x_shape),
+            "scale_shape": _dims(s.scale_shape),
+            "bytes_stored": self.bytes_stored,
+            "bytes_folded": self.bytes_folded,
+            "consumers": list(self.consumers),
+            "lowest_onnx_opset": self.lowest_onnx_opset,
+            "attributes": {k: v for k, v in s.attributes},
+            "problems": [p.message for p in s.problems],
+            "problem_details": [
+                {"code": p.code, "severity": p.severity, "message": p.message}
+                for p in s.problems
+            ],
+        }
+
+
+def _dims(shape) -> list | None:
+    return None if shape is None else list(shape)
+
+
+@dataclass(frozen=True)
+class InspectReport:
+    model: str
+    ir_version: int
+    opset_imports: dict[str, int]
+    nodes: tuple[NodeReport, ...]
+    functions: int = 0
+    external_data: bool = False
+    summary: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "model": self.model,
+            "ir_version": self.ir_version,
+            "opset_imports": self.opset_imports,
+            "external_data": self.external_data,
+            "nodes": [n.to_json() for n in self.nodes],
+            "summary": self.summary,
+        }
+
+
+def _bytes(spec: QuantSpec) -> tuple[int | None, int | None]:
+    """Bytes of the quantized tensor (plus scale and zero point) vs once folded to float."""
+    if not spec.is_dequantize:
+        return None, None
+    x = graph.stored_bytes(spec.quant_type, spec.x_shape)
+    if spec.packing != "none" and x is not None:
+        x = graph.stored_bytes("int16", (graph.num_elements(spec.x_shape) // 4,))
+    s = graph.stored_bytes(spec.scale_type, spec.scale_shape)
+    z = 0 if spec.zero_point == "none" else graph.stored_bytes(
+        spec.zero_point_type, spec.scale_shape)
+    stored = None if None in (x, s, z) else x + s + z
+    folded = graph.stored_bytes(spec.float_type, spec.x_shape)
+    return stored, folded
+
+
+def node_reports(model: ir.Model) -> list[NodeReport]:
+    out = []
+    for site in graph.walk(model):
+        node = site.node
+        if not codecs.is_quant_node(node):
+            continue
+        spec = codecs.read_node(node, site.opsets)
+        stored, folded = _bytes(spec)
+        out.append(NodeReport(
+            name=node.name or "", graph=site.graph, spec=spec,
+            consumers=tuple(u.node.op_type for u in node.outputs[0].uses()) if node.outputs
+            else (),
+            bytes_stored=stored, bytes_folded=folded,
+            lowest_onnx_opset=versions.lowest_version(spec) if spec.op in
+            ("DequantizeLinear", "QuantizeLinear") else None,
+        ))
+    return out
+
+
+def _opsets(model: ir.Model) -> dict[str, int]:
+    return {graph.domain_name(d): v for d, v in sorted(model.opset_imports.items())}
+
+
+def summarize(model: ir.Model, nodes: list[NodeReport]) -> dict[str, Any]:
+    def count(key) -> dict[str, int]:
+        return dict(sorted(Counter(key(n) for n in nodes).items()))
+
+    dq = [n for n in nodes if n.spec.is_dequantize]
+    typed = [n for n in nodes if n.spec.quant_type and n.spec.scale_type]
+    not_expressible = [n.name for n in typed if n.lowest_onnx_opset is None]
+    lowest = None if not_expressible else max(
+        (n.lowest_onnx_opset for n in typed), default=None)
+    stored = [n.bytes_stored for n in dq]
+    folded = [n.bytes_folded for n in dq]
+    return {
+        "dequantize_nodes": len(dq),
+        "quantize_nodes": len(nodes) - len(dq),
+        "by_domain_version": count(lambda n: f"{n.spec.domain}:{n.spec.op}:{n.spec.version}"),
+        "by_quant_type": count(lambda n: f"{n.spec.op}:{n.spec.quant_type}"),
+        "by_granularity": count(lambda n: f"{n.spec.op}:{n.spec.granularity}"),
+        "constant_dequantize": sum(n.spec.constant for n in dq),
+        "nodes_with_problems": sum(bool(n.spec.errors) for n in nodes),
+        "bytes_stored": sum(b for b in stored if b is not None),
+        "bytes_folded": sum(b for b in folded if b is not None),
+        "bytes_unknown": sum(b is None for b in stored),
+        "lowest_onnx_opset": lowest,
+        "not_expressible_in_onnx": not_expressible,
+        "types_unknown": [n.name for n in nodes if n not in typed],
+        "functions": len(model.functions),
+    }
+
+
+def inspect(model: str | os.PathLike | ir.Model) -> InspectReport:
+    """Every DequantizeLinear / QuantizeLinear in the model (main graph, subgraphs,
+    functions), read into its meaning, with the rules each breaks and a summary.
+
+    Reads no tensor data but zero points where a rule needs their values.
+    """
+    name = "<memory>"
+    if not isinstance(model, ir.Model):
+        name = str(model)
+        model = io.load(Path(model))
+    nodes = node_reports(model)
+    return InspectReport(
+        model=name,
+        ir_version=model.ir_version,
+        opset_imports=_opsets(model),
+        nodes=tuple(nodes),
+        functions=len(model.functions),
+        external_data=io.uses_external_data(model),
+        summary=summarize(model, nodes),
+    )
+
+
+__all__ = ["InspectReport", "NodeReport", "inspect"]

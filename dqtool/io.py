@@ -1,0 +1,217 @@
+"""Reading models safely and writing them atomically.
+
+Loading checks what would otherwise fail late or dangerously: an unreadable or truncated
+file, external data that is missing, short, or stored outside the model's folder, an opset
+newer than dqtool knows. Tensors stay memory-mapped (onnx_ir); nothing is read that the
+caller does not ask for.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import tempfile
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import onnx
+import onnx_ir as ir
+from google.protobuf.message import DecodeError
+
+from dqtool import types
+from dqtool.errors import InputError
+
+MAX_ONNX_OPSET = onnx.defs.onnx_opset_version()
+# A protobuf message cannot pass 2 GiB; leave room for the graph itself.
+INLINE_LIMIT = 1_800_000_000
+
+
+def _iter_tensor_protos(model: onnx.ModelProto) -> Iterator[onnx.TensorProto]:
+    def from_graph(g: onnx.GraphProto) -> Iterator[onnx.TensorProto]:
+        yield from g.initializer
+        for node in g.node:
+            yield from from_nodes([node])
+
+    def from_nodes(nodes) -> Iterator[onnx.TensorProto]:
+        for node in nodes:
+            for a in node.attribute:
+                if a.HasField("t"):
+                    yield a.t
+                yield from a.tensors
+                if a.HasField("g"):
+                    yield from from_graph(a.g)
+                for g in a.graphs:
+                    yield from from_graph(g)
+
+    yield from from_graph(model.graph)
+    for fn in model.functions:
+        yield from from_nodes(fn.node)
+
+
+def _expected_bytes(t: onnx.TensorProto) -> int | None:
+    et = types.from_onnx_int(t.data_type)
+    if et is None:
+        return None
+    n = 1
+    for d in t.dims:
+        n *= d
+    return (n * et.bits + 7) // 8
+
+
+def _check_external(path: Path, model: onnx.ModelProto) -> None:
+    base = path.parent.resolve()
+    for t in _iter_tensor_protos(model):
+        if t.data_location != onnx.TensorProto.EXTERNAL:
+            continue
+        info = {e.key: e.value for e in t.external_data}
+        loc = info.get("location", "")
+        name = t.name or "<unnamed>"
+        if not loc:
+            raise InputError(f"{path}: tensor '{name}' is external but names no location")
+        if os.path.isabs(loc) or Path(loc).drive:
+            raise InputError(f"{path}: tensor '{name}' has an absolute external-data location "
+                             f"'{loc}'; only paths inside the model's folder are read")
+        target = (base / loc).resolve()
+        if not target.is_relative_to(base):
+            raise InputError(f"{path}: tensor '{name}' has external-data location '{loc}', "
+                             "which escapes the model's folder")
+        if not target.is_file():
+            raise InputError(f"{path}: external data '{loc}' of tensor '{name}' is missing")
+        size = target.stat().st_size
+        offset = int(info.get("offset", 0) or 0)
+        length = info.get("length")
+        need = int(length) if length else _expected_bytes(t)
+        if need is not None and offset + need > size:
+            raise InputError(f"{path}: external data '{loc}' is truncated: tensor '{name}' "
+                             f"needs bytes {offset}..{offset + need}, the file has {size}")
+
+
+def read_proto(path: str | os.PathLike) -> onnx.ModelProto:
+    """The model's protobuf without tensor data from external files, checked for safety."""
+    p = Path(path)
+    if not p.exists():
+        raise InputError(f"{p}: no such file")
+    if p.is_dir():
+        raise InputError(f"{p}: is a directory, not an ONNX model file")
+    try:
+        proto = onnx.load_model(str(p), load_external_data=False)
+    except (DecodeError, RuntimeError, ValueError, OSError) as e:
+        reason = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise InputError(f"{p}: not a readable ONNX model ({reason})") from None
+    if proto.ir_version <= 0 or not proto.HasField("graph") or not proto.opset_import:
+        raise InputError(f"{p}: not an ONNX model (no IR version, graph or opset import; "
+                         "truncated or another kind of file)")
+    for op in proto.opset_import:
+        if op.domain in ("", "ai.onnx") and op.version > MAX_ONNX_OPSET:
+            raise InputError(f"{p}: ai.onnx opset {op.version} is newer than dqtool knows "
+                             f"(up to {MAX_ONNX_OPSET})")
+    _check_external(p, proto)
+    return proto
+
+
+def load(path: str | os.PathLike) -> ir.Model:
+    """Load a model with external data memory-mapped (read lazily)."""
+    proto = read_proto(path)
+    try:
+        model = ir.serde.deserialize_model(proto)
+    except Exception as e:  # onnx_ir raises many types on malformed protos
+        raise InputError(f"{path}: malformed ONNX model ({e})") from None
+    ir.external_data.set_base_dir(model.graph, Path(path).parent)
+    return model
+
+
+def lowest_ir_version(model: ir.Model) -> int:
+    """The lowest IR version that the model's ai.onnx opset and element types need."""
+    opset = model.opset_imports.get("", model.opset_imports.get("ai.onnx", 1))
+    ir_version = 3
+    for _release, irv, ops, *_ in onnx.helper.VERSION_TABLE:
+        if ops >= opset:
+            ir_version = irv
+            break
+    else:
+        ir_version = onnx.IR_VERSION
+    # Element types newer than the opset's IR still need the IR that introduced them.
+    type_ir = {"int4": 10, "uint4": 10, "float4e2m1": 11, "float8e8m0": 12, "int2": 13,
+               "uint2": 13, "float6e2m3": 14, "float6e3m2": 14}
+    for g in model.graphs():
+        for v in [*g.initializers.values(), *g.inputs, *g.outputs]:
+            name = types.name_of(v.dtype)
+            ir_version = max(ir_version, type_ir.get(name or "", 0))
+    return max(ir_version, 7 if model.functions else 3)
+
+
+def tensor_bytes(model: ir.Model) -> int:
+    return sum(
+        v.const_value.nbytes
+        for g in model.graphs()
+        for v in g.initializers.values()
+        if v.const_value is not None
+    )
+
+
+def uses_external_data(model: ir.Model) -> bool:
+    return any(
+        isinstance(v.const_value, ir.ExternalTensor)
+        for g in model.graphs()
+        for v in g.initializers.values()
+    )
+
+
+def _internalize(model: ir.Model) -> None:
+    """Read external tensors into memory so an inline save holds their bytes, not a
+    reference to the input's data file (onnx_ir keeps references otherwise)."""
+    for g in model.graphs():
+        for v in g.initializers.values():
+            if isinstance(v.const_value, ir.ExternalTensor):
+                v.const_value = ir.Tensor(v.const_value.numpy(), name=v.name)
+
+
+def save(
+    model: ir.Model,
+    out: str | os.PathLike,
+    *,
+    external: bool | None = None,
+    shard_size: int | None = None,
+    callback: Callable | None = None,
+) -> list[Path]:
+    """Write ``model`` to ``out`` atomically; returns the files written.
+
+    ``external=None`` chooses: external data (``<name>.data`` next to ``out``) when the
+    input used it or the tensors would pass protobuf's 2 GiB limit. Everything is written
+    into a temporary folder beside ``out`` and renamed into place, so a failure leaves no
+    half-written output.
+    """
+    out = Path(out)
+    if external is None:
+        external = uses_external_data(model) or tensor_bytes(model) > INLINE_LIMIT
+    parent = out.parent.resolve()
+    if not parent.is_dir():
+        raise InputError(f"{out}: output folder {out.parent} does not exist")
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=parent))
+    try:
+        if external:
+            ir.save(model, tmp / out.name, external_data=f"{out.name}.data",
+                    max_shard_size_bytes=shard_size, callback=callback,
+                    max_workers=2)
+        else:
+            _internalize(model)
+            ir.save(model, tmp / out.name)
+        written = sorted(tmp.iterdir(), key=lambda f: f.name == out.name)  # model file last
+        final = []
+        for f in written:
+            os.replace(f, parent / f.name)
+            final.append(parent / f.name)
+        return final
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def no_overwrite_of_input(src: str | os.PathLike, out: str | os.PathLike, in_place: bool):
+    """Refuse to write over the input unless asked to (``--in-place``)."""
+    from dqtool.errors import UsageError
+
+    if not in_place and Path(out).resolve() == Path(src).resolve():
+        raise UsageError(f"{out}: output is the input; pass --in-place to overwrite it")
+    yield
