@@ -21,6 +21,16 @@ _API = {
     "quantize": "dqtool.kernel",
     "dequantize_opmx": "dqtool.kernel",
     "reference_evaluator": "dqtool.kernel.evaluator",
+    "QuantSpec": "dqtool.spec",
+    "read_node": "dqtool.codecs",
+    "load": "dqtool.io",
+    "save": "dqtool.io",
+    "inspect": "dqtool.inspection",
+    "upgrade": "dqtool.convert",
+    "downgrade": "dqtool.convert",
+    "fold": "dqtool.folding",
+    "check": "dqtool.checking",
+    "lint": "dqtool.linting",
 }
 
 __all__ = sorted(_API)

@@ -87,7 +87,7 @@ def inspect_cmd(app: App, model: str, as_json: bool) -> None:
 
     Exits 0 whenever the model can be read, even when nodes have problems (lint judges).
     """
-    from dqtool.inspect import inspect
+    from dqtool.inspection import inspect
 
     report = inspect(model)
     if as_json:

@@ -1,0 +1,77 @@
+"""Per-type facts and lookup tables for the kernel.
+
+Every quantized type of 8 bits or fewer is stored by NumPy/ml_dtypes in one byte, so a
+256-entry table indexed by the raw byte maps a code to its value. Bytes that are not valid
+codes for a narrow type (e.g. 0x10 for uint4) never occur in a valid array; their entries are
+whatever ml_dtypes makes of them and are never read.
+"""
+
+from __future__ import annotations
+
+from functools import cache
+
+import ml_dtypes
+import numpy as np
+
+# x / zero-point types DequantizeLinear accepts (union over all versions and dialects).
+INT_TYPES: frozenset[np.dtype] = frozenset(
+    np.dtype(t)
+    for t in (
+        ml_dtypes.int2, ml_dtypes.uint2, ml_dtypes.int4, ml_dtypes.uint4,
+        np.int8, np.uint8, np.int16, np.uint16, np.int32,
+    )
+)
+FLOAT_QUANT_TYPES: frozenset[np.dtype] = frozenset(
+    np.dtype(t)
+    for t in (
+        ml_dtypes.float8_e4m3fn, ml_dtypes.float8_e4m3fnuz, ml_dtypes.float8_e5m2,
+        ml_dtypes.float8_e5m2fnuz, ml_dtypes.float4_e2m1fn, ml_dtypes.float6_e2m3fn,
+        ml_dtypes.float6_e3m2fn,
+    )
+)
+QUANT_TYPES = INT_TYPES | FLOAT_QUANT_TYPES
+FLOAT8_TYPES: frozenset[np.dtype] = frozenset(
+    np.dtype(t)
+    for t in (
+        ml_dtypes.float8_e4m3fn, ml_dtypes.float8_e4m3fnuz, ml_dtypes.float8_e5m2,
+        ml_dtypes.float8_e5m2fnuz,
+    )
+)
+E8M0 = np.dtype(ml_dtypes.float8_e8m0fnu)
+BF16 = np.dtype(ml_dtypes.bfloat16)
+F16 = np.dtype(np.float16)
+F32 = np.dtype(np.float32)
+SCALE_TYPES: frozenset[np.dtype] = frozenset({F32, F16, BF16, E8M0})
+OUTPUT_TYPES: frozenset[np.dtype] = frozenset({F32, F16, BF16})
+
+
+def is_byte_type(dtype: np.dtype) -> bool:
+    """Stored one element per byte: eligible for 256-entry tables."""
+    return dtype.itemsize == 1
+
+
+def int_range(dtype: np.dtype) -> tuple[int, int]:
+    info = ml_dtypes.iinfo(dtype)
+    return int(info.min), int(info.max)
+
+
+@cache
+def code_values(dtype: np.dtype) -> np.ndarray:
+    """float32 value of every byte code of a one-byte type (exact: all such values fit)."""
+    with np.errstate(invalid="ignore", over="ignore"):
+        table = np.arange(256, dtype=np.uint8).view(dtype).astype(np.float32)
+    table.setflags(write=False)
+    return table
+
+
+@cache
+def code_values_16(dtype: np.dtype) -> np.ndarray:
+    """float32 value of every 16-bit code (int16/uint16): a 256 KiB table, L2-resident."""
+    table = np.arange(65536, dtype=np.uint32).astype(np.uint16).view(dtype).astype(np.float32)
+    table.setflags(write=False)
+    return table
+
+
+def unsigned_view(a: np.ndarray) -> np.ndarray:
+    """The raw codes of a contiguous array as unsigned integers of the same width."""
+    return a.view({1: np.uint8, 2: np.uint16, 4: np.uint32}[a.dtype.itemsize])
