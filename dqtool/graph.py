@@ -83,7 +83,8 @@ def constant_tensor(value: ir.Value | None) -> ir.TensorProtocol | None:
     if value.const_value is not None and not value.is_graph_input():
         return value.const_value
     producer = value.producer()
-    if producer is not None and producer.op_type == "Constant" and producer.domain in DEFAULT_DOMAINS:
+    if (producer is not None and producer.op_type == "Constant"
+            and producer.domain in DEFAULT_DOMAINS):
         attr = producer.attributes.get("value")
         if attr is not None and attr.type == ir.AttributeType.TENSOR:
             return attr.value

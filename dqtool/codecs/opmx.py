@@ -98,10 +98,8 @@ class OpmxCodec:
             x_shape, scale_shape, quant_axis if quant_axis in (0, 1) else 1, group or 0
         )
         zp_kind = "float" if (has_zp and float_zp) else "integer" if has_zp else "none"
-        if qdt == "int4":
-            q_type = "uint4" if zp_kind == "integer" else "int4"
-        else:
-            q_type = "int8"
+        # Unpacked, opmx int4 is ONNX int4 (nibble ^ 8) or uint4 with its zero point.
+        q_type = ("uint4" if zp_kind == "integer" else "int4") if qdt == "int4" else "int8"
         attrs = (("float_zeropoint", float_zp), ("group_size", group),
                  ("has_zeropoint", has_zp), ("quant_axis", quant_axis),
                  ("quant_data_type", qdt))
