@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import click
+from rich import box
 from rich.table import Table
 
 from dqtool.cli.app import App, user_errors
+
+
+_SHORT = {"com.microsoft": "ms"}
 
 
 def _size(n: int | None) -> str:
@@ -23,29 +27,38 @@ def _shape(dims) -> str:
 
 
 def render(app: App, report) -> None:
-    table = Table(title=f"{report.model}: {len(report.nodes)} Q/DQ nodes", title_justify="left")
-    for col in ("node", "op", "types (q→s→out)", "granularity", "zp", "const", "shape",
-                "stored→folded", "feeds", "problems"):
-        table.add_column(col, overflow="fold")
+    table = Table(title=f"{report.model}: {len(report.nodes)} Q/DQ nodes", title_justify="left",
+                  box=box.SIMPLE_HEAD, pad_edge=False)
+    table.add_column("node", overflow="fold", ratio=1, min_width=14)
+    for col in ("op", "x", "scale", "out", "granularity", "zp", "const", "shape", "stored",
+                "folded"):
+        table.add_column(col, no_wrap=True)
+    table.add_column("feeds", overflow="fold", ratio=1, min_width=6)
+    table.add_column("!", no_wrap=True)
     for n in report.nodes:
         s = n.spec
-        op = f"{s.domain}:{'DQ' if s.is_dequantize else 'Q'}-{s.version}"
-        gran = s.granularity or "?"
-        if s.granularity == "per-axis":
-            gran += f" axis={s.axis}"
-        elif s.granularity == "blocked":
-            gran += f" axis={s.axis} bs={s.block_size}"
-        kinds = f"{s.quant_type}→{s.scale_type}→{s.float_type if s.is_dequantize else s.quant_type}"
+        dom = "" if s.domain == "ai.onnx" else f"{_SHORT.get(s.domain, s.domain)}:"
+        op = f"{dom}{'DQ' if s.is_dequantize else 'Q'}-{s.version}"
+        gran = {"per-tensor": "tensor", "per-axis": f"axis {s.axis}",
+                "blocked": f"axis {s.axis} block {s.block_size}"}.get(s.granularity or "", "?")
+        out = s.float_type if s.is_dequantize else s.quant_type
         where = n.name or "<unnamed>"
         if n.graph != "main":
-            where += f"\n[{n.graph}]"
-        problems = "\n".join(f"{p.severity}: {p.message}" for p in s.problems) or "-"
+            where += f" [{n.graph}]"
+        flags = "E" if s.errors else ("W" if s.problems else "")
         table.add_row(
-            where, op, kinds, gran, s.zero_point, "yes" if s.constant else "no",
-            _shape(s.x_shape), f"{_size(n.bytes_stored)}→{_size(n.bytes_folded)}"
-            if s.is_dequantize else "-", ",".join(sorted(set(n.consumers))) or "-", problems,
+            where, op, s.quant_type or "?", s.scale_type or "?", out or "?", gran,
+            {"none": "-", "integer": "int"}.get(s.zero_point, s.zero_point),
+            "yes" if s.constant else "no", _shape(s.x_shape),
+            _size(n.bytes_stored) if s.is_dequantize else "-",
+            _size(n.bytes_folded) if s.is_dequantize else "-",
+            ",".join(sorted(set(n.consumers))) or "-", flags,
         )
     app.out.print(table)
+    for n in report.nodes:
+        for p in n.spec.problems:
+            app.out.print(f"  {p.severity} {p.code} {n.name or '<unnamed>'}: {p.message}",
+                          soft_wrap=True)
     sm = report.summary
     app.out.print(
         f"IR version {report.ir_version}; opsets "
