@@ -21,7 +21,10 @@ class App:
     def __init__(self, verbose: int = 0) -> None:
         self.verbose = verbose
         no_color = bool(os.environ.get("NO_COLOR"))
-        self.out = Console(file=sys.stdout, no_color=no_color, highlight=False, soft_wrap=False)
+        # Piped output has no terminal width; tables stay readable at 160 columns.
+        width = None if sys.stdout.isatty() or os.environ.get("COLUMNS") else 160
+        self.out = Console(file=sys.stdout, no_color=no_color, highlight=False, soft_wrap=False,
+                           width=width)
         self.err = Console(file=sys.stderr, no_color=no_color, highlight=False, stderr=True)
 
     def abort(self, message: str, code: int = 2) -> NoReturn:
