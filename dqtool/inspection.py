@@ -86,8 +86,9 @@ class InspectReport:
 
 
 def _bytes(spec: QuantSpec) -> tuple[int | None, int | None]:
-    """Bytes of the quantized tensor (plus scale and zero point) vs once folded to float."""
-    if not spec.is_dequantize:
+    """Bytes of a stored quantized tensor (plus scale and zero point) vs once folded to
+    float; None for activations, which are not stored."""
+    if not spec.is_dequantize or not (spec.x_constant or spec.x_from_quantize):
         return None, None
     x = graph.stored_bytes(spec.quant_type, spec.x_shape)
     if spec.packing != "none" and x is not None:
@@ -132,8 +133,9 @@ def summarize(model: ir.Model, nodes: list[NodeReport]) -> dict[str, Any]:
     not_expressible = [n.name for n in typed if n.lowest_onnx_opset is None]
     lowest = None if not_expressible else max(
         (n.lowest_onnx_opset for n in typed), default=None)
-    stored = [n.bytes_stored for n in dq]
-    folded = [n.bytes_folded for n in dq]
+    weights = [n for n in dq if n.spec.x_constant or n.spec.x_from_quantize]
+    stored = [n.bytes_stored for n in weights]
+    folded = [n.bytes_folded for n in weights]
     return {
         "dequantize_nodes": len(dq),
         "quantize_nodes": len(nodes) - len(dq),
