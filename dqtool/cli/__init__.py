@@ -37,9 +37,8 @@ def _unavailable(name: str, reason: str) -> click.Command:
     @click.command(name, help=f"(not available: {reason})",
                    context_settings={"ignore_unknown_options": True})
     @click.argument("args", nargs=-1, type=click.UNPROCESSED)
-    @click.pass_obj
-    def cmd(app: App, args: tuple[str, ...]) -> None:
-        app.abort(f"'{name}' is not available in this build: {reason}", 2)
+    def cmd(args: tuple[str, ...]) -> None:
+        App().abort(f"'{name}' is not available in this build: {reason}", 2)
 
     return cmd
 

@@ -1,0 +1,43 @@
+"""The CLI shell: help, version, lazy commands."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from click.testing import CliRunner
+
+from dqtool import __version__
+from dqtool.cli import COMMANDS, _unavailable, cli
+
+
+def test_help_lists_every_command():
+    result = CliRunner().invoke(cli, ["--help"], env={"NO_COLOR": "1", "COLUMNS": "80"})
+    assert result.exit_code == 0
+    for name in ("inspect", "upgrade", "downgrade", "fold", "check", "lint"):
+        assert f"  {name} " in result.output
+    assert "Exit codes" in result.output
+
+
+def test_every_command_imports_and_has_help():
+    for name in COMMANDS:
+        result = CliRunner().invoke(cli, [name, "--help"])
+        assert result.exit_code == 0, (name, result.output)
+        assert "not available" not in result.output, name
+
+
+def test_unavailable_command_says_why_and_exits_2():
+    cmd = _unavailable("frobnicate", "No module named 'x'")
+    result = CliRunner().invoke(cmd, ["a"], obj=None)
+    assert result.exit_code == 2
+
+
+def test_python_m_and_version():
+    r = subprocess.run([sys.executable, "-m", "dqtool", "--version"], capture_output=True,
+                       text=True)
+    assert r.returncode == 0 and __version__ in r.stdout
+
+
+def test_unknown_command_is_a_usage_error():
+    result = CliRunner().invoke(cli, ["frobnicate"])
+    assert result.exit_code == 2
