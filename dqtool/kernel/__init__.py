@@ -34,7 +34,7 @@ def quantize_ms(
     return quantize(x, scale, zero_point, axis=axis, block_size=0)
 
 
-def reference_evaluator(model: Any, **kwargs: Any):  # noqa: ANN201 - lazy import of onnx
+def reference_evaluator(model: Any, **kwargs: Any):
     from .evaluator import reference_evaluator as _re
 
     return _re(model, **kwargs)

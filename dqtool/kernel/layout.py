@@ -3,9 +3,10 @@
 The order of the checks is onnxruntime's (``PrepareForQDQ``), so the kernel accepts exactly
 what onnxruntime accepts:
 
-1. a scalar or a 1-D scale of length 1 is **per-tensor**; ``axis`` and ``block_size`` are then
-   ignored (ONNX says so, and e.g. opset-13 models with a rank-1 ``x`` and the default
-   ``axis=1`` rely on it);
+1. a scalar or a 1-D scale of length 1 is **per-tensor**; ``axis`` is then ignored (ONNX says
+   so, and e.g. opset-13 models with a rank-1 ``x`` and the default ``axis=1`` rely on it).
+   With ``block_size > 0`` onnxruntime refuses it; we accept it only when it is also a valid
+   blocked layout (rank-1 x, one block), which computes the same thing;
 2. otherwise, ``block_size == 0`` means **per-axis**: the scale must be 1-D of length
    ``x.shape[axis]``;
 3. otherwise (``block_size > 0``) it is **blocked**: the scale has x's rank and x's shape except
@@ -56,6 +57,28 @@ def is_per_tensor(a: np.ndarray) -> bool:
     return a.ndim == 0 or (a.ndim == 1 and a.shape[0] == 1)
 
 
+def _check_single_block(
+    x: np.ndarray, scale: np.ndarray, zp: np.ndarray | None, axis: int, block_size: int
+) -> None:
+    """A 1-element scale with block_size > 0 is fine only as a blocked layout of one block.
+
+    onnxruntime rejects every 1-element scale with block_size > 0 ("block_size must be 0 for
+    per-tensor quantization"); the spec allows it when it is a valid blocked layout (x of rank
+    1 no longer than the block), where it means the same as per-tensor. We accept exactly that.
+    """
+    if x.ndim == 0 or scale.ndim != x.ndim:
+        raise KernelError(
+            f"block_size={block_size} with a 1-element scale: blocked needs the scale to have "
+            f"x's rank (onnxruntime rejects any block_size > 0 here) {_shapes(x, scale, zp)}"
+        )
+    ax = normalize_axis(axis, x.ndim)
+    if -(-x.shape[ax] // block_size) != 1:
+        raise KernelError(
+            f"blocked (block_size={block_size}, axis={axis}): the scale shape must be "
+            f"(ceil({x.shape[ax]}/{block_size}),) {_shapes(x, scale, zp)}"
+        )
+
+
 def resolve(
     x: np.ndarray,
     scale: np.ndarray,
@@ -67,6 +90,8 @@ def resolve(
     if block_size < 0:
         raise KernelError(f"block_size must be >= 0; got {block_size} {_shapes(x, scale, zp)}")
     if is_per_tensor(scale):
+        if block_size > 0:
+            _check_single_block(x, scale, zp, axis, block_size)
         # onnxruntime lets a per-tensor zero point be () or (1,) independently of the scale.
         if zp is not None and not is_per_tensor(zp):
             raise KernelError(
@@ -78,7 +103,8 @@ def resolve(
         raise KernelError(f"zero point shape must equal scale shape {_shapes(x, scale, zp)}")
     if x.ndim == 0:
         raise KernelError(
-            f"a scalar x allows only a per-tensor (scalar or 1-element) scale {_shapes(x, scale, zp)}"
+            "a scalar x allows only a per-tensor (scalar or 1-element) scale "
+            f"{_shapes(x, scale, zp)}"
         )
     ax = normalize_axis(axis, x.ndim)
     p, d, q = math.prod(x.shape[:ax]), x.shape[ax], math.prod(x.shape[ax + 1 :])
