@@ -1,0 +1,173 @@
+"""``dqtool fold MODEL [-o OUT] [--json] [selection] [--dtype] [--dry-run] ...``."""
+
+from __future__ import annotations
+
+import re
+import sys
+from typing import Any
+
+import click
+
+from dqtool.cli.app import App, user_errors
+from dqtool.errors import UsageError
+
+_UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "m": 10**6, "mb": 10**6, "g": 10**9,
+          "gb": 10**9, "kib": 2**10, "mib": 2**20, "gib": 2**30}
+# Show a progress bar from this many output bytes: smaller saves finish before it helps.
+PROGRESS_MIN_BYTES = 256 << 20
+
+
+def parse_size(text: str | None) -> int | None:
+    """``"500MB"``, ``"1GiB"``, ``"1048576"`` → bytes."""
+    if text is None:
+        return None
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*", text)
+    if not m or m.group(2).lower() not in _UNITS:
+        raise UsageError(f"--shard-size: cannot read {text!r} as a size (e.g. 500MB, 2GiB)")
+    return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+
+
+def _size(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return str(n)
+
+
+class _Progress:
+    """A rich bar on stderr counting tensors and bytes, fed by onnx_ir's save callback."""
+
+    def __init__(self, app: App) -> None:
+        from rich.progress import (
+            BarColumn,
+            DownloadColumn,
+            MofNCompleteColumn,
+            Progress,
+            TextColumn,
+            TimeRemainingColumn,
+        )
+
+        self.bar = Progress(TextColumn("writing"), BarColumn(), MofNCompleteColumn(),
+                            TextColumn("tensors"), DownloadColumn(), TimeRemainingColumn(),
+                            console=app.err, transient=True)
+        self.tensors = self.bar.add_task("tensors", total=None)
+        self.count = 0
+
+    def __call__(self, tensor: Any, info: Any) -> None:
+        # Called as each tensor starts: the bar shows what is being written.
+        self.count += 1
+        self.bar.update(self.tensors, total=info.total, completed=self.count)
+
+    def __enter__(self) -> _Progress:
+        self.bar.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.bar.stop()
+
+
+def _line(app: App, text: str) -> None:
+    # Names hold brackets (rich would eat them); one line per item, whatever the width.
+    app.out.print(text, markup=False, soft_wrap=True)
+
+
+def render(app: App, report) -> None:
+    verb = "would fold" if report.dry_run else "folded"
+    for n in report.folded:
+        note = f" ({n.rounding} rounding)" if n.rounding else ""
+        pair = " Q→DQ pair" if n.pair else ""
+        _line(app, f"{verb} {n.name} [{n.graph}] {n.op}{pair}: {n.quant_type}→"
+                      f"{n.stored_type} {tuple(n.shape)} {_size(n.bytes_quantized or 0)}→"
+                      f"{_size(n.bytes_folded)}{note}")
+    for left in report.left:
+        tag = "refused" if left.refused else "left"
+        _line(app, f"{tag} {left.name} [{left.graph}]: {left.reason}")
+    _line(app,
+        f"{len(report.folded)} {verb}, {len(report.left)} left ({len(report.refused)} "
+        f"refused); initializers {_size(report.bytes_before)} → {_size(report.bytes_after)}; "
+        f"removed {len(report.removed)}, kept {len(report.kept)} still used"
+        + (f"; {report.guarded} prepack-guarded" if report.guarded else ""))
+    if report.files:
+        _line(app, f"wrote {', '.join(report.files)} (IR {report.ir_version}"
+                      + (", external data" if report.external_data else "") + ")")
+
+
+@click.command("fold")
+@click.argument("model", type=click.Path(dir_okay=True, path_type=str))
+@click.option("-o", "--output", "out", type=click.Path(path_type=str),
+              help="Output path [default: <stem>.folded.onnx next to MODEL].")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
+@click.option("--op-types", multiple=True, metavar="OPS",
+              help="Fold only DequantizeLinear feeding these ops (e.g. MatMul,Gemm).")
+@click.option("--include", multiple=True, metavar="GLOB",
+              help="Fold only nodes whose name or output name matches a glob.")
+@click.option("--exclude", multiple=True, metavar="GLOB",
+              help="Leave nodes whose name or output name matches a glob.")
+@click.option("--x-types", multiple=True, metavar="TYPES",
+              help="Fold only these quantized types (e.g. int32 for biases).")
+@click.option("--min-elements", type=click.IntRange(min=0), default=0, show_default=True,
+              help="Fold only tensors with at least this many elements.")
+@click.option("--dtype", type=click.Choice(["keep", "float32", "float16", "bfloat16"]),
+              default="keep", show_default=True,
+              help="Type stored; not keep = Cast of the node's output (a reported rounding "
+                   "when narrower), with a Cast back so the graph keeps its types.")
+@click.option("--dry-run", is_flag=True, help="List what would be folded; write nothing.")
+@click.option("--external-data", is_flag=True,
+              help="Write tensors as external data <OUT>.data (automatic past ~1.8 GB or "
+                   "when the input used external data).")
+@click.option("--shard-size", metavar="SIZE",
+              help="Split external data into files of at most SIZE (e.g. 1GB).")
+@click.option("--in-place", is_flag=True, help="Overwrite MODEL (atomically).")
+@click.option("--prepack-guard/--no-prepack-guard", default=True, show_default=True,
+              help="Identity between a folded weight and the MatMul/Gemm/RNN input "
+                   "onnxruntime prepacks, keeping its outputs bit-identical.")
+@click.option("--progress/--no-progress", default=None,
+              help="Progress bar on stderr [default: for large saves on a terminal].")
+@click.pass_obj
+@user_errors
+def fold_cmd(app: App, model: str, out: str | None, as_json: bool, op_types: tuple[str, ...],
+             include: tuple[str, ...], exclude: tuple[str, ...], x_types: tuple[str, ...],
+             min_elements: int, dtype: str, dry_run: bool, external_data: bool,
+             shard_size: str | None, in_place: bool, prepack_guard: bool,
+             progress: bool | None) -> None:
+    """Fold every constant DequantizeLinear of MODEL into an initializer holding its output.
+
+    Values are bit-identical to onnxruntime's (ORT_DISABLE_ALL). Exit codes: 0 done;
+    1 a selected constant node was refused (invalid; listed; the output is still written);
+    2 bad input or options (nothing written).
+    """
+    from dqtool import io
+    from dqtool.folding import fold
+
+    shard = parse_size(shard_size)
+    options = dict(op_types=op_types, include=include, exclude=exclude, x_types=x_types,
+                   min_elements=min_elements, dtype=dtype, external_data=external_data or None,
+                   shard_size=shard, in_place=in_place, prepack_guard=prepack_guard)
+    show = progress
+    if show is None and not dry_run:
+        # Cheap: header sizes only, no tensor data is read.
+        show = sys.stderr.isatty() and _estimate(io, model) >= PROGRESS_MIN_BYTES
+    if show and not dry_run:
+        with _Progress(app) as bar:
+            report = fold(model, out, dry_run=dry_run, progress=bar, **options)
+    else:
+        report = fold(model, out, dry_run=dry_run, **options)
+    if as_json:
+        app.print_json(report.to_json())
+    else:
+        render(app, report)
+    if report.exit_code:
+        raise SystemExit(report.exit_code)
+
+
+def _estimate(io, model: str) -> int:
+    """Rough output size (4 bytes per quantized byte) for deciding on a progress bar."""
+    try:
+        from pathlib import Path
+
+        p = Path(model)
+        data = sum(f.stat().st_size for f in p.parent.glob(f"{p.name}*") if f.is_file())
+        return 4 * data
+    except OSError:
+        return 0

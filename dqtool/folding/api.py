@@ -1,0 +1,117 @@
+"""``dqtool.fold``: fold constant dequantization into initializers, for models of any size."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Iterable
+from pathlib import Path
+
+import onnx_ir as ir
+
+from dqtool import io
+from dqtool.errors import UsageError
+from dqtool.folding.dequantize_fold_pass import DequantizeFoldPass
+from dqtool.folding.report import FoldReport
+from dqtool.folding.selection import Selection
+
+DTYPES = ("keep", "float32", "float16", "bfloat16")
+_DTYPE_NAMES = {"keep": "keep", "float32": "float", "float": "float", "float16": "float16",
+                "bfloat16": "bfloat16"}
+
+
+def default_output(src: str | os.PathLike) -> Path:
+    """``<stem>.folded.onnx`` next to the input."""
+    p = Path(src)
+    return p.with_name(f"{p.stem}.folded.onnx")
+
+
+def fold(
+    model_or_path: ir.Model | str | os.PathLike,
+    out: str | os.PathLike | None = None,
+    *,
+    op_types: Iterable[str] | str | None = None,
+    include: Iterable[str] | str | None = None,
+    exclude: Iterable[str] | str | None = None,
+    x_types: Iterable[str] | str | None = None,
+    min_elements: int = 0,
+    dtype: str = "keep",
+    dry_run: bool = False,
+    external_data: bool | None = None,
+    shard_size: int | None = None,
+    in_place: bool = False,
+    progress: Callable | None = None,
+    prepack_guard: bool = True,
+) -> FoldReport:
+    """Replace every selected constant DequantizeLinear by a constant holding its output.
+
+    ``model_or_path``: a path (loaded with external data memory-mapped) or an
+    ``onnx_ir.Model``, which is folded in place (a dry run works on a clone). With a path,
+    the result is written to ``out`` (default ``<stem>.folded.onnx`` next to the input;
+    the input itself only with ``in_place``); with a model, only when ``out`` is given.
+    Folded values are computed while saving, chunk by chunk. ``external_data``: True
+    forces external data, None (default) uses it when the input did or the output would
+    pass ~1.8 GB. ``shard_size`` splits external data into files of at most that many
+    bytes. ``progress(tensor, info)`` is called per tensor written as external data.
+    ``dtype`` other than "keep" stores ``Cast(y, dtype)`` of each node's output ``y``.
+    ``prepack_guard`` puts an Identity between a folded weight and the MatMul/Gemm/RNN
+    input onnxruntime would prepack, so its outputs stay bit-identical to the original's.
+
+    Returns a ``FoldReport``; ``report.result`` is the folded model, ``report.exit_code``
+    is 1 when a selected constant node had to be refused.
+    """
+    started = time.perf_counter()
+    if dtype not in _DTYPE_NAMES:
+        raise UsageError(f"--dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
+    if shard_size is not None and shard_size <= 0:
+        raise UsageError(f"--shard-size must be positive, got {shard_size}")
+    selection = Selection.from_options(op_types=op_types, include=include, exclude=exclude,
+                                       x_types=x_types, min_elements=min_elements)
+    src: Path | None = None
+    if isinstance(model_or_path, ir.Model):
+        model = model_or_path.clone() if dry_run else model_or_path
+    else:
+        src = Path(model_or_path)
+        model = io.load(src)
+    target = _output(src, out, dry_run=dry_run, in_place=in_place)
+    before = io.tensor_bytes(model)
+    fold_pass = DequantizeFoldPass(selection, _DTYPE_NAMES[dtype], prepack_guard)
+    fold_pass(model)
+    model.ir_version = io.lowest_ir_version(model)
+    report = FoldReport(
+        model=None if src is None else str(src), output=None if target is None else str(target),
+        dry_run=dry_run, dtype=dtype, folded=fold_pass.folded, left=fold_pass.left,
+        removed=fold_pass.removed, kept=fold_pass.kept, guarded=fold_pass.guarded,
+        bytes_before=before,
+        bytes_after=io.tensor_bytes(model), ir_version=model.ir_version,
+        opset_imports=dict(model.opset_imports), result=None if dry_run else model,
+    )
+    if target is not None:
+        external = external_data or None
+        if shard_size is not None:
+            external = True
+        report.external_data = bool(external) if external is not None else (
+            io.uses_external_data(model) or report.bytes_after > io.INLINE_LIMIT)
+        written = io.save(model, target, external=external, shard_size=shard_size,
+                          callback=progress)
+        report.files = [str(f) for f in written]
+    report.seconds = time.perf_counter() - started
+    return report
+
+
+def _output(src: Path | None, out, *, dry_run: bool, in_place: bool) -> Path | None:
+    if dry_run:
+        return None
+    if in_place:
+        if src is None:
+            raise UsageError("in_place needs a model path")
+        if out is not None and Path(out).resolve() != src.resolve():
+            raise UsageError("--in-place writes over the input; do not also give -o")
+        return src
+    if out is None:
+        return None if src is None else default_output(src)
+    target = Path(out)
+    if src is not None:
+        with io.no_overwrite_of_input(src, target, in_place):
+            pass
+    return target

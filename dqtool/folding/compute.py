@@ -1,0 +1,166 @@
+"""Computing a folded value with dqtool's kernel, lazily and in row chunks.
+
+Nothing is computed when a node is folded: the new constant is a ``FoldedTensor`` (an
+``onnx_ir.LazyTensor``) that computes its value when the model is saved. Written as
+external data, it streams: rows of the output are computed and written a chunk at a time,
+so peak memory is a few chunks, not the tensor (and never the model). Written inline, the
+whole tensor is computed once and dropped after serialization.
+
+The values are the kernel's, which is bit-identical to onnxruntime (``ORT_DISABLE_ALL``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import numpy as np
+import onnx_ir as ir
+
+from dqtool import types
+
+# Output elements per chunk when streaming: large enough to amortize the kernel's setup and
+# its two threads, small enough that a few chunks in flight stay far below 1 GB.
+CHUNK_ELEMENTS = 1 << 23
+
+
+@dataclass(frozen=True)
+class Step:
+    """One kernel call: a QuantizeLinear, a DequantizeLinear, or an opmx DequantizeLinear."""
+
+    kind: Literal["q", "dq", "opmx"]
+    scale: ir.TensorProtocol
+    zero_point: ir.TensorProtocol | None
+    axis: int  # the node's attribute as written (the kernel normalizes it)
+    block_size: int
+    granularity: str | None  # from the spec; decides how parameters follow a row slice
+    norm_axis: int | None
+    output_dtype: np.dtype | None = None
+    saturate: bool = True
+    opmx: tuple[tuple[str, Any], ...] = ()
+
+    def row_align(self) -> int | None:
+        """Rows a chunk must be a multiple of, or None when rows cannot be sliced."""
+        if self.kind == "opmx":
+            return None  # packed four rows per element, groups on either axis: whole only
+        if self.granularity == "blocked" and self.norm_axis == 0:
+            return self.block_size
+        return 1
+
+    def params(self, r0: int | None, r1: int | None) -> tuple[np.ndarray, np.ndarray | None]:
+        """The scale and zero point for output rows r0:r1 (all rows when None)."""
+        scale = self.scale.numpy()
+        zp = None if self.zero_point is None else self.zero_point.numpy()
+        if r0 is None or r1 is None:
+            return scale, zp
+        if self.granularity == "per-axis" and self.norm_axis == 0:
+            sl = slice(r0, r1)
+        elif self.granularity == "blocked" and self.norm_axis == 0:
+            sl = slice(r0 // self.block_size, -(-r1 // self.block_size))
+        elif self.granularity == "blocked":
+            sl = slice(r0, r1)  # same rank as x: dim 0 follows x's rows
+        else:
+            return scale, zp
+        return scale[sl], None if zp is None else zp[sl]
+
+    def run(self, x: np.ndarray, r0: int | None, r1: int | None) -> np.ndarray:
+        from dqtool import kernel
+
+        scale, zp = self.params(r0, r1)
+        if self.kind == "dq":
+            return kernel.dequantize(x, scale, zp, axis=self.axis, block_size=self.block_size,
+                                     output_dtype=self.output_dtype)
+        if self.kind == "q":
+            return kernel.quantize(x, scale, zp, axis=self.axis, block_size=self.block_size,
+                                   output_dtype=self.output_dtype, saturate=self.saturate)
+        return kernel.dequantize_opmx(x, scale, zp, **dict(self.opmx))
+
+
+@dataclass
+class Folding:
+    """How to compute one folded value: a constant source and the steps applied to it."""
+
+    source: ir.TensorProtocol  # the quantized x, or the float weight of a Q→DQ pair
+    steps: tuple[Step, ...]
+    shape: tuple[int, ...]  # the output's (logical) shape
+    out_dtype: np.dtype  # the node's own output type
+    store_dtype: np.dtype  # what is written (--dtype); a cast of the node's output
+    _source_cache: np.ndarray | None = field(default=None, repr=False)
+
+    def row_align(self) -> int | None:
+        if not self.shape:
+            return None
+        aligns = [s.row_align() for s in self.steps]
+        if any(a is None for a in aligns):
+            return None
+        return int(np.lcm.reduce([a for a in aligns if a] or [1]))
+
+    def chunks(self, elements: int | None = None) -> Iterator[tuple[int | None, int | None]]:
+        elements = elements or CHUNK_ELEMENTS
+        align = self.row_align()
+        if align is None or not self.shape[0]:
+            yield None, None
+            return
+        row = int(np.prod(self.shape[1:], dtype=np.int64)) or 1
+        step = max(align, (max(elements // row, 1) // align) * align)
+        for r0 in range(0, self.shape[0], step):
+            yield r0, min(r0 + step, self.shape[0])
+
+    def compute(self, r0: int | None = None, r1: int | None = None) -> np.ndarray:
+        """The folded value (rows r0:r1 of it when given)."""
+        x = self._rows(r0, r1)
+        for s in self.steps:
+            x = s.run(x, r0, r1)
+        if x.dtype != self.out_dtype:  # a kernel returning another type would be a bug
+            raise AssertionError(f"kernel returned {x.dtype}, the node outputs {self.out_dtype}")
+        # --dtype: one cast of the node's output (exact when widening).
+        return x if self.store_dtype == self.out_dtype else x.astype(self.store_dtype)
+
+    def _rows(self, r0: int | None, r1: int | None) -> np.ndarray:
+        t = self.source
+        if r0 is None or r1 is None:
+            return t.numpy()
+        et = types.from_ir(t.dtype)
+        if isinstance(t, ir.ExternalTensor) and et is not None and et.bits >= 8:
+            # Read just these rows: a memory map would keep every page it touched resident.
+            row = int(np.prod(t.shape.numpy()[1:], dtype=np.int64))
+            count = (r1 - r0) * row
+            offset = (t.offset or 0) + r0 * row * et.dtype.itemsize
+            arr = np.fromfile(t.path, dtype=et.dtype, count=count, offset=offset)
+            return arr.reshape((r1 - r0, *t.shape.numpy()[1:]))
+        if self._source_cache is None:
+            self._source_cache = t.numpy()  # packed types unpack once per write
+        return self._source_cache[r0:r1]
+
+    def release(self) -> None:
+        self._source_cache = None
+
+    def write(self, sink: Callable[[memoryview], object]) -> None:
+        """Compute chunk by chunk and hand each chunk's bytes to ``sink``."""
+        try:
+            for r0, r1 in self.chunks():
+                chunk = np.ascontiguousarray(self.compute(r0, r1))
+                sink(memoryview(chunk.reshape(-1).view(np.uint8)))
+                del chunk
+        finally:
+            self.release()
+
+
+class FoldedTensor(ir.LazyTensor):
+    """A folded constant: computed when saved, streamed in chunks into external data."""
+
+    def __init__(self, folding: Folding, name: str | None = None) -> None:
+        self.folding = folding
+        et = types.from_dtype(folding.store_dtype)
+        super().__init__(self._whole, dtype=et.ir_type, shape=ir.Shape(folding.shape),
+                         name=name)
+
+    def _whole(self) -> ir.TensorProtocol:
+        try:
+            return ir.Tensor(self.folding.compute(), name=self.name)
+        finally:
+            self.folding.release()
+
+    def tofile(self, file) -> None:
+        self.folding.write(file.write)

@@ -1,0 +1,190 @@
+"""``DequantizeFoldPass``: constant DequantizeLinear nodes become constants."""
+
+from __future__ import annotations
+
+import onnx_ir as ir
+
+from dqtool import codecs, graph, types
+from dqtool.folding import cleanup
+from dqtool.folding.compute import FoldedTensor, Folding
+from dqtool.folding.plan import not_constant_reason, plan
+from dqtool.folding.report import FoldedNode, LeftNode
+from dqtool.folding.selection import Selection
+
+# Inputs onnxruntime prepacks when they are constant initializers: its GEMM then sums in
+# another order, so a folded weight read directly gives outputs a few ulps off the
+# original's (measured: MatMul with M=1 or K=300, Gemm with M=1). An Identity in between
+# keeps the weight a run-time value, and the outputs bit-identical.
+PREPACKED: dict[tuple[str, str], frozenset[int]] = {
+    ("", "MatMul"): frozenset({1}), ("", "Gemm"): frozenset({1}),
+    ("", "LSTM"): frozenset({1, 2}), ("", "GRU"): frozenset({1, 2}),
+    ("", "RNN"): frozenset({1, 2}),
+    ("com.microsoft", "FusedMatMul"): frozenset({1}),
+    ("com.microsoft", "FusedGemm"): frozenset({1}),
+}
+
+
+class DequantizeFoldPass(ir.passes.InPlacePass):
+    """Replace every selected DequantizeLinear whose inputs are all constant by a constant.
+
+    Rewrites, for any dialect the codecs read (ai.onnx every version, com.microsoft,
+    opmx/pmx):
+
+    1. ``y = DQ(x, s, zp)`` with x, s, zp initializers (not graph inputs) or Constant
+       nodes, in the main graph or a subgraph (inputs may live in an outer scope) → ``y``
+       becomes an initializer of the DQ's own graph, computed lazily (``FoldedTensor``).
+    2. The same inside a function (or a subgraph in one) → a ``Constant`` node there.
+    3. ``y = DQ(QuantizeLinear(w, s1, zp1), s2, zp2)`` with w, s1, zp1 constant → the pair
+       is folded (quantize, then dequantize, with the kernel).
+    4. With ``dtype`` other than "keep" and different from y's type: the constant holds
+       ``Cast(y, dtype)`` and a ``Cast`` back to y's type keeps the graph well typed.
+    5. With ``prepack_guard`` (default), a folded value read as a weight that onnxruntime
+       prepacks (MatMul/Gemm B, RNN weights) goes through an ``Identity``, so onnxruntime's
+       outputs stay bit-identical to the original's (see ``PREPACKED``).
+
+    The constant keeps ``y``'s name, so graph outputs and consumers read it unchanged.
+    Quantized constants (and QuantizeLinear nodes) nothing uses any more are removed;
+    those still used elsewhere are kept. Opset imports of com.microsoft/opmx/pmx are
+    dropped where no node uses them any more. Nodes not folded are listed in ``left``.
+    """
+
+    def __init__(self, selection: Selection | None = None, dtype: str = "keep",
+                 prepack_guard: bool = True) -> None:
+        super().__init__()
+        self.prepack_guard = prepack_guard
+        self.guarded = 0  # folded values given an Identity
+        self._model: ir.Model | None = None
+        self.selection = selection or Selection()
+        self.dtype = dtype
+        self.folded: list[FoldedNode] = []
+        self.left: list[LeftNode] = []
+        self.removed: list[str] = []
+        self.kept: list[str] = []
+
+    def call(self, model: ir.Model) -> ir.passes.PassResult:
+        self._model = model
+        domains_before = cleanup.used_domains(model)
+        # Collect first: folding edits the graphs being walked.
+        sites = [s for s in graph.walk(model)
+                 if s.node.op_type == "DequantizeLinear" and codecs.is_quant_node(s.node)]
+        inputs: list[ir.Value] = []
+        for site in sites:
+            before = [v for v in site.node.inputs if v is not None]
+            if self._try_fold(site):
+                inputs.extend(before)
+        self.removed, self.kept = cleanup.remove_unused(inputs)
+        cleanup.prune_opsets(model, domains_before)
+        return ir.passes.PassResult(model, modified=bool(self.folded))
+
+    def _try_fold(self, site: graph.Site) -> bool:
+        node = site.node
+        spec = codecs.read_node(node, site.opsets)
+        name = node.name or node.outputs[0].name
+        if not spec.constant:
+            reason = not_constant_reason(node, spec, site.function)
+            self.left.append(LeftNode(name, site.graph, reason))
+            return False
+        why = self.selection.why_not(node, spec)
+        if why:
+            self.left.append(LeftNode(name, site.graph, why))
+            return False
+        if spec.errors:
+            reason = "; ".join(p.message for p in spec.errors)
+            self.left.append(LeftNode(name, site.graph, reason, refused=True))
+            return False
+        folding = plan(node, spec, site.opsets, self.dtype)
+        if isinstance(folding, str):
+            self.left.append(LeftNode(name, site.graph, folding, refused=True))
+            return False
+        if site.function is not None or self.dtype != "keep":
+            self._import_default_domain(site.function)
+        self._replace(node, folding, in_function=site.function is not None)
+        self.folded.append(self._record(name, site, spec, folding))
+        return True
+
+    def _replace(self, node: ir.Node, folding: Folding, *, in_function: bool) -> None:
+        y = node.outputs[0]
+        owner = node.graph
+        assert owner is not None
+        y_name = y.name or f"{node.name}_folded"
+        tensor = FoldedTensor(folding, name=y_name)
+        const_name = y_name
+        if folding.store_dtype != folding.out_dtype:
+            store = types.from_dtype(folding.store_dtype).name
+            const_name = cleanup.unique_name(owner, f"{y_name}_{store}")
+        if in_function:
+            # Functions have no initializers: the value lives in a Constant node.
+            const_node = ir.node("Constant", [], attributes={"value": tensor},
+                                 name=f"{node.name}_folded" if node.name else None)
+            owner.insert_before(node, const_node)
+            const = const_node.outputs[0]
+        else:
+            const = ir.Value(name=f"{const_name}__folding", const_value=tensor,
+                             shape=ir.Shape(folding.shape),
+                             type=ir.TensorType(tensor.dtype))
+        replacement = const
+        if folding.store_dtype != folding.out_dtype:
+            to = types.from_dtype(folding.out_dtype).ir_type
+            cast = ir.node("Cast", [const], attributes={"to": to},
+                           name=f"{node.name}_cast" if node.name else None)
+            owner.insert_before(node, cast)
+            replacement = cast.outputs[0]
+            replacement.type = ir.TensorType(to)
+            replacement.shape = ir.Shape(folding.shape)
+        ir.convenience.replace_all_uses_with(y, replacement, replace_graph_outputs=True)
+        owner.remove(node, safe=True)
+        # Names are set after the DQ is gone so that y's name is free to take.
+        const.name = const_name
+        if replacement is not const:
+            replacement.name = y_name
+        if not in_function:
+            assert isinstance(owner, ir.Graph)
+            owner.register_initializer(const)
+        if self.prepack_guard and self._guard(replacement, y_name):
+            self.guarded += 1
+
+    def _guard(self, value: ir.Value, name: str) -> bool:
+        """Route prepacked uses of ``value`` through one Identity per consuming graph."""
+        idents: dict[int, ir.Value] = {}
+        for use in list(value.uses()):
+            consumer, index = use.node, use.idx
+            if index not in PREPACKED.get((consumer.domain, consumer.op_type), ()):
+                continue
+            owner = consumer.graph
+            assert owner is not None
+            if id(owner) not in idents:
+                ident = ir.node("Identity", [value], name=f"{name}_noprepack")
+                owner.insert_before(consumer, ident)
+                ident.outputs[0].name = cleanup.unique_name(owner, f"{name}_noprepack")
+                ident.outputs[0].type = value.type
+                ident.outputs[0].shape = value.shape
+                idents[id(owner)] = ident.outputs[0]
+            consumer.replace_input_with(index, idents[id(owner)])
+        return bool(idents)
+
+    def _import_default_domain(self, fn: ir.Function | None) -> None:
+        """Constant and Cast need ai.onnx: a function using only other domains lacks it."""
+        model = self._model
+        assert model is not None
+        opsets = model.opset_imports if fn is None else fn.opset_imports
+        if "" not in opsets and "ai.onnx" not in opsets:
+            opsets[""] = model.opset_imports.get("", 13)
+
+    def _record(self, name: str, site: graph.Site, spec, folding: Folding) -> FoldedNode:
+        store = types.from_dtype(folding.store_dtype)
+        out = types.from_dtype(folding.out_dtype)
+        narrowing = store.bits < out.bits or (store.name != out.name and store.bits == out.bits)
+        n = 1
+        for d in folding.shape:
+            n *= d
+        pair = folding.steps[0].kind == "q"
+        # What the quantized data takes in the model (a pair stores its float weight).
+        stored = folding.source.nbytes if pair or spec.packing != "none" \
+            else graph.stored_bytes(spec.quant_type, folding.shape)
+        return FoldedNode(
+            name=name, graph=site.graph, output=site.node.outputs[0].name or "",
+            op=f"{spec.domain}:{spec.op}-{spec.version}", quant_type=spec.quant_type,
+            output_type=out.name, stored_type=store.name, shape=folding.shape,
+            bytes_quantized=stored, bytes_folded=(n * store.bits + 7) // 8, pair=pair,
+            rounding=f"{out.name}→{store.name}" if narrowing else None,
+        )

@@ -1,0 +1,110 @@
+"""What a fold did, as data: the CLI renders it, ``--json`` prints ``to_json()``."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import onnx_ir as ir
+
+
+@dataclass(frozen=True)
+class FoldedNode:
+    """A DequantizeLinear (or a weight Q→DQ pair) replaced by a constant."""
+
+    name: str
+    graph: str  # "main", "main/If_0/then_branch", "function:pkg.F"
+    output: str  # the value name the constant keeps
+    op: str  # "ai.onnx:DequantizeLinear-21", "com.microsoft:DequantizeLinear-1", ...
+    quant_type: str | None
+    output_type: str  # the node's own output type
+    stored_type: str  # the type written (differs with --dtype)
+    shape: tuple[int, ...]
+    bytes_quantized: int | None  # the quantized input's stored size
+    bytes_folded: int
+    pair: bool = False  # x came from a QuantizeLinear of a constant
+    rounding: str | None = None  # "float→float16" when --dtype narrows
+
+    @property
+    def elements(self) -> int:
+        n = 1
+        for d in self.shape:
+            n *= d
+        return n
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "name": self.name, "graph": self.graph, "output": self.output, "op": self.op,
+            "quant_type": self.quant_type, "output_type": self.output_type,
+            "stored_type": self.stored_type, "shape": list(self.shape),
+            "elements": self.elements, "bytes_quantized": self.bytes_quantized,
+            "bytes_folded": self.bytes_folded, "pair": self.pair, "rounding": self.rounding,
+        }
+
+
+@dataclass(frozen=True)
+class LeftNode:
+    """A DequantizeLinear left in the model, and why.
+
+    ``refused`` marks a constant node the selection picked that cannot be folded exactly
+    (the node breaks a rule of its operator); those make the CLI exit 1.
+    """
+
+    name: str
+    graph: str
+    reason: str
+    refused: bool = False
+
+    def to_json(self) -> dict[str, Any]:
+        return {"name": self.name, "graph": self.graph, "reason": self.reason,
+                "refused": self.refused}
+
+
+@dataclass
+class FoldReport:
+    model: str | None  # the input path, None for an in-memory model
+    output: str | None  # None for a dry run or an in-memory fold
+    dry_run: bool
+    dtype: str
+    folded: list[FoldedNode] = field(default_factory=list)
+    left: list[LeftNode] = field(default_factory=list)
+    removed: list[str] = field(default_factory=list)  # quantized constants nothing uses now
+    kept: list[str] = field(default_factory=list)  # quantized constants still used elsewhere
+    guarded: int = 0  # folded weights routed through an Identity (prepack guard)
+    bytes_before: int = 0  # initializer bytes of the input
+    bytes_after: int = 0  # ... and of the result
+    ir_version: int | None = None
+    opset_imports: dict[str, int] = field(default_factory=dict)
+    files: list[str] = field(default_factory=list)
+    external_data: bool = False
+    seconds: float = 0.0
+    result: ir.Model | None = field(default=None, repr=False)  # the folded model
+
+    @property
+    def refused(self) -> list[LeftNode]:
+        return [n for n in self.left if n.refused]
+
+    @property
+    def exit_code(self) -> int:
+        return 1 if self.refused else 0
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "model": self.model, "output": self.output, "dry_run": self.dry_run,
+            "dtype": self.dtype,
+            "summary": {
+                "folded": len(self.folded),
+                "pairs": sum(n.pair for n in self.folded),
+                "rounded": sum(n.rounding is not None for n in self.folded),
+                "left": len(self.left), "refused": len(self.refused),
+                "bytes_before": self.bytes_before, "bytes_after": self.bytes_after,
+                "removed_initializers": len(self.removed),
+                "kept_initializers": len(self.kept), "prepack_guarded": self.guarded,
+            },
+            "folded": [n.to_json() for n in self.folded],
+            "left": [n.to_json() for n in self.left],
+            "removed": list(self.removed), "kept": list(self.kept),
+            "ir_version": self.ir_version, "opset_imports": dict(self.opset_imports),
+            "files": list(self.files), "external_data": self.external_data,
+            "seconds": round(self.seconds, 3), "exit_code": self.exit_code,
+        }
