@@ -1,0 +1,87 @@
+"""``dqtool.check``: validate a model, or a conversion against its original.
+
+Alone, a model is checked structurally (onnx's checker, dqtool's rules) and numerically
+(every DequantizeLinear on onnxruntime against the kernel, bit for bit). With ``against``,
+both models run on the same seeded inputs on onnxruntime and on dqtool's reference
+evaluator, and every output is compared (statistics in ``dqtool.checking.compare``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import numpy as np
+import onnx_ir as ir
+
+from dqtool.checking import against as against_mod
+from dqtool.checking import inputs as inputs_mod
+from dqtool.checking import runners, selfcheck
+from dqtool.checking.compare import OutputComparison
+from dqtool.checking.models import ModelLike, load_proto
+from dqtool.checking.report import CheckReport
+from dqtool.errors import InputError, UsageError
+
+
+def check(
+    model_or_path: ModelLike,
+    *,
+    against: ModelLike | None = None,
+    rtol: float = 0.0,
+    atol: float = 0.0,
+    seed: int = 0,
+    shapes: Mapping[str, tuple[int, ...]] | None = None,
+    inputs: Mapping[str, np.ndarray] | None = None,
+) -> CheckReport:
+    """Check a model alone, or against the model it was converted from.
+
+    ``shapes`` gives an input's shape by its name, or a symbolic dimension's size by its
+    name; other unknown dimensions are 1. ``inputs`` gives feeds by name (the rest are
+    generated from ``seed``). Tolerances apply to ``against`` comparisons; per-node checks
+    are always bit-exact. Raises ``InputError``/``UsageError`` for unreadable models or
+    inputs that do not fit.
+    """
+    if rtol < 0 or atol < 0:
+        raise UsageError("tolerances must be non-negative")
+    name, proto = load_proto(model_or_path)
+    feeds, defaulted = inputs_mod.generate(proto, seed=seed, shapes=shapes, given=inputs)
+    given = set(inputs or {})
+    feed_info = {k: {"shape": list(v.shape), "dtype": str(v.dtype),
+                     "source": "given" if k in given else "generated"}
+                 for k, v in feeds.items()}
+    notes: list[str] = []
+    common = {"runtimes": (runners.ort_runtime(), runners.reference_runtime()),
+              "seed": seed, "rtol": rtol, "atol": atol, "inputs": feed_info,
+              "defaulted_dims": tuple(defaulted)}
+    if against is not None:
+        other_name, other = load_proto(against)
+        mine = {s.name: s for s in inputs_mod.model_inputs(proto)}
+        theirs = {s.name: s for s in inputs_mod.model_inputs(other)}
+        if _signature(mine) != _signature(theirs):
+            raise InputError(f"{name} and {other_name} take different inputs: "
+                             f"{_describe(mine)} vs {_describe(theirs)}")
+        comparisons = against_mod.compare_models(proto, other, feeds, rtol=rtol, atol=atol,
+                                                 notes=notes)
+        return CheckReport(model=name, against=other_name, comparisons=tuple(comparisons),
+                           notes=tuple(notes), **common)
+    model = ir.serde.deserialize_model(proto)
+    sites = selfcheck.quant_sites(model)
+    structure = selfcheck.structure(proto, sites)
+    nodes = selfcheck.numeric(proto, model, sites, feeds, notes)
+    if not nodes:
+        notes.append("the model has no DequantizeLinear node: nothing to compare")
+    return CheckReport(model=name, against=None, structure=structure, nodes=tuple(nodes),
+                       notes=tuple(notes), **common)
+
+
+def _signature(specs: dict[str, inputs_mod.InputSpec]) -> dict[str, tuple]:
+    # Symbolic names may differ between a model and its conversion; fixed sizes may not.
+    return {k: (s.type_name, tuple(d if isinstance(d, int) else None for d in s.dims))
+            for k, s in specs.items()}
+
+
+def _describe(specs: dict[str, inputs_mod.InputSpec]) -> str:
+    return ", ".join(f"{k} {s.type_name}{list(s.dims)}" for k, s in sorted(specs.items())) \
+        or "none"
+
+
+__all__ = ["CheckReport", "OutputComparison", "check"]

@@ -1,0 +1,160 @@
+"""Comparison statistics of two arrays, Polygraphy-style, as JSON-able data.
+
+An output passes when its largest absolute error is within ``atol`` OR its largest relative
+error is within ``rtol`` (``max`` criterion: the statistics alone decide, so a saved report
+can be re-judged with other tolerances by ``OutputComparison.judge``). A NaN in one array
+and not the other, a shape or a dtype difference always fails. Default tolerances are 0:
+dqtool's conversions claim bit-identity.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+from typing import Any
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class OutputComparison:
+    name: str
+    shape: tuple[int, ...] | None  # None when the shapes differ
+    dtype: str  # "float32", or "float32 vs float16" when they differ
+    max_abs: float
+    mean_abs: float
+    max_rel: float
+    mean_rel: float
+    nan_mismatches: int  # elements NaN in exactly one of the two
+    worst_index: tuple[int, ...] | None
+    worst_actual: float | None  # the checked model's value at worst_index
+    worst_expected: float | None  # the reference (``against``) value there
+    mismatched: int  # elements not exactly equal (NaN == NaN counts as equal)
+    size: int
+    failure: str | None = None  # shape/dtype/missing, decided before any statistic
+    rtol: float = 0.0
+    atol: float = 0.0
+    passed: bool = False
+
+    @property
+    def min_atol(self) -> float:
+        """The smallest atol that would pass this output (with rtol 0)."""
+        return math.inf if self.failure or self.nan_mismatches else self.max_abs
+
+    @property
+    def min_rtol(self) -> float:
+        """The smallest rtol that would pass this output (with atol 0)."""
+        return math.inf if self.failure or self.nan_mismatches else self.max_rel
+
+    def judge(self, rtol: float = 0.0, atol: float = 0.0) -> OutputComparison:
+        """The same statistics judged with other tolerances."""
+        ok = (self.failure is None and self.nan_mismatches == 0
+              and (self.max_abs <= atol or self.max_rel <= rtol))
+        return replace(self, rtol=rtol, atol=atol, passed=ok)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "name": self.name, "passed": self.passed, "failure": self.failure,
+            "shape": None if self.shape is None else list(self.shape), "dtype": self.dtype,
+            "size": self.size, "mismatched": self.mismatched,
+            "nan_mismatches": self.nan_mismatches,
+            "max_abs": _num(self.max_abs), "mean_abs": _num(self.mean_abs),
+            "max_rel": _num(self.max_rel), "mean_rel": _num(self.mean_rel),
+            "worst_index": None if self.worst_index is None else list(self.worst_index),
+            "worst_actual": _num(self.worst_actual), "worst_expected": _num(self.worst_expected),
+            "min_atol": _num(self.min_atol), "min_rtol": _num(self.min_rtol),
+            "rtol": self.rtol, "atol": self.atol,
+        }
+
+    @classmethod
+    def from_json(cls, doc: dict[str, Any]) -> OutputComparison:
+        """Read back a saved comparison (to re-judge it with ``judge``)."""
+        def f(key: str) -> float | None:
+            v = doc.get(key)
+            return None if v is None else float(v)
+
+        return cls(
+            name=doc["name"], shape=None if doc["shape"] is None else tuple(doc["shape"]),
+            dtype=doc["dtype"], max_abs=f("max_abs"), mean_abs=f("mean_abs"),
+            max_rel=f("max_rel"), mean_rel=f("mean_rel"),
+            nan_mismatches=doc["nan_mismatches"],
+            worst_index=None if doc["worst_index"] is None else tuple(doc["worst_index"]),
+            worst_actual=f("worst_actual"), worst_expected=f("worst_expected"),
+            mismatched=doc["mismatched"], size=doc["size"], failure=doc["failure"],
+        ).judge(doc.get("rtol", 0.0), doc.get("atol", 0.0))
+
+
+def _num(v: float | None) -> float | str | None:
+    """JSON has no inf/NaN: write them as strings that ``float()`` reads back."""
+    if v is None:
+        return None
+    return v if math.isfinite(v) else str(v)
+
+
+def failed(name: str, reason: str) -> OutputComparison:
+    """An output that could not be compared at all (missing, wrong shape, …)."""
+    inf = math.inf
+    return OutputComparison(name, None, "?", inf, inf, inf, inf, 0, None, None, None, 0, 0,
+                            failure=reason)
+
+
+def _as_float64(a: np.ndarray) -> np.ndarray:
+    # ml_dtypes (bfloat16, float8 …) and bool convert to float64 exactly.
+    return np.asarray(a).astype(np.float64)
+
+
+def compare(name: str, actual: np.ndarray, expected: np.ndarray, *, rtol: float = 0.0,
+            atol: float = 0.0) -> OutputComparison:
+    """Statistics of ``actual`` (the checked model) against ``expected`` (the reference)."""
+    actual, expected = np.asarray(actual), np.asarray(expected)
+    if actual.shape != expected.shape:
+        return failed(name, f"shape {actual.shape} differs from {expected.shape}").judge(
+            rtol, atol)
+    dtype = str(actual.dtype) if actual.dtype == expected.dtype else \
+        f"{actual.dtype} vs {expected.dtype}"
+    failure = None if actual.dtype == expected.dtype else f"dtype {dtype}"
+    a, e = _as_float64(actual), _as_float64(expected)
+    a_nan, e_nan = np.isnan(a), np.isnan(e)
+    nan_mismatch = a_nan != e_nan
+    both_nan = a_nan & e_nan
+    with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
+        # inf - inf of the same sign is NaN: those elements are equal, so 0.
+        same = (a == e) | both_nan
+        absdiff = np.where(same, 0.0, np.abs(a - e))
+        absdiff = np.where(nan_mismatch, np.inf, absdiff)
+        rel = np.where(absdiff == 0, 0.0, absdiff / np.abs(e))
+        rel = np.where(np.isnan(rel), np.inf, rel)
+    n = int(a.size)
+    if n == 0:
+        return OutputComparison(name, actual.shape, dtype, 0.0, 0.0, 0.0, 0.0, 0, None, None,
+                                None, 0, 0, failure=failure).judge(rtol, atol)
+    # The worst element: a NaN mismatch first, else the largest absolute error.
+    flat = int(np.argmax(nan_mismatch)) if nan_mismatch.any() else int(np.argmax(absdiff))
+    idx = tuple(int(i) for i in np.unravel_index(flat, a.shape))
+    return OutputComparison(
+        name=name, shape=actual.shape, dtype=dtype,
+        max_abs=float(absdiff.max()), mean_abs=float(absdiff.mean()),
+        max_rel=float(rel.max()), mean_rel=float(rel.mean()),
+        nan_mismatches=int(nan_mismatch.sum()), worst_index=idx,
+        worst_actual=float(a.reshape(-1)[flat]), worst_expected=float(e.reshape(-1)[flat]),
+        mismatched=int((~same).sum()), size=n, failure=failure,
+    ).judge(rtol, atol)
+
+
+def bit_identical(actual: np.ndarray, expected: np.ndarray) -> bool:
+    """Same dtype, shape and bits (any NaN equals any NaN: payloads are not meaningful)."""
+    actual, expected = np.asarray(actual), np.asarray(expected)
+    if actual.dtype != expected.dtype or actual.shape != expected.shape:
+        return False
+    if actual.dtype.kind == "V" or actual.dtype.itemsize not in (1, 2, 4, 8):
+        return actual.tobytes() == expected.tobytes()
+    view = np.dtype(f"u{actual.dtype.itemsize}")
+    same = actual.view(view) == expected.view(view)
+    if not same.all() and (actual.dtype.kind == "f" or str(actual.dtype) in _ML_FLOATS):
+        with np.errstate(invalid="ignore"):
+            same |= np.isnan(_as_float64(actual)) & np.isnan(_as_float64(expected))
+    return bool(same.all())
+
+
+_ML_FLOATS = frozenset({"bfloat16", "float8_e4m3fn", "float8_e4m3fnuz", "float8_e5m2",
+                        "float8_e5m2fnuz", "float8_e8m0fnu", "float4_e2m1fn"})

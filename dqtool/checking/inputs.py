@@ -1,0 +1,141 @@
+"""Seeded inputs for a model, from its input types and shapes.
+
+Symbolic or unknown dimensions come from ``shapes`` (an input's whole shape by its name, or
+one symbolic dimension by its name) or else the stated default, ``DEFAULT_DIM``. Float
+inputs are standard normal (the range a QuantizeLinear of activations usually covers);
+integers are uniform over a small range that stays valid for index-like inputs.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import onnx
+
+from dqtool import types
+from dqtool.errors import InputError, UsageError
+
+DEFAULT_DIM = 1
+
+
+@dataclass(frozen=True)
+class InputSpec:
+    name: str
+    type_name: str
+    dims: tuple[int | str | None, ...]
+
+
+def model_inputs(model: onnx.ModelProto) -> list[InputSpec]:
+    """The graph inputs a caller must feed (an initializer-backed input has a default)."""
+    inits = {t.name for t in model.graph.initializer}
+    out = []
+    for vi in model.graph.input:
+        if vi.name in inits:
+            continue
+        tt = vi.type.tensor_type
+        if not vi.type.HasField("tensor_type"):
+            raise InputError(f"input '{vi.name}' is not a tensor; dqtool check feeds tensors "
+                             "only")
+        et = types.from_onnx_int(tt.elem_type)
+        if et is None:
+            raise InputError(f"input '{vi.name}' has an element type dqtool cannot generate "
+                             f"({tt.elem_type})")
+        dims: list[int | str | None] = []
+        if tt.HasField("shape"):
+            for d in tt.shape.dim:
+                if d.HasField("dim_value"):
+                    dims.append(d.dim_value)
+                else:
+                    dims.append(d.dim_param or None)
+        out.append(InputSpec(vi.name, et.name, tuple(dims)))
+    return out
+
+
+def parse_shapes(items: Sequence[str]) -> dict[str, tuple[int, ...]]:
+    """``NAME=D0,D1,...`` (an input's shape) or ``DIM=N`` (a symbolic dimension)."""
+    shapes: dict[str, tuple[int, ...]] = {}
+    for item in items:
+        name, sep, dims = item.partition("=")
+        try:
+            value = tuple(int(d) for d in dims.split(",")) if dims else ()
+        except ValueError:
+            value = None
+        if not sep or not name or value is None or any(d < 0 for d in value):
+            raise UsageError(f"--shape {item!r}: expected NAME=D0,D1,... with integer sizes")
+        shapes[name] = value
+    return shapes
+
+
+def resolve_shape(spec: InputSpec, shapes: Mapping[str, tuple[int, ...]],
+                  defaulted: list[str]) -> tuple[int, ...]:
+    if spec.name in shapes:
+        given = shapes[spec.name]
+        if len(given) != len(spec.dims) and spec.dims:
+            raise UsageError(f"--shape {spec.name}: {len(given)} dimensions given, the input "
+                             f"has {len(spec.dims)}")
+        for g, d in zip(given, spec.dims, strict=False):
+            if isinstance(d, int) and d != g:
+                raise UsageError(f"--shape {spec.name}: size {g} where the model fixes {d}")
+        return given
+    out = []
+    for i, d in enumerate(spec.dims):
+        if isinstance(d, int):
+            out.append(d)
+        elif d is not None and d in shapes and len(shapes[d]) == 1:
+            out.append(shapes[d][0])
+        else:
+            defaulted.append(f"{spec.name}[{i}]" + (f" ({d})" if d else ""))
+            out.append(DEFAULT_DIM)
+    return tuple(out)
+
+
+def random_array(type_name: str, shape: tuple[int, ...], rng: np.random.Generator) -> np.ndarray:
+    et = types.by_name(type_name)
+    if type_name == "bool":
+        return rng.integers(0, 2, shape).astype(np.bool_)
+    if et.is_integer:
+        lo, hi = max(int(et.min), -8), min(int(et.max), 8)
+        return rng.integers(lo, hi + 1, shape).astype(et.dtype)
+    return rng.standard_normal(shape).astype(np.float32).astype(et.dtype)
+
+
+def generate(model: onnx.ModelProto, *, seed: int = 0,
+             shapes: Mapping[str, tuple[int, ...]] | None = None,
+             given: Mapping[str, np.ndarray] | None = None) -> tuple[dict[str, np.ndarray],
+                                                                      list[str]]:
+    """Feeds for every input (``given`` ones used as they are) and the dimensions that
+    took the default size."""
+    shapes = dict(shapes or {})
+    given = dict(given or {})
+    specs = model_inputs(model)
+    known = {s.name for s in specs}
+    unknown = sorted(set(given) - known)
+    if unknown:
+        raise UsageError(f"--inputs names {', '.join(unknown)}, which the model does not take "
+                         f"(inputs: {', '.join(sorted(known)) or 'none'})")
+    rng = np.random.default_rng(seed)
+    feeds: dict[str, np.ndarray] = {}
+    defaulted: list[str] = []
+    for spec in specs:
+        # Draw for every input, even a given one, so a given input does not shift the
+        # values the others get for a seed.
+        shape = given[spec.name].shape if spec.name in given else resolve_shape(
+            spec, shapes, defaulted)
+        arr = random_array(spec.type_name, shape, rng)
+        feeds[spec.name] = given.get(spec.name, arr)
+    return feeds, defaulted
+
+
+def load_npz(path: str | os.PathLike) -> dict[str, np.ndarray]:
+    p = Path(path)
+    try:
+        with np.load(p, allow_pickle=False) as data:
+            return {k: data[k] for k in data.files}
+    except FileNotFoundError:
+        raise InputError(f"{p}: no such file") from None
+    except (OSError, ValueError) as e:
+        raise InputError(f"{p}: not a readable .npz file ({str(e).splitlines()[0]})") from None

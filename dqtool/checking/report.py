@@ -1,0 +1,69 @@
+"""What a check found, as data: JSON-able, and re-judgeable with other tolerances."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from dqtool.checking.against import RuntimeComparison
+from dqtool.checking.inputs import DEFAULT_DIM
+from dqtool.checking.runners import Runtime
+from dqtool.checking.selfcheck import NodeCheck, Structure
+
+
+@dataclass(frozen=True)
+class CheckReport:
+    model: str
+    against: str | None
+    runtimes: tuple[Runtime, ...]
+    seed: int
+    rtol: float
+    atol: float
+    inputs: dict[str, dict[str, Any]]  # name -> {"shape", "dtype", "source"}
+    defaulted_dims: tuple[str, ...]  # dimensions that took DEFAULT_DIM
+    structure: Structure | None = None  # check alone
+    nodes: tuple[NodeCheck, ...] = ()  # check alone
+    comparisons: tuple[RuntimeComparison, ...] = ()  # --against
+    notes: tuple[str, ...] = field(default=())
+
+    @property
+    def mode(self) -> str:
+        return "against" if self.against is not None else "self"
+
+    @property
+    def passed(self) -> bool:
+        if self.against is not None:
+            return all(c.passed for c in self.comparisons)
+        return (self.structure is None or self.structure.passed) and all(
+            n.passed for n in self.nodes)
+
+    @property
+    def exit_code(self) -> int:
+        return 0 if self.passed else 1
+
+    def judge(self, rtol: float, atol: float) -> CheckReport:
+        """The same statistics under other tolerances (per-node checks stay bit-exact)."""
+        return replace(self, rtol=rtol, atol=atol,
+                       comparisons=tuple(c.judge(rtol, atol) for c in self.comparisons))
+
+    def to_json(self) -> dict[str, Any]:
+        doc: dict[str, Any] = {
+            "model": self.model, "against": self.against, "mode": self.mode,
+            "passed": self.passed,
+            "runtimes": [r.to_json() for r in self.runtimes],
+            "tolerance": {"rtol": self.rtol, "atol": self.atol,
+                          "criterion": "max abs error <= atol or max rel error <= rtol; "
+                          "a NaN in one output and not the other fails"},
+            "seed": self.seed, "inputs": self.inputs,
+            "default_dim": DEFAULT_DIM, "defaulted_dims": list(self.defaulted_dims),
+            "notes": list(self.notes),
+        }
+        if self.against is None:
+            doc["structure"] = None if self.structure is None else self.structure.to_json()
+            doc["nodes"] = [n.to_json() for n in self.nodes]
+            doc["summary"] = {s: sum(n.status == s for n in self.nodes)
+                              for s in ("bit-exact", "mismatch", "kernel-only", "skipped",
+                                        "error")}
+        else:
+            doc["comparisons"] = [c.to_json() for c in self.comparisons]
+        return doc

@@ -1,0 +1,88 @@
+"""The two runtimes a check uses: onnxruntime and dqtool's reference evaluator.
+
+onnxruntime always runs on CPU with every graph optimization disabled: its default level
+fuses DequantizeLinear→MatMul into MatMulNBits and moves the outputs it is meant to judge.
+onnxruntime is imported only here, and only when a check runs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import onnx
+
+ORT_LEVEL = "ORT_DISABLE_ALL"
+ORT_PROVIDER = "CPUExecutionProvider"
+
+
+class RuntimeFailure(Exception):
+    """A runtime could not load or run a model; the message is one line."""
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip() or type(e).__name__
+    line = text.splitlines()[0]
+    return line if len(line) <= 300 else line[:297] + "..."
+
+
+@dataclass(frozen=True)
+class Runtime:
+    name: str  # "onnxruntime" or "reference"
+    description: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {"name": self.name, "description": self.description}
+
+
+def ort_runtime() -> Runtime:
+    try:
+        import onnxruntime as ort
+    except ImportError as e:  # a broken install must not hide the kernel-only result
+        return Runtime("onnxruntime", f"unavailable ({_first_line(e)})")
+    return Runtime("onnxruntime", f"onnxruntime {ort.__version__}, {ORT_PROVIDER}, "
+                   f"graph optimization {ORT_LEVEL}")
+
+
+def reference_runtime() -> Runtime:
+    return Runtime("reference", f"dqtool.reference_evaluator (onnx {onnx.__version__} "
+                   "ReferenceEvaluator, every Q/DQ dialect on dqtool's kernel)")
+
+
+def run_ort(model: onnx.ModelProto, feeds: Mapping[str, np.ndarray],
+            outputs: Sequence[str] | None = None) -> dict[str, np.ndarray]:
+    try:
+        import onnxruntime as ort
+    except ImportError as e:
+        raise RuntimeFailure(f"onnxruntime cannot be imported: {_first_line(e)}") from None
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    so.log_severity_level = 4  # failures reach us as exceptions; keep stderr clean
+    try:
+        sess = ort.InferenceSession(model.SerializeToString(), so, providers=[ORT_PROVIDER])
+    except Exception as e:  # onnxruntime raises its own exception types
+        raise RuntimeFailure(_first_line(e)) from None
+    names = list(outputs) if outputs is not None else [o.name for o in sess.get_outputs()]
+    try:
+        values = sess.run(names, dict(feeds))
+    except Exception as e:
+        raise RuntimeFailure(_first_line(e)) from None
+    return dict(zip(names, (np.asarray(v) for v in values), strict=True))
+
+
+def run_reference(model: onnx.ModelProto, feeds: Mapping[str, np.ndarray],
+                  outputs: Sequence[str] | None = None) -> dict[str, np.ndarray]:
+    from dqtool import reference_evaluator
+
+    try:
+        sess = reference_evaluator(model)
+    except Exception as e:  # a model the evaluator cannot load is a finding, not a crash
+        raise RuntimeFailure(_first_line(e)) from None
+    names = list(outputs) if outputs is not None else [o.name for o in model.graph.output]
+    try:
+        values = sess.run(names, dict(feeds))
+    except Exception as e:
+        raise RuntimeFailure(_first_line(e)) from None
+    return dict(zip(names, (np.asarray(v) for v in values), strict=True))

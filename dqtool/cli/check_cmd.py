@@ -1,0 +1,114 @@
+"""``dqtool check MODEL [--against ORIGINAL] [--rtol R] [--atol A] [--seed S]
+[--shape NAME=D0,D1,...] [--inputs FILE.npz] [--json]``."""
+
+from __future__ import annotations
+
+import click
+from rich.table import Table
+
+from dqtool.cli.app import App, user_errors
+
+
+def _num(v: object) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, float):
+        return f"{v:.6g}"
+    return str(v)
+
+
+def _render_self(app: App, doc: dict) -> None:
+    st = doc["structure"]
+    app.out.print(f"structure: onnx checker (full check) {st['onnx_checker']}; dqtool rules: "
+                  f"{sum(p['severity'] == 'error' for p in st['problems'])} errors, "
+                  f"{sum(p['severity'] != 'error' for p in st['problems'])} other findings")
+    for p in st["problems"]:
+        if p["severity"] == "error":
+            app.out.print(f"  {p['code']} {p['node']}: {p['message']}")
+    table = Table(title="DequantizeLinear: onnxruntime vs kernel (bit-exact)",
+                  title_justify="left")
+    for col in ("node", "op", "status", "detail"):
+        table.add_column(col, overflow="fold")
+    for n in doc["nodes"]:
+        where = n["name"] or "<unnamed>"
+        if n["graph"] != "main":
+            where += f" [{n['graph']}]"
+        table.add_row(where, n["op"], n["status"], n["reason"] or "-")
+    app.out.print(table)
+
+
+def _render_against(app: App, doc: dict) -> None:
+    for c in doc["comparisons"]:
+        if c["skipped"]:
+            app.out.print(f"{c['runtime']}: skipped: {c['skipped']}")
+            continue
+        table = Table(title=f"{c['runtime']}: {doc['model']} vs {doc['against']}",
+                      title_justify="left")
+        for col in ("output", "ok", "max abs", "max rel", "mean abs", "worst index",
+                    "values (checked / original)", "min atol / rtol"):
+            table.add_column(col, overflow="fold")
+        for o in c["outputs"]:
+            worst = "-" if o["worst_index"] is None else str(tuple(o["worst_index"]))
+            vals = f"{_num(o['worst_actual'])} / {_num(o['worst_expected'])}"
+            table.add_row(o["name"], "yes" if o["passed"] else f"NO {o['failure'] or ''}",
+                          _num(o["max_abs"]), _num(o["max_rel"]), _num(o["mean_abs"]),
+                          worst, vals, f"{_num(o['min_atol'])} / {_num(o['min_rtol'])}")
+        app.out.print(table)
+
+
+def render(app: App, doc: dict) -> None:
+    for r in doc["runtimes"]:
+        app.out.print(f"runtime {r['name']}: {r['description']}")
+    ins = ", ".join(f"{k} {v['dtype']}{tuple(v['shape'])} ({v['source']})"
+                    for k, v in doc["inputs"].items()) or "none"
+    app.out.print(f"inputs (seed {doc['seed']}): {ins}")
+    if doc["defaulted_dims"]:
+        app.out.print(f"dimensions set to the default {doc['default_dim']}: "
+                      + ", ".join(doc["defaulted_dims"]))
+    if doc["mode"] == "self":
+        _render_self(app, doc)
+    else:
+        tol = doc["tolerance"]
+        app.out.print(f"tolerance: rtol {tol['rtol']}, atol {tol['atol']} ({tol['criterion']})")
+        _render_against(app, doc)
+    for note in doc["notes"]:
+        app.out.print(f"note: {note}")
+    app.out.print("PASSED" if doc["passed"] else "FAILED")
+
+
+@click.command("check")
+@click.argument("model", type=str)
+@click.option("--against", "original", type=str, default=None,
+              help="Compare every output with this model's (the conversion's original).")
+@click.option("--rtol", type=click.FloatRange(min=0.0), default=0.0, show_default=True,
+              help="Relative tolerance for --against comparisons.")
+@click.option("--atol", type=click.FloatRange(min=0.0), default=0.0, show_default=True,
+              help="Absolute tolerance for --against comparisons.")
+@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the inputs.")
+@click.option("--shape", "shapes", multiple=True, metavar="NAME=D0,D1,...",
+              help="An input's shape, or a symbolic dimension's size (default 1). Repeatable.")
+@click.option("--inputs", "inputs_file", type=str, default=None, metavar="FILE.npz",
+              help="Feeds by input name; inputs not in it are generated.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
+@click.pass_obj
+@user_errors
+def check_cmd(app: App, model: str, original: str | None, rtol: float, atol: float, seed: int,
+              shapes: tuple[str, ...], inputs_file: str | None, as_json: bool) -> None:
+    """Check MODEL alone (structure, and every DequantizeLinear on onnxruntime against the
+    kernel, bit for bit), or against ORIGINAL (every output, on onnxruntime with
+    ORT_DISABLE_ALL and on dqtool's reference evaluator).
+
+    Exit codes: 0 passed, 1 mismatch or invalid model, 2 bad input.
+    """
+    from dqtool.checking import check
+    from dqtool.checking.inputs import load_npz, parse_shapes
+
+    given = load_npz(inputs_file) if inputs_file else None
+    report = check(model, against=original, rtol=rtol, atol=atol, seed=seed,
+                   shapes=parse_shapes(shapes), inputs=given)
+    doc = report.to_json()
+    if as_json:
+        app.print_json(doc)
+    else:
+        render(app, doc)
+    raise SystemExit(report.exit_code)

@@ -1,0 +1,1 @@
+"""Model-level rule families, one module each; importing one registers its rules."""

@@ -1,0 +1,75 @@
+"""What a target profile is: for each DequantizeLinear, the operators the target could run
+it with, and why each cannot. The node runs if one candidate has no issue; otherwise the
+candidate with the fewest issues is reported, each issue as one finding."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from dqtool.spec import QuantSpec
+
+
+@dataclass(frozen=True)
+class Issue:
+    code: str  # DQ101..DQ108
+    reason: str
+    fix: str | None = None
+
+
+@dataclass
+class Candidate:
+    """One operator of the target that might run the node, and why it cannot."""
+
+    name: str
+    issues: list[Issue] = field(default_factory=list)
+
+    def add(self, code: str, reason: str, fix: str | None = None) -> None:
+        self.issues.append(Issue(code, reason, fix))
+
+
+@dataclass(frozen=True)
+class Profile:
+    name: str  # as given to --target
+    description: str
+    candidates: Callable[[QuantSpec, int], list[Candidate]]  # (spec, model ai.onnx opset)
+    max_opset: int | None = None  # ai.onnx opset above which the target runs nothing
+    opset_fix: str | None = None
+
+
+def best(candidates: list[Candidate]) -> Candidate | None:
+    """None when some candidate runs the node."""
+    if not candidates or any(not c.issues for c in candidates):
+        return None
+    return min(candidates, key=lambda c: len(c.issues))
+
+
+def rank_of(spec: QuantSpec) -> int | None:
+    return None if spec.x_shape is None else len(spec.x_shape)
+
+
+def ragged(spec: QuantSpec) -> bool:
+    """A blocked node whose last block is shorter (the dimension is known)."""
+    if spec.granularity != "blocked" or spec.x_shape is None or not spec.block_size:
+        return False
+    if spec.axis is None or spec.axis >= len(spec.x_shape):
+        return False
+    dim = spec.x_shape[spec.axis]
+    return isinstance(dim, int) and dim % spec.block_size != 0
+
+
+def or_fold(spec: QuantSpec, fix: str | None) -> str | None:
+    """Add folding as a way out when the node is constant."""
+    if not spec.constant:
+        return fix
+    fold = "`dqtool fold` (the node is constant)"
+    return fold if fix is None else f"{fix}, or {fold}"
+
+
+def to_ai_onnx_fix(spec: QuantSpec, opset: int) -> str:
+    from dqtool import versions
+
+    lowest = versions.lowest_version(spec)
+    if lowest is None:
+        return or_fold(spec, None) or "none: no ai.onnx DequantizeLinear expresses it"
+    return f"`dqtool upgrade --opset {max(lowest, opset)}` (to ai.onnx DequantizeLinear)"

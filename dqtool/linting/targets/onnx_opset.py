@@ -1,0 +1,64 @@
+"""``onnx-opset-N``: can ai.onnx DequantizeLinear at opset N express the node, and if not,
+which ``dqtool downgrade`` rewrite gets it there (SEMANTICS.md §1; issue 4's rewrites)."""
+
+from __future__ import annotations
+
+from dqtool import types, versions
+from dqtool.codecs import onnx_std
+from dqtool.linting.targets.base import Candidate, Profile, or_fold, to_ai_onnx_fix
+from dqtool.spec import QuantSpec
+
+_WIDENED = frozenset({"int4", "uint4", "int2", "uint2", "int16", "uint16"})
+
+
+def _code(reason: str) -> str:
+    if "is not a quantized type" in reason:
+        return "DQ101"
+    if " needs " in reason and ("per-axis" in reason or "blocked" in reason):
+        return "DQ103"
+    return "DQ102"
+
+
+def _fix(spec: QuantSpec, code: str, n: int) -> str | None:
+    """The exact rewrite ``downgrade`` offers for this reason, else decomposing/folding."""
+    down = f"`dqtool downgrade --opset {n}`"
+    decompose = f"`dqtool downgrade --opset {n} --allow-decompose` (Cast/Sub/Mul, no longer QDQ)"
+    x_const = spec.x_constant or spec.x_from_quantize
+    qt = spec.quant_type or ""
+    if code == "DQ101":
+        if qt in _WIDENED:
+            return down + " (widens the constant values)" if x_const else decompose
+        if qt == "float4e2m1" and n >= 19:
+            return down + " (float4e2m1 → float8e4m3fn, exact)"
+        return or_fold(spec, decompose)
+    if code == "DQ103":
+        if spec.granularity == "blocked" and n >= 13 and x_const:
+            return down + " (blocked → per-axis layout rewrite)"
+        return or_fold(spec, decompose)
+    return down + " (float32 scale / Cast of the output)"
+
+
+def profile(n: int) -> Profile:
+    since = max((v for v in onnx_std.versions("DequantizeLinear") if v <= n), default=None)
+
+    def candidates(spec: QuantSpec, opset: int) -> list[Candidate]:
+        c = Candidate(f"ai.onnx DequantizeLinear at opset {n}")
+        if spec.domain != "ai.onnx":
+            lowest = versions.lowest_version(spec)
+            fix = to_ai_onnx_fix(spec, n) if lowest is not None and lowest <= n else \
+                or_fold(spec, None)
+            c.add("DQ106", f"{spec.domain} is not the ai.onnx domain", fix)
+            return [c]
+        if since is None:
+            c.add("DQ106", f"ai.onnx has no DequantizeLinear at opset {n}")
+            return [c]
+        for reason in versions.why_not(spec, since):
+            code = _code(reason)
+            c.add(code, reason, _fix(spec, code, n))
+        if spec.quant_type in types.FLOAT_QUANT and not c.issues and since < 19:
+            c.add("DQ101", f"{spec.quant_type} needs DequantizeLinear 19+",
+                  _fix(spec, "DQ101", n))
+        return [c]
+
+    return Profile(f"onnx-opset-{n}", f"ai.onnx opset {n}", candidates, max_opset=n,
+                   opset_fix=f"`dqtool downgrade --opset {n}`")

@@ -1,0 +1,150 @@
+"""dqtool check: alone (structure + every DQ on onnxruntime vs the kernel) and --against."""
+
+from __future__ import annotations
+
+import json
+
+import ml_dtypes
+import numpy as np
+import onnx
+import pytest
+from click.testing import CliRunner
+from onnx import TensorProto
+from test_lint_helpers import dq_model, matmul_model, save
+
+from dqtool.checking import check
+from dqtool.cli import cli
+
+ENV = {"NO_COLOR": "1", "COLUMNS": "80"}
+
+
+def run(*args: str):
+    return CliRunner(env=ENV).invoke(cli, list(args))
+
+
+def weights(seed: int = 1):
+    r = np.random.default_rng(seed)
+    return (r.integers(-127, 128, (16, 4)).astype(np.int8),
+            r.uniform(0.01, 0.05, 4).astype(np.float32))
+
+
+def test_real_qdq_model_passes_bit_exact():
+    report = check("models/ort_qdq_per_channel.onnx")
+    doc = report.to_json()
+    assert report.passed and doc["summary"]["bit-exact"] == 12
+    assert doc["structure"]["onnx_checker"] == "passed"
+    assert "ORT_DISABLE_ALL" in doc["runtimes"][0]["description"]
+
+
+@pytest.mark.parametrize("path", ["models/dq19_uint8_bfloat16_scale.onnx",
+                                  "models/dq23_float4e2m1_output_dtype.onnx"])
+def test_nodes_onnxruntime_cannot_run_are_kernel_only(path):
+    report = check(path)
+    assert report.passed
+    kernel_only = [n for n in report.nodes if n.status == "kernel-only"]
+    assert kernel_only and all("onnxruntime cannot run" in n.reason for n in kernel_only)
+
+
+def test_small_bfloat16_and_float4_models_pass(tmp_path):
+    bf = dq_model(np.arange(8, dtype=np.uint8).reshape(2, 4),
+                  np.array(0.5, ml_dtypes.bfloat16), opset=19, ir_version=9,
+                  out_type=TensorProto.BFLOAT16)
+    f4 = dq_model(np.array([0, 1, 1.5, -6], ml_dtypes.float4_e2m1fn),
+                  np.array(2.0, np.float32), opset=23, ir_version=11)
+    for m in (bf, f4):
+        result = run("check", str(save(m, tmp_path / "m.onnx")), "--json")
+        doc = json.loads(result.output)
+        assert result.exit_code == 0, result.output
+        assert doc["nodes"][0]["status"] == "kernel-only"
+
+
+def test_tampered_scale_fails_against_and_names_worst_index(tmp_path):
+    w, s = weights()
+    original = save(matmul_model(w, s, opset=13), tmp_path / "orig.onnx")
+    converted = matmul_model(w, s, opset=21)  # a valid upgrade: DQ-13 → DQ-21
+    ok = save(converted, tmp_path / "conv.onnx")
+    assert run("check", str(ok), "--against", str(original)).exit_code == 0
+    s_bad = s.copy()
+    s_bad[2] *= 1.5
+    bad = save(matmul_model(w, s_bad, opset=21), tmp_path / "bad.onnx")
+    result = run("check", str(bad), "--against", str(original), "--json")
+    assert result.exit_code == 1
+    doc = json.loads(result.output)
+    assert not doc["passed"]
+    for comp in doc["comparisons"]:
+        (y,) = comp["outputs"]
+        assert not y["passed"] and y["worst_index"] == [0, 2]
+        assert y["worst_actual"] != y["worst_expected"]
+        assert y["min_atol"] == y["max_abs"] > 0
+
+
+def test_tolerance_relaxes_against(tmp_path):
+    w, s = weights()
+    original = save(matmul_model(w, s), tmp_path / "orig.onnx")
+    s_bad = s.copy()
+    s_bad[0] *= 1 + 1e-6
+    bad = save(matmul_model(w, s_bad), tmp_path / "bad.onnx")
+    assert not check(bad, against=original).passed
+    assert check(bad, against=original, rtol=1e-4).passed
+
+
+def test_against_text_output_states_runtimes(tmp_path):
+    w, s = weights()
+    p = save(matmul_model(w, s), tmp_path / "m.onnx")
+    result = run("check", str(p), "--against", str(p))
+    assert result.exit_code == 0
+    assert "ORT_DISABLE_ALL" in result.output and "dqtool.reference_evaluator" in result.output
+    assert "PASSED" in result.output
+
+
+def test_symbolic_dims_default_and_shape_option(tmp_path):
+    w, s = weights()
+    p = save(matmul_model(w, s), tmp_path / "m.onnx")
+    r = check(p)
+    assert r.inputs["X"]["shape"] == [1, 16] and r.defaulted_dims == ("X[0] (batch)",)
+    r = check(p, shapes={"batch": (3,)})
+    assert r.inputs["X"]["shape"] == [3, 16] and not r.defaulted_dims
+    result = run("check", str(p), "--shape", "X=2,16", "--json")
+    assert json.loads(result.output)["inputs"]["X"]["shape"] == [2, 16]
+
+
+def test_inputs_npz_and_seed(tmp_path):
+    w, s = weights()
+    p = save(matmul_model(w, s), tmp_path / "m.onnx")
+    x = np.ones((5, 16), np.float32)
+    np.savez(tmp_path / "in.npz", X=x)
+    result = run("check", str(p), "--inputs", str(tmp_path / "in.npz"), "--json")
+    doc = json.loads(result.output)
+    assert doc["inputs"]["X"] == {"shape": [5, 16], "dtype": "float32", "source": "given"}
+    np.savez(tmp_path / "bad.npz", Z=x)
+    result = run("check", str(p), "--inputs", str(tmp_path / "bad.npz"))
+    assert result.exit_code == 2 and result.output.count("\n") == 1
+
+
+def test_invalid_model_fails_structure():
+    report = check("models/invalid_dq21_block_scale_shape.onnx")
+    assert not report.passed and not report.structure.passed
+    assert report.exit_code == 1
+
+
+def test_ir14_model_runs_on_onnxruntime_with_note(tmp_path):
+    m = dq_model(np.arange(6, dtype=np.int8), np.array(0.1, np.float32), ir_version=14)
+    report = check(save(m, tmp_path / "m.onnx"))
+    assert report.passed and report.nodes[0].status == "bit-exact"
+    assert any("IR version 14" in n for n in report.notes)
+
+
+@pytest.mark.parametrize("args", [["check", "missing.onnx"],
+                                  ["check", "models/qdq_conv_int8.onnx", "--shape", "X"],
+                                  ["check", "models/qdq_conv_int8.onnx", "--against",
+                                   "models/qdq_matmul_uint8.onnx"]])
+def test_bad_input_exits_2_with_one_line(args):
+    result = run(*args)
+    assert result.exit_code == 2
+    assert result.output.startswith("dqtool: error:") and result.output.count("\n") == 1
+
+
+def test_in_memory_models(tmp_path):
+    w, s = weights()
+    m = matmul_model(w, s)
+    assert check(m, against=onnx.ModelProto.FromString(m.SerializeToString())).passed
