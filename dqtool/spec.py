@@ -39,6 +39,8 @@ P_INT32_ZP = "DQ016"  # int32 with a non-zero zero point: spec says none, runtim
 P_VERSION = "DQ017"  # op does not exist at the version in force / unknown version
 P_INPUTS = "DQ018"  # wrong number of inputs or attributes missing
 P_PRECISION = "DQ019"  # spec-literal precision could differ from what runtimes compute
+P_ZP_VALUE = "DQ002"  # zero-point values: outside the type's range, non-zero for float types
+P_NO_IMPORT = "DQ020"  # a domain used without an opset import
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ import onnx_ir as ir
 from dqtool import graph
 from dqtool.codecs import microsoft, onnx_std, opmx
 from dqtool.codecs.base import Codec
-from dqtool.spec import P_VERSION, Problem, QuantSpec
+from dqtool.spec import P_NO_IMPORT, P_VERSION, Problem, QuantSpec
 
 QUANT_OPS = frozenset({"DequantizeLinear", "QuantizeLinear"})
 
@@ -43,7 +43,7 @@ def read_node(node: ir.Node, opsets: dict[str, int]) -> QuantSpec:
     version = node.version if node.version is not None else graph.opset_of(opsets, node.domain)
     if version is None:
         version = 1
-        missing = Problem(P_VERSION, f"domain {domain} is used without an opset import")
+        missing = Problem(P_NO_IMPORT, f"domain {domain} is used without an opset import")
     else:
         missing = None
     codec = lookup(domain, node.op_type, version)

@@ -9,7 +9,7 @@ import numpy as np
 import onnx_ir as ir
 
 from dqtool import graph, types
-from dqtool.spec import P_ATTR, P_INPUTS, P_INT32_ZP, P_ZP, Problem, QuantSpec
+from dqtool.spec import P_ATTR, P_INPUTS, P_INT32_ZP, P_ZP, P_ZP_VALUE, Problem, QuantSpec
 
 
 class Codec(Protocol):
@@ -96,7 +96,7 @@ def zero_point_problems(
                                "has none, but onnxruntime and the reference apply it",
                                "warning"))
         elif nonzero:
-            out.append(Problem(P_ZP, f"{zp_type} zero point must be zero ({where}); "
+            out.append(Problem(P_ZP_VALUE, f"{zp_type} zero point must be zero ({where}); "
                                "runtimes reject a non-zero one"))
     return out
 

@@ -16,7 +16,17 @@ import onnx_ir as ir
 from dqtool import graph
 from dqtool.codecs import base
 from dqtool.codecs.granularity import _fmt
-from dqtool.spec import P_ATTR, P_BLOCK, P_SHAPE, P_TYPE, P_ZP, Dim, Problem, QuantSpec
+from dqtool.spec import (
+    P_ATTR,
+    P_BLOCK,
+    P_SHAPE,
+    P_TYPE,
+    P_ZP,
+    P_ZP_VALUE,
+    Dim,
+    Problem,
+    QuantSpec,
+)
 
 ATTRIBUTES = frozenset(
     {"quant_data_type", "quant_method", "quant_axis", "group_size", "has_zeropoint",
@@ -131,7 +141,7 @@ class OpmxCodec:
             values = graph.constant_array(zp)
             if values is not None and values.size and (
                     int(np.min(values)) < 0 or int(np.max(values)) > 15):
-                return [Problem(P_ZP, "int4 zero point values must be in 0..15")]
+                return [Problem(P_ZP_VALUE, "int4 zero point values must be in 0..15")]
         return []
 
 
