@@ -101,6 +101,29 @@ def zero_point_problems(
     return out
 
 
+def input_facts(x: ir.Value | None, scale: ir.Value | None,
+                zp: ir.Value | None) -> dict[str, object]:
+    """The QuantSpec fields every integer-slot encoding reads the same way from its inputs."""
+    return {
+        "zero_point": "integer" if zp is not None else "none",
+        "zero_point_type": graph.elem_type(zp),
+        "x_shape": graph.shape_of(x),
+        "scale_shape": graph.shape_of(scale),
+        "x_constant": graph.constant_tensor(x) is not None,
+        "scale_constant": graph.constant_tensor(scale) is not None,
+        "zero_point_constant": zp is not None and graph.constant_tensor(zp) is not None,
+    }
+
+
+def output_dtype_attr(node: ir.Node) -> str | None:
+    """The ONNX name of an ``output_dtype`` attribute, None when absent or 0."""
+    code = attr_int(node, "output_dtype", 0) or 0
+    if not code:
+        return None
+    t = types.from_onnx_int(code)
+    return t.name if t else f"<{code}>"
+
+
 def consumers(value: ir.Value | None) -> tuple[str, ...]:
     if value is None:
         return ()

@@ -65,11 +65,7 @@ class MicrosoftCodec:
             op=self.op, domain=DOMAIN, version=version, since_version=1,
             quant_type=q_type, scale_type=s_type, float_type=f_type,
             granularity=layout.granularity, axis=layout.axis, block_size=None,
-            zero_point="integer" if zp is not None else "none", zero_point_type=zp_type,
-            x_shape=graph.shape_of(x), scale_shape=graph.shape_of(scale),
-            x_constant=graph.constant_tensor(x) is not None,
-            scale_constant=graph.constant_tensor(scale) is not None,
-            zero_point_constant=zp is not None and graph.constant_tensor(zp) is not None,
+            **base.input_facts(x, scale, zp),
             x_from_quantize=dq and base.x_from_constant_quantize(x),
             problems=tuple(problems + list(layout.problems)),
         )

@@ -130,14 +130,8 @@ class OnnxCodec:
         problems += base.type_problem("quantized", x_type, sch.quant_types, self.where)
         problems += base.type_problem("scale", s_type, sch.scale_types, self.where)
         problems += base.zero_point_problems(x_type, zp, self.where)
-        out_attr = None
-        if sch.output_dtype:
-            code = base.attr_int(node, "output_dtype", 0) or 0
-            if code:
-                t = types.from_onnx_int(code)
-                out_attr = t.name if t else f"<{code}>"
-                problems += base.type_problem("output_dtype", out_attr, sch.output_dtype,
-                                              self.where)
+        out_attr = base.output_dtype_attr(node) if sch.output_dtype else None
+        problems += base.type_problem("output_dtype", out_attr, sch.output_dtype, self.where)
         out_type = out_attr or (s_type if s_type in sch.float_types else None)
         if s_type == "float8e8m0" and out_attr is None:
             problems.append(Problem(P_TYPE, "a float8e8m0 scale is not an output type: the "
@@ -151,13 +145,7 @@ class OnnxCodec:
             op="DequantizeLinear", domain=self.domain, version=version,
             since_version=self.since_version, quant_type=x_type, scale_type=s_type,
             float_type=out_type, granularity=layout.granularity, axis=layout.axis,
-            block_size=layout.block_size,
-            zero_point="integer" if zp is not None else "none",
-            zero_point_type=graph.elem_type(zp), x_shape=graph.shape_of(x),
-            scale_shape=graph.shape_of(scale),
-            x_constant=graph.constant_tensor(x) is not None,
-            scale_constant=graph.constant_tensor(scale) is not None,
-            zero_point_constant=zp is not None and graph.constant_tensor(zp) is not None,
+            block_size=layout.block_size, **base.input_facts(x, scale, zp),
             x_from_quantize=base.x_from_constant_quantize(x),
             output_dtype_attr=out_attr, problems=tuple(problems + list(layout.problems)),
         )
@@ -167,12 +155,7 @@ class OnnxCodec:
         x, scale, zp = (graph.input_value(node, i) for i in range(3))
         x_type, s_type = graph.elem_type(x), graph.elem_type(scale)
         problems = self._common(node)
-        out_attr = None
-        if sch.output_dtype:
-            code = base.attr_int(node, "output_dtype", 0) or 0
-            if code:
-                t = types.from_onnx_int(code)
-                out_attr = t.name if t else f"<{code}>"
+        out_attr = base.output_dtype_attr(node) if sch.output_dtype else None
         zp_type = graph.elem_type(zp)
         q_type = zp_type or out_attr or (None if zp is not None else "uint8")
         if zp_type and out_attr and zp_type != out_attr:
@@ -194,12 +177,7 @@ class OnnxCodec:
             op="QuantizeLinear", domain=self.domain, version=version,
             since_version=self.since_version, quant_type=q_type, scale_type=s_type,
             float_type=x_type, granularity=layout.granularity, axis=layout.axis,
-            block_size=layout.block_size,
-            zero_point="integer" if zp is not None else "none", zero_point_type=zp_type,
-            x_shape=graph.shape_of(x), scale_shape=graph.shape_of(scale),
-            x_constant=graph.constant_tensor(x) is not None,
-            scale_constant=graph.constant_tensor(scale) is not None,
-            zero_point_constant=zp is not None and graph.constant_tensor(zp) is not None,
+            block_size=layout.block_size, **base.input_facts(x, scale, zp),
             output_dtype_attr=out_attr, saturate=saturate,
             problems=tuple(problems + list(layout.problems)),
         )
