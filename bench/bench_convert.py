@@ -1,0 +1,92 @@
+"""Benchmark: upgrade a ~2.4 GB external-data model with 500 DequantizeLinear nodes.
+
+    .venv/bin/python bench/bench_convert.py            # full size (needs ~2.4 GB disk)
+    DQTOOL_BENCH_QUICK=1 .venv/bin/python bench/bench_convert.py
+
+The model is generated in a temporary folder without ever holding its weights in memory:
+the data file is made sparse (truncate) and only the graph is built in Python. The
+conversion runs in a subprocess (the CLI), timed by wall clock, with its peak RSS read from
+RUSAGE_CHILDREN. Targets (issue 4): ≤ 2 s and ≤ 300 MB at full size.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+QUICK = bool(os.environ.get("DQTOOL_BENCH_QUICK"))
+NODES = 50 if QUICK else 500
+K = 512 if QUICK else 2192  # 500 x 2192 x 2192 int8 ≈ 2.4 GB
+
+
+def build(folder: Path) -> Path:
+    data_name = "model.onnx.data"
+    nbytes = K * K
+    inits, nodes = [], []
+    prev = "X"
+    for i in range(NODES):
+        w = TensorProto(name=f"W{i}", data_type=TensorProto.INT8, dims=[K, K])
+        w.data_location = TensorProto.EXTERNAL
+        for key, value in (("location", data_name), ("offset", str(i * nbytes)),
+                           ("length", str(nbytes))):
+            w.external_data.add(key=key, value=value)
+        inits += [w, numpy_helper.from_array(np.full((K,), 0.01, np.float32), f"S{i}"),
+                  numpy_helper.from_array(np.zeros((K,), np.int8), f"Z{i}")]
+        nodes.append(helper.make_node("DequantizeLinear", [f"W{i}", f"S{i}", f"Z{i}"],
+                                      [f"D{i}"], name=f"dq{i}", axis=1))
+        nodes.append(helper.make_node("MatMul", [prev, f"D{i}"], [f"H{i}"], name=f"mm{i}"))
+        prev = f"H{i}"
+    graph = helper.make_graph(
+        nodes, "bench", [helper.make_tensor_value_info("X", TensorProto.FLOAT, [1, K])],
+        [helper.make_tensor_value_info(prev, TensorProto.FLOAT, [1, K])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 7
+    with open(folder / data_name, "wb") as f:
+        f.truncate(NODES * nbytes)  # sparse: no 2.4 GB ever in memory
+    path = folder / "model.onnx"
+    path.write_bytes(model.SerializeToString())
+    return path
+
+
+def main() -> int:
+    with tempfile.TemporaryDirectory(prefix="dqtool-bench-") as tmp:
+        folder = Path(tmp)
+        src = build(folder)
+        out = folder / "out.onnx"
+        dqtool = Path(sys.executable).with_name("dqtool")
+        before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+        t0 = time.perf_counter()
+        proc = subprocess.run([str(dqtool), "upgrade", str(src), "--opset", "21", "-o",
+                               str(out), "--json"], capture_output=True, text=True)
+        wall = time.perf_counter() - t0
+        peak_kb = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+        if proc.returncode != 0:
+            print(proc.stderr, file=sys.stderr)
+            return 1
+        size = (folder / "model.onnx.data").stat().st_size
+        result = {
+            "quick": QUICK, "dq_nodes": NODES, "data_bytes": size,
+            "wall_s": round(wall, 3), "peak_rss_mb": round(peak_kb / 1024, 1),
+            "rss_before_mb": round(before / 1024, 1),
+            "out_data_bytes": (folder / "out.onnx.data").stat().st_size,
+            "ir_version": onnx.load(out, load_external_data=False).ir_version,
+        }
+        print(json.dumps(result))
+        if not QUICK and (wall > 2.0 or peak_kb / 1024 > 300):
+            print("target missed: ≤ 2 s and ≤ 300 MB", file=sys.stderr)
+            return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

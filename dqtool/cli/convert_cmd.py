@@ -1,0 +1,119 @@
+"""``dqtool upgrade`` / ``dqtool downgrade MODEL --opset N``: exact conversion.
+
+Exit 0 converted and written; 1 some node refused (nothing written) or --check failed;
+2 bad input or options.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from dqtool.cli.app import App, user_errors
+
+
+def render(app: App, report, as_json: bool) -> None:
+    if as_json:
+        app.print_json(report.to_json())
+        return
+    from rich.table import Table
+
+    rows = [*((c.node, c.graph, c.op, c.status, f"{c.how}\n  why: {c.why}" if c.why else c.how)
+              for c in report.changes),
+            *((r.node, r.graph, r.op, "REFUSED", r.reason) for r in report.refusals)]
+    head = (f"{report.source}: {report.direction} ai.onnx opset {report.from_opset} → "
+            f"{report.to_opset}")
+    if rows:
+        table = Table(title=head, title_justify="left")
+        for col in ("node", "graph", "op", "status", "how / why"):
+            table.add_column(col, overflow="fold")
+        for row in rows:
+            table.add_row(*row)
+        app.out.print(table)
+    else:
+        app.out.print(f"{head}: no Q/DQ node needed a rewrite")
+    if report.ok:
+        app.out.print(f"IR version {report.from_ir_version} → {report.to_ir_version}; opsets "
+                      + ", ".join(f"{d or 'ai.onnx'} {v}"
+                                  for d, v in report.opset_imports.items()))
+    if report.check:
+        app.out.print("check: " + ", ".join(f"{k}: {v}"
+                                            for k, v in report.check["runtimes"].items())
+                      + f"; onnx.checker: {report.check['checker']}")
+    for path in report.written:
+        app.out.print(f"wrote {path}")
+
+
+def _run(app: App, direction: str, model: str, opset: int, out: str | None, per_axis: bool,
+         allow_decompose: bool, check: bool, as_json: bool, in_place: bool) -> None:
+    from dqtool import convert
+
+    if out is None and not in_place:
+        out = str(convert.default_output(model, opset))
+    kwargs = {"per_axis": per_axis, "check": check, "in_place": in_place}
+    if direction == "downgrade":
+        kwargs["allow_decompose"] = allow_decompose
+    fn = convert.upgrade if direction == "upgrade" else convert.downgrade
+    try:
+        report = fn(model, opset, None if in_place else out, **kwargs)
+    except convert.ConversionRefused as e:
+        render(app, e.report, as_json)
+        app.abort(str(e), 1)
+    for w in report.warnings:
+        app.warn(w)
+    render(app, report, as_json)
+
+
+_common = [
+    click.argument("model", type=click.Path(dir_okay=True, path_type=str)),
+    click.option("--opset", "opset", type=int, required=True, help="Target ai.onnx opset N."),
+    click.option("-o", "--output", "out", type=click.Path(path_type=str), default=None,
+                 help="Output file (default: <stem>.opset<N>.onnx next to MODEL)."),
+    click.option("--per-axis", is_flag=True,
+                 help="Also rewrite every blocked DequantizeLinear to per-axis."),
+    click.option("--check", is_flag=True, help="Run both models (dqtool reference, "
+                 "onnxruntime) and require bit-identical results before writing."),
+    click.option("--json", "as_json", is_flag=True, help="Print one JSON document."),
+    click.option("--in-place", is_flag=True, help="Overwrite MODEL."),
+]
+
+
+def _with_common(f):
+    for deco in reversed(_common):
+        f = deco(f)
+    return f
+
+
+@click.command("upgrade")
+@_with_common
+@click.pass_obj
+@user_errors
+def upgrade_cmd(app: App, model: str, opset: int, out: str | None, per_axis: bool, check: bool,
+                as_json: bool, in_place: bool) -> None:
+    """Move MODEL up to ai.onnx opset N, converting every Q/DQ exactly.
+
+    com.microsoft and opmx Q/DQ become ai.onnx where N expresses them; invalid Q/DQ that
+    real tools write (onnxruntime's per-axis at opset 10/11, nncf's uint4 at 17) are
+    repaired. Exit 0 written; 1 refused (nothing written); 2 bad input.
+    """
+    _run(app, "upgrade", model, opset, out, per_axis, False, check, as_json, in_place)
+
+
+@click.command("downgrade")
+@_with_common
+@click.option("--allow-decompose", is_flag=True, help="Rewrite a DequantizeLinear no "
+              "version at N expresses as Cast/Sub/Mul (exact, but no longer QDQ).")
+@click.pass_obj
+@user_errors
+def downgrade_cmd(app: App, model: str, opset: int, out: str | None, per_axis: bool,
+                  check: bool, as_json: bool, in_place: bool, allow_decompose: bool) -> None:
+    """Lower MODEL to ai.onnx opset N by exact rewrites, or refuse with the reason.
+
+    Exit 0 written; 1 refused (nothing written); 2 bad input.
+    """
+    _run(app, "downgrade", model, opset, out, per_axis, allow_decompose, check, as_json,
+         in_place)
+
+
+__all__ = ["Path", "downgrade_cmd", "upgrade_cmd"]

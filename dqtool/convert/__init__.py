@@ -1,0 +1,80 @@
+"""``dqtool.upgrade`` / ``dqtool.downgrade``: exact conversion between opsets and domains.
+
+    report = dqtool.upgrade("m.onnx", 21, "m21.onnx")        # writes m21.onnx
+    report = dqtool.upgrade("m.onnx", 21)                     # report.model, nothing written
+    report = dqtool.downgrade("m.onnx", 13, "m13.onnx", allow_decompose=True)
+
+Raises ``ConversionRefused`` (a ``RefusedError``, exit 1; ``.report`` says which nodes and
+why) when any node cannot be converted exactly, and writes nothing then. A model object
+passed in is converted in place.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Literal
+
+import onnx_ir as ir
+
+from dqtool.convert.context import Options
+from dqtool.convert.pipeline import default_output
+from dqtool.convert.registry import Registry, default_registry
+from dqtool.convert.report import ConversionRefused, ConvertReport
+from dqtool.errors import RefusedError, UsageError
+
+__all__ = ["ConversionRefused", "ConvertReport", "Registry", "default_output",
+           "default_registry", "downgrade", "upgrade"]
+
+ModelArg = ir.Model | str | os.PathLike
+
+
+def upgrade(model_or_path: ModelArg, opset: int, out: str | os.PathLike | None = None, *,
+            per_axis: bool = False, check: bool = False, in_place: bool = False
+            ) -> ConvertReport:
+    """Move the model's ai.onnx opset up to ``opset``; com.microsoft / opmx Q/DQ become
+    ai.onnx where ``opset`` expresses them; invalid Q/DQ that ``opset`` accepts are repaired.
+    ``per_axis`` also rewrites every blocked DequantizeLinear to per-axis."""
+    return _convert(model_or_path, opset, out, "upgrade", Options(per_axis=per_axis),
+                    check, in_place)
+
+
+def downgrade(model_or_path: ModelArg, opset: int, out: str | os.PathLike | None = None, *,
+              per_axis: bool = False, allow_decompose: bool = False, check: bool = False,
+              in_place: bool = False) -> ConvertReport:
+    """Lower the model to ``opset`` by exact rewrites, or refuse with the reason;
+    ``allow_decompose`` turns a DequantizeLinear no version at ``opset`` expresses into
+    Cast/Sub/Mul (exact, but no longer a QDQ pattern)."""
+    return _convert(model_or_path, opset, out, "downgrade",
+                    Options(per_axis=per_axis, allow_decompose=allow_decompose), check,
+                    in_place)
+
+
+def _convert(model_or_path: ModelArg, opset: int, out, direction: Literal["upgrade", "downgrade"],
+             options: Options, check: bool, in_place: bool) -> ConvertReport:
+    from dqtool import io
+    from dqtool.convert import pipeline, verify
+
+    is_path = not isinstance(model_or_path, ir.Model)
+    if in_place:
+        if not is_path:
+            raise UsageError("in_place needs a path")
+        if out is not None and Path(out).resolve() != Path(model_or_path).resolve():
+            raise UsageError("give either an output or in_place, not both")
+        out = model_or_path
+    if out is not None and is_path:
+        with io.no_overwrite_of_input(model_or_path, out, in_place):
+            pass
+    original = None
+    if check:
+        base = Path(model_or_path).parent if is_path else None
+        original = verify.to_proto(io.load(model_or_path) if is_path else model_or_path, base)
+    report = pipeline.run(model_or_path, opset, direction, options)
+    if check:
+        base = Path(model_or_path).parent if is_path else None
+        report.check = verify.compare(original, verify.to_proto(report.model, base))
+        if not report.check["ok"]:
+            raise RefusedError(f"--check failed: {report.check}; nothing written")
+    if out is not None:
+        report.written = [str(p) for p in io.save(report.model, out)]
+    return report

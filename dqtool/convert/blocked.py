@@ -1,0 +1,121 @@
+"""Blocked DequantizeLinear → per-axis (or per-tensor), exactly.
+
+Cases rewritten:
+- the scale varies along at most one axis (e.g. the blocked axis holds a single block):
+  plain per-axis on that axis (or per-tensor), x untouched — the channel-wise form NPUs ask
+  for;
+- otherwise a layout rewrite of a constant x: the blocked axis is moved last, padded with
+  the zero point up to whole blocks, and reshaped so that every block is one row; a
+  per-axis DequantizeLinear (axis 0, one scale per row) dequantizes it, and
+  Reshape / Slice / Transpose restore the original shape. Every element keeps its own
+  scale and zero point, so the values are bit-identical.
+Refused: a non-constant x, scale or zero point, or a shape that is not static.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx_ir as ir
+
+from dqtool import graph, types
+from dqtool.convert import params
+from dqtool.convert.context import Step
+from dqtool.convert.registry import Outcome
+from dqtool.spec import QuantSpec
+
+
+def to_per_axis(step: Step, spec: QuantSpec, why: str) -> Outcome:
+    node = step.node
+    x, scale, zp = (graph.input_value(node, i) for i in range(3))
+    x_shape = params.static_shape(spec.x_shape)
+    s_shape = params.static_shape(spec.scale_shape)
+    if x_shape is None or s_shape is None:
+        return Outcome.refused("blocked x or scale has no static shape")
+    if graph.constant_tensor(scale) is None or (zp is not None and
+                                                graph.constant_tensor(zp) is None):
+        return Outcome.refused("blocked scale or zero point is computed at run time")
+    varying = [d for d, n in enumerate(s_shape) if n > 1]
+    if len(varying) <= 1 and all(s_shape[d] == x_shape[d] for d in varying):
+        return _plain(step, spec, varying, why)
+    if graph.constant_tensor(x) is None:
+        return Outcome.refused("blocked x is computed at run time, and only a constant x can "
+                               "be laid out offline as per-axis rows")
+    return _layout(step, spec, x_shape, s_shape, why)
+
+
+def _reshaped(step: Step, v: ir.Value, shape: tuple[int, ...], suffix: str) -> ir.Value:
+    return step.constant(f"{v.name}_{suffix}", v.dtype or _dtype_of(v), shape,
+                         lambda: params.values(v).reshape(shape))
+
+
+def _dtype_of(v: ir.Value) -> ir.DataType:
+    return types.by_name(graph.elem_type(v)).ir_type
+
+
+def _plain(step: Step, spec: QuantSpec, varying: list[int], why: str) -> Outcome:
+    node = step.node
+    scale, zp = graph.input_value(node, 1), graph.input_value(node, 2)
+    shape: tuple[int, ...] = (spec.scale_shape[varying[0]],) if varying else ()
+    step.set_input(1, _reshaped(step, scale, shape, "per_axis" if varying else "scalar"))
+    if zp is not None:
+        step.set_input(2, _reshaped(step, zp, shape, "per_axis" if varying else "scalar"))
+    node.attributes.pop("block_size", None)
+    if varying:
+        node.attributes["axis"] = ir.AttrInt64("axis", varying[0])
+        how = f"blocked (axis {spec.axis}, block {spec.block_size}) → per-axis axis {varying[0]}"
+    else:
+        node.attributes.pop("axis", None)
+        how = "blocked with a single block → per-tensor"
+    return Outcome("changed", how, why)
+
+
+def _layout(step: Step, spec: QuantSpec, x_shape: tuple[int, ...], s_shape: tuple[int, ...],
+            why: str) -> Outcome:
+    node = step.node
+    x, scale, zp = (graph.input_value(node, i) for i in range(3))
+    a, b, rank = spec.axis, spec.block_size, len(x_shape)
+    d, nb = x_shape[a], s_shape[a]
+    others = tuple(n for i, n in enumerate(x_shape) if i != a)
+    rows = int(np.prod(others, dtype=np.int64)) * nb
+    pad = nb * b - d
+
+    def rows_x() -> np.ndarray:
+        xs = np.moveaxis(params.values(x), a, -1)
+        if pad:
+            if zp is not None:
+                fill = np.moveaxis(params.values(zp), a, -1)[..., -1:]
+            else:
+                fill = np.zeros((*others, 1), xs.dtype)
+            xs = np.concatenate([xs, np.broadcast_to(fill, (*others, pad)).astype(xs.dtype)],
+                                axis=-1)
+        return np.ascontiguousarray(xs).reshape(rows, b)
+
+    def rows_of(v: ir.Value):
+        return lambda: np.ascontiguousarray(np.moveaxis(params.values(v), a, -1)).reshape(rows)
+
+    step.set_input(0, step.constant(f"{x.name}_rows", x.dtype or _dtype_of(x), (rows, b),
+                                    rows_x))
+    step.set_input(1, step.constant(f"{scale.name}_rows", scale.dtype or _dtype_of(scale),
+                                    (rows,), rows_of(scale)))
+    if zp is not None:
+        step.set_input(2, step.constant(f"{zp.name}_rows", zp.dtype or _dtype_of(zp), (rows,),
+                                        rows_of(zp)))
+    node.attributes.pop("block_size", None)
+    node.attributes["axis"] = ir.AttrInt64("axis", 0)
+    out_type = node.outputs[0].dtype or types.by_name(spec.float_type).ir_type
+    chain: list = [("Reshape", [step.small_constant("shape", np.array([*others, nb * b],
+                                                                       np.int64))], {},
+                    "reshape")]
+    if pad:
+        chain.append(("Slice", [step.small_constant("starts", np.array([0], np.int64)),
+                                step.small_constant("ends", np.array([d], np.int64)),
+                                step.small_constant("axes", np.array([rank - 1], np.int64))],
+                      {}, "slice"))
+    if a != rank - 1:
+        perm = [i if i < a else (rank - 1 if i == a else i - 1) for i in range(rank)]
+        chain.append(("Transpose", [], {"perm": perm}, "transpose"))
+    step.append(chain, out_type, shape=(rows, b))
+    how = (f"blocked (axis {a}, block {b}) → per-axis rows ({rows}, {b}) of x"
+           + (f", ragged last block padded by {pad}" if pad else "")
+           + ", then " + "/".join(c[0] for c in chain))
+    return Outcome("changed", how, why)

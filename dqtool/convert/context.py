@@ -1,0 +1,153 @@
+"""The state one conversion shares between adapters, and the graph surgery they use.
+
+Surgery rules that keep "nothing else changes" true:
+- a node keeps its name; helper nodes are named ``<node>/<role>``;
+- a rewritten constant is a *new* value (its old one may be shared, e.g. a scale used by a
+  Q and a DQ); the old one is removed at the end only if nothing uses it any more;
+- when a helper node now produces a node's result, it takes over the result's name, type,
+  shape and doc string, so consumers, graph outputs and value_info are unchanged.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+import onnx_ir as ir
+
+from dqtool import graph, types
+from dqtool.convert.report import ConvertReport
+
+
+@dataclass(frozen=True)
+class Options:
+    per_axis: bool = False
+    allow_decompose: bool = False
+
+
+@dataclass
+class Context:
+    model: ir.Model
+    target: int  # the ai.onnx opset N being converted to
+    options: Options
+    report: ConvertReport
+    names: set[str] = field(default_factory=set)
+    replaced: list[ir.Value] = field(default_factory=list)  # may be orphaned now
+    warnings: list[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        for site in graph.walk(self.model):
+            for v in (*site.node.inputs, *site.node.outputs):
+                if v is not None and v.name:
+                    self.names.add(v.name)
+        for g in self.model.graphs():
+            self.names.update(v.name for v in (*g.inputs, *g.outputs) if v.name)
+            self.names.update(g.initializers)
+
+    def fresh(self, base: str) -> str:
+        """A value name not used anywhere in the model (deterministic)."""
+        name, i = base, 1
+        while name in self.names:
+            name, i = f"{base}_{i}", i + 1
+        self.names.add(name)
+        return name
+
+
+@dataclass
+class Step:
+    """One node being moved across one version step (or across domains)."""
+
+    node: ir.Node
+    where: str  # graph path, as reports show it
+    in_function: bool
+    src: int  # since-version (or domain version) the node is read at
+    dst: int  # since-version it must be valid at after this step
+    ctx: Context
+
+    @property
+    def target(self) -> int:
+        return self.ctx.target
+
+    # --- constants ---------------------------------------------------------------------
+
+    def constant(self, base: str, dtype: ir.DataType, shape: tuple[int, ...],
+                 compute: Callable[[], np.ndarray]) -> ir.Value:
+        """A new constant next to the node, computed only when the model is saved
+        (``LazyTensor``), so a rewrite never holds every weight in memory at once."""
+        name = self.ctx.fresh(base)
+
+        def make() -> ir.TensorProtocol:
+            arr = compute()
+            assert arr.shape == shape, (arr.shape, shape)
+            return ir.Tensor(np.ascontiguousarray(arr), dtype=dtype, name=name)
+
+        tensor = ir.LazyTensor(make, dtype=dtype, shape=ir.Shape(shape), name=name)
+        if self.in_function:
+            # Functions have no initializers: a Constant node holds the value.
+            cnode = ir.node("Constant", [], {"value": tensor}, name=f"{self.node.name}/{base}")
+            self.node.graph.insert_before(self.node, cnode)
+            out = cnode.outputs[0]
+            out.name = name
+            out.dtype, out.shape = dtype, ir.Shape(shape)
+            return out
+        value = ir.Value(name=name, const_value=tensor, type=ir.TensorType(dtype),
+                         shape=ir.Shape(shape))
+        self.node.graph.register_initializer(value)
+        return value
+
+    def small_constant(self, base: str, arr: np.ndarray, dtype: ir.DataType | None = None
+                       ) -> ir.Value:
+        arr = np.asarray(arr)
+        dt = dtype or types.from_dtype(arr.dtype).ir_type
+        return self.constant(base, dt, tuple(arr.shape), lambda: arr)
+
+    def set_input(self, index: int, value: ir.Value | None) -> None:
+        old = graph.input_value(self.node, index)
+        if old is not None:
+            self.ctx.replaced.append(old)
+        if value is None and index == len(self.node.inputs) - 1:
+            self.node.resize_inputs(index)
+        elif index >= len(self.node.inputs):
+            self.node.resize_inputs(index + 1)
+            self.node.replace_input_with(index, value)
+        else:
+            self.node.replace_input_with(index, value)
+
+    # --- helper nodes ------------------------------------------------------------------
+
+    def append(self, chain: list[tuple[str, list[ir.Value | None], dict, str]],
+               dtype: ir.DataType, shape: tuple[int, ...] | None = None) -> ir.Value:
+        """Insert ``chain`` (op, extra inputs, attributes, role) after the node, fed by its
+        output; the last helper takes over the output's name and consumers. ``dtype`` is
+        the element type the node itself now outputs."""
+        y = self.node.outputs[0]
+        # Copies: setting y.dtype below mutates y's type object in place.
+        name, keep_dtype, doc = y.name, y.dtype, y.doc_string
+        keep_shape = None if y.shape is None else ir.Shape(list(y.shape))
+        meta = dict(y.metadata_props)
+        nodes: list[ir.Node] = []
+        prev = y
+        for op, extra, attrs, role in chain:
+            n = ir.node(op, [prev, *extra], attrs, name=f"{self.node.name}/{role}")
+            nodes.append(n)
+            prev = n.outputs[0]
+        last = prev
+        # Consumers first, then wire the chain (otherwise the chain's own use of y moves).
+        first_use = nodes[0]
+        ir.convenience.replace_all_uses_with(y, last, replace_graph_outputs=True)
+        first_use.replace_input_with(0, y)
+        y.name = self.ctx.fresh(f"{name}/{nodes[0].op_type.lower()}_in")
+        y.dtype = dtype
+        if shape is not None:
+            y.shape = ir.Shape(shape)
+        y.doc_string = None
+        for i, n in enumerate(nodes[:-1]):
+            n.outputs[0].name = self.ctx.fresh(f"{name}/{i}")
+        last.name = name
+        if keep_dtype is not None:
+            last.dtype = keep_dtype
+        last.shape, last.doc_string = keep_shape, doc
+        last.metadata_props.update(meta)
+        self.node.graph.insert_after(self.node, nodes)
+        return last

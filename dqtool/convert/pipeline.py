@@ -1,0 +1,223 @@
+"""One conversion: walk every node (main graph, subgraphs, functions), move it one version
+step at a time with the registry's adapters, then fix opset imports and the IR version.
+
+Nothing is written when any node is refused; the report says which and why.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+from pathlib import Path
+from typing import Literal
+
+import onnx_ir as ir
+
+from dqtool import codecs, graph, io, versions
+from dqtool.convert import blocked, decompose, generic
+from dqtool.convert.context import Context, Options, Step
+from dqtool.convert.registry import Outcome, Registry, default_registry
+from dqtool.convert.report import ConversionRefused, ConvertReport, NodeChange, NodeRefusal
+from dqtool.errors import UsageError
+
+QDQ = ("DequantizeLinear", "QuantizeLinear")
+FOREIGN = ("com.microsoft", "opmx", "pmx")
+
+
+def run(model_or_path: ir.Model | str | os.PathLike, opset: int,
+        direction: Literal["upgrade", "downgrade"], options: Options,
+        registry: Registry | None = None) -> ConvertReport:
+    """Convert in memory; raises ``ConversionRefused`` (with the report) if any node is
+    refused. A model object is converted in place."""
+    if isinstance(model_or_path, ir.Model):
+        model, source = model_or_path, "<model>"
+    else:
+        model, source = io.load(model_or_path), str(model_or_path)
+    src = graph.opset_of(dict(model.opset_imports), "")
+    _check_request(src, opset, direction)
+    report = ConvertReport(source=source, direction=direction, from_opset=src, to_opset=opset,
+                           from_ir_version=model.ir_version)
+    ctx = Context(model, opset, options, report)
+    reg = registry or default_registry()
+    for site in list(graph.walk(model)):
+        if site.node.graph is None:
+            continue  # removed by an earlier rewrite
+        op = f"{graph.domain_name(site.node.domain)}:{site.node.op_type}"  # before rewrites
+        outcome = _convert_site(site, ctx, reg)
+        _record(report, site, op, outcome)
+    if report.refusals:
+        raise ConversionRefused(report)
+    _remove_orphans(ctx)
+    _set_opsets(model, opset)
+    model.ir_version = io.lowest_ir_version(model)
+    report.to_ir_version = model.ir_version
+    report.opset_imports = dict(model.opset_imports)
+    report.warnings.extend(ctx.warnings)
+    report.model = model
+    return report
+
+
+def _check_request(src: int | None, opset: int, direction: str) -> None:
+    if not 1 <= opset <= io.MAX_ONNX_OPSET:
+        raise UsageError(f"--opset {opset} is outside 1..{io.MAX_ONNX_OPSET} (what the "
+                         "installed onnx knows)")
+    if src is None:
+        return
+    if direction == "upgrade" and opset < src:
+        raise UsageError(f"the model is at opset {src}; upgrade goes up (use downgrade)")
+    if direction == "downgrade" and opset > src:
+        raise UsageError(f"the model is at opset {src}; downgrade goes down (use upgrade)")
+
+
+def _name(node: ir.Node) -> str:
+    return node.name or f"<unnamed {node.op_type}>"
+
+
+def _record(report: ConvertReport, site: graph.Site, op: str, outcome: Outcome) -> None:
+    node = site.node
+    if outcome.status == "refused":
+        report.refusals.append(NodeRefusal(_name(node), site.graph, op, outcome.why))
+    elif outcome.status in ("changed", "repaired", "kept"):
+        report.changes.append(NodeChange(_name(node), site.graph, op, outcome.status,
+                                         outcome.how, outcome.why))
+
+
+def _convert_site(site: graph.Site, ctx: Context, reg: Registry) -> Outcome:
+    node = site.node
+    domain = graph.domain_name(node.domain)
+    src = graph.opset_of(site.opsets, "") or ctx.target
+    step = Step(node, site.graph, site.function is not None, src, ctx.target, ctx)
+    if domain == "ai.onnx" and node.op_type in QDQ:
+        out = _walk_versions(node, step, src, reg)
+    elif domain == "ai.onnx":
+        return generic.convert(node, step, src)
+    elif domain in FOREIGN and node.op_type in QDQ:
+        out = _from_foreign(node, step, domain, reg)
+    else:
+        return Outcome.unchanged()
+    if out.status == "refused" or node.graph is None or node.domain not in ("", "ai.onnx"):
+        return out
+    return _finish(node, step, out)
+
+
+def _since(op: str, opset: int) -> int | None:
+    vs = [v for v in generic.since_versions(op) if v <= opset]
+    return vs[-1] if vs else None
+
+
+def _walk_versions(node: ir.Node, step: Step, src_opset: int, reg: Registry,
+                   src_since: int | None = None) -> Outcome:
+    op = node.op_type
+    src = src_since or _since(op, src_opset)
+    dst = _since(op, step.target)
+    if src is None:
+        return Outcome.refused(f"{op} does not exist at the source opset {src_opset}")
+    if dst is None:
+        spec = codecs.read_node(node, {"": src})
+        reason = f"{op} does not exist at opset {step.target} (it starts at 10)"
+        if op == "DequantizeLinear" and step.ctx.options.allow_decompose:
+            return decompose.decompose(step, spec, [reason])
+        return Outcome.refused(reason)
+    vs = generic.since_versions(op)
+    outcomes: list[Outcome] = []
+    if dst >= src:
+        pairs = [(a, b, b, "up") for a, b in itertools.pairwise(vs) if src <= a < dst]
+    else:
+        pairs = [(b, a, b, "down") for a, b in reversed(list(itertools.pairwise(vs)))
+                 if dst <= a < src]
+    for frm, to, key, direction in pairs:
+        adapter = reg.get("ai.onnx", op, key, direction)
+        if adapter is None:
+            return Outcome.refused(f"no adapter for {op} {frm}→{to}")
+        step.src, step.dst = frm, to
+        out = adapter(node, step)
+        if out.status == "refused":
+            return out
+        outcomes.append(out)
+        if node.graph is None:
+            break
+    return _merge(outcomes)
+
+
+def _merge(outcomes: list[Outcome]) -> Outcome:
+    real = [o for o in outcomes if o.status != "unchanged"]
+    if not real:
+        return Outcome.unchanged()
+    status = "changed" if any(o.status == "changed" for o in real) else real[0].status
+    return Outcome(status, "; ".join(o.how for o in real),
+                   "; ".join(dict.fromkeys(o.why for o in real)))
+
+
+def _from_foreign(node: ir.Node, step: Step, domain: str, reg: Registry) -> Outcome:
+    adapter = reg.get(domain, node.op_type, 1, "onnx")
+    if adapter is None:
+        return Outcome.unchanged()
+    dst = _since(node.op_type, step.target)
+    if dst is None:
+        return Outcome("kept", f"left as {domain}", f"{node.op_type} does not exist at opset "
+                       f"{step.target}")
+    step.src, step.dst = 1, dst
+    out = adapter(node, step)
+    if out.status != "changed" or node.domain not in ("", "ai.onnx"):
+        return out
+    # The ai.onnx form may need a newer version than the target (opmx int4 → 21): lower it.
+    spec = codecs.read_node(node, {"": generic.since_versions(node.op_type)[-1]})
+    lowest = versions.lowest_version(spec)
+    if lowest is None or lowest <= dst:
+        return out
+    lowered = _walk_versions(node, step, step.target, reg, src_since=lowest)
+    return lowered if lowered.status == "refused" else _merge([out, lowered])
+
+
+def _finish(node: ir.Node, step: Step, out: Outcome) -> Outcome:
+    dst = _since(node.op_type, step.target)
+    if step.ctx.options.per_axis and node.op_type == "DequantizeLinear":
+        spec = codecs.read_node(node, {"": dst})
+        if spec.granularity == "blocked" and not spec.errors:
+            step.src = step.dst = dst
+            res = blocked.to_per_axis(step, spec, "--per-axis")
+            if res.status == "refused":
+                return res
+            out = _merge([out, res])
+    errors = codecs.read_node(node, {"": dst}).errors
+    if errors:
+        return Outcome.refused(f"not valid at {node.op_type}-{dst}: "
+                               + "; ".join(p.message for p in errors))
+    return out
+
+
+def _remove_orphans(ctx: Context) -> None:
+    seen: set[int] = set()
+    for v in ctx.replaced:
+        if id(v) in seen or v.uses() or v.is_graph_output() or v.is_graph_input():
+            continue
+        seen.add(id(v))
+        if v.is_initializer() and v.graph is not None:
+            v.graph.initializers.pop(v.name, None)
+            continue
+        producer = v.producer()
+        if producer is not None and producer.op_type == "Constant" and \
+                producer.graph is not None:
+            producer.graph.remove(producer, safe=True)
+
+
+def _set_opsets(model: ir.Model, opset: int) -> None:
+    for holder in (model, *model.functions.values()):
+        imports = holder.opset_imports
+        key = "" if "" in imports else "ai.onnx" if "ai.onnx" in imports else None
+        if key is not None:
+            imports[key] = opset
+    used = {site.node.domain for site in graph.walk(model)}
+    for holder in (model, *model.functions.values()):
+        for domain in FOREIGN:
+            if domain in holder.opset_imports and domain not in used:
+                del holder.opset_imports[domain]
+    # New ai.onnx nodes (an opmx DequantizeLinear became one) need the ai.onnx import.
+    if "" not in model.opset_imports and "ai.onnx" not in model.opset_imports and \
+            ("" in used or "ai.onnx" in used):
+        model.opset_imports[""] = opset
+
+
+def default_output(path: str | os.PathLike, opset: int) -> Path:
+    p = Path(path)
+    return p.with_name(f"{p.stem}.opset{opset}{p.suffix or '.onnx'}")

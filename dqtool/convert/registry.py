@@ -1,0 +1,84 @@
+"""Adapters, keyed by (domain, op, version, direction), held in a registry object.
+
+An ai.onnx adapter converts one node across *one* version step: ``version`` is the
+since-version on the upper side of the step, ``direction`` says which way ("up": from the
+previous since-version to ``version``; "down": from ``version`` to the previous one).
+Cross-domain adapters (com.microsoft, opmx → ai.onnx) use direction "onnx".
+
+Each ``Registry`` is its own table: tests build private ones and nothing leaks between them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Literal
+
+import onnx_ir as ir
+
+if TYPE_CHECKING:
+    from dqtool.convert.context import Step
+
+Direction = Literal["up", "down", "onnx"]
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What an adapter did to a node. ``refused`` carries the reason; ``kept`` means the
+    node stays as it is on purpose (and says why)."""
+
+    status: Literal["unchanged", "changed", "repaired", "kept", "refused"]
+    how: str = ""
+    why: str = ""
+
+    @classmethod
+    def unchanged(cls) -> Outcome:
+        return cls("unchanged")
+
+    @classmethod
+    def refused(cls, reason: str) -> Outcome:
+        return cls("refused", why=reason)
+
+
+Adapter = Callable[[ir.Node, "Step"], Outcome]
+Key = tuple[str, str, int, Direction]
+
+
+class Registry:
+    def __init__(self) -> None:
+        self._table: dict[Key, Adapter] = {}
+
+    def register(self, domain: str, op: str, versions: int | Iterable[int],
+                 direction: Direction) -> Callable[[Adapter], Adapter]:
+        """Decorator: register ``func`` for every version given."""
+        vs = [versions] if isinstance(versions, int) else list(versions)
+
+        def deco(func: Adapter) -> Adapter:
+            for v in vs:
+                key = (domain, op, v, direction)
+                if key in self._table:
+                    raise ValueError(f"adapter for {key} registered twice")
+                self._table[key] = func
+            return func
+
+        return deco
+
+    def get(self, domain: str, op: str, version: int, direction: Direction) -> Adapter | None:
+        return self._table.get((domain, op, version, direction))
+
+    def keys(self) -> list[Key]:
+        return sorted(self._table)
+
+    def __contains__(self, key: Key) -> bool:
+        return key in self._table
+
+
+def default_registry() -> Registry:
+    """A fresh registry holding every adapter dqtool ships."""
+    from dqtool.convert import adapters_dq, microsoft, opmx
+
+    reg = Registry()
+    adapters_dq.register(reg)
+    microsoft.register(reg)
+    opmx.register(reg)
+    return reg

@@ -1,0 +1,96 @@
+"""What a conversion did to each node, and what it refused, as data.
+
+A refusal is never a log line: it is kept here with its reason, the CLI shows it, and any
+refusal means nothing is written (exit 1).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from dqtool.errors import RefusedError
+
+Status = Literal["changed", "repaired", "kept"]
+
+
+@dataclass(frozen=True)
+class NodeChange:
+    """One node rewritten (``changed``), fixed (``repaired``), or deliberately left in its
+    own domain (``kept``: e.g. a com.microsoft node whose types the target cannot hold)."""
+
+    node: str
+    graph: str
+    op: str  # "ai.onnx:DequantizeLinear", "com.microsoft:QuantizeLinear", ...
+    status: Status
+    how: str
+    why: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {"node": self.node, "graph": self.graph, "op": self.op, "status": self.status,
+                "how": self.how, "why": self.why}
+
+
+@dataclass(frozen=True)
+class NodeRefusal:
+    node: str
+    graph: str
+    op: str
+    reason: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {"node": self.node, "graph": self.graph, "op": self.op, "reason": self.reason}
+
+
+@dataclass
+class ConvertReport:
+    """Everything one ``upgrade``/``downgrade`` did. ``model`` is the converted model when
+    nothing was refused (None otherwise); ``written`` lists the files saved."""
+
+    source: str
+    direction: Literal["upgrade", "downgrade"]
+    from_opset: int | None
+    to_opset: int
+    from_ir_version: int = 0
+    to_ir_version: int = 0
+    changes: list[NodeChange] = field(default_factory=list)
+    refusals: list[NodeRefusal] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    opset_imports: dict[str, int] = field(default_factory=dict)
+    check: dict[str, Any] | None = None
+    written: list[str] = field(default_factory=list)
+    model: Any = None  # ir.Model; not part of the JSON
+
+    @property
+    def ok(self) -> bool:
+        return not self.refusals
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "source": self.source,
+            "direction": self.direction,
+            "from_opset": self.from_opset,
+            "to_opset": self.to_opset,
+            "from_ir_version": self.from_ir_version,
+            "to_ir_version": self.to_ir_version,
+            "ok": self.ok,
+            "opset_imports": dict(self.opset_imports),
+            "changed": [c.to_json() for c in self.changes if c.status != "kept"],
+            "kept": [c.to_json() for c in self.changes if c.status == "kept"],
+            "refused": [r.to_json() for r in self.refusals],
+            "warnings": list(self.warnings),
+            "check": self.check,
+            "written": list(self.written),
+        }
+
+
+class ConversionRefused(RefusedError):
+    """Some node cannot be converted exactly; nothing was written. ``report`` says which
+    and why."""
+
+    def __init__(self, report: ConvertReport) -> None:
+        first = report.refusals[0]
+        more = f" (and {len(report.refusals) - 1} more)" if len(report.refusals) > 1 else ""
+        super().__init__(f"cannot convert {report.source} to opset {report.to_opset}: node "
+                         f"'{first.node}' ({first.op}): {first.reason}{more}; nothing written")
+        self.report = report

@@ -1,0 +1,206 @@
+"""dqtool upgrade / downgrade: exactness on models/, refusals, preservation, CLI."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import onnx
+import onnx_ir as ir
+import pytest
+from click.testing import CliRunner
+
+import dqtool
+from dqtool.cli import cli
+from dqtool.codecs import onnx_std
+from dqtool.convert import ConversionRefused, default_registry, verify
+from dqtool.convert.registry import Registry
+
+MODELS = Path(__file__).resolve().parent.parent / "models"
+ENV = {"NO_COLOR": "1", "COLUMNS": "80"}
+
+# (model, target, direction): conversions that must succeed bit-identically
+EXACT = [
+    ("dq10_uint8_per_tensor.onnx", 21, "upgrade"),
+    ("dq13_int8_per_axis.onnx", 25, "upgrade"),
+    ("ort_qdq_per_channel.onnx", 21, "upgrade"),
+    ("ort_qdq_contrib.onnx", 21, "upgrade"),
+    ("ort_qdq_contrib.onnx", 13, "upgrade"),
+    ("ms_qdq_contrib.onnx", 25, "upgrade"),
+    ("ms_qdq_contrib.onnx", 13, "downgrade"),
+    ("invalid_ort_axis_opset11.onnx", 13, "upgrade"),
+    ("invalid_nncf_uint4_opset17.onnx", 21, "upgrade"),
+    ("dq21_int4_blocked_ragged.onnx", 13, "downgrade"),
+    ("dq21_int8_blocked_fp16.onnx", 13, "downgrade"),
+    ("dq21_uint16_per_axis.onnx", 13, "downgrade"),
+    ("dq21_uint4_blocked_axis1.onnx", 19, "downgrade"),
+    ("dq23_float4e2m1_output_dtype.onnx", 19, "downgrade"),
+    ("dq23_int4_output_dtype.onnx", 13, "downgrade"),
+    ("dq24_float8e8m0_scale.onnx", 19, "downgrade"),
+    ("dq25_int2_blocked.onnx", 13, "downgrade"),
+    ("dq28_float6e2m3.onnx", 19, "downgrade"),
+    ("dq19_uint8_bfloat16_scale.onnx", 13, "downgrade"),
+    ("ort_int4_blocked_qdq.onnx", 19, "downgrade"),
+    ("ort_uint4_blocked_ragged_qdq.onnx", 13, "downgrade"),
+    ("dq_in_if_subgraph.onnx", 13, "downgrade"),
+    ("dq_in_loop_body.onnx", 13, "downgrade"),
+    ("opmx_int4_packed.onnx", 21, "upgrade"),
+    ("opmx_int4_zp.onnx", 13, "upgrade"),
+    ("opmx_int8.onnx", 13, "upgrade"),
+    ("pmx_int4_legacy.onnx", 21, "upgrade"),
+    ("external_data/model.onnx", 19, "downgrade"),
+]
+
+
+def _convert(path: Path, target: int, direction: str, **kw):
+    fn = dqtool.upgrade if direction == "upgrade" else dqtool.downgrade
+    return fn(path, target, **kw)
+
+
+@pytest.mark.parametrize(("name", "target", "direction"), EXACT)
+def test_models_convert_exactly(name, target, direction):
+    report = _convert(MODELS / name, target, direction, check=True)
+    assert report.check["ok"], report.check
+    assert all(v == "identical" or v.startswith(("skipped", "Q/DQ results identical"))
+               for v in report.check["runtimes"].values()), report.check
+    assert report.model.opset_imports[""] == target
+
+
+def test_no_contrib_qdq_left_and_import_dropped():
+    report = dqtool.upgrade(MODELS / "ort_qdq_contrib.onnx", 21)
+    m = report.model
+    assert "com.microsoft" not in m.opset_imports
+    assert all(n.domain in ("", "ai.onnx") for n in m.graph)
+    assert m.ir_version == 10
+
+
+@pytest.mark.parametrize(("name", "target", "direction", "needle"), [
+    ("dq19_float8e4m3fn_fp16_scale.onnx", 13, "downgrade", "float8e4m3fn"),
+    ("ort_qdq_int16.onnx", 19, "downgrade", "int16"),
+    ("invalid_dq13_axis_out_of_range.onnx", 21, "upgrade", "axis 2 is out of range"),
+    ("invalid_nncf_uint4_opset17.onnx", 19, "upgrade", "uint4"),
+    ("opmx_int4_float_zp.onnx", 21, "upgrade", "float zero point"),
+    ("dq13_int8_per_axis.onnx", 10, "downgrade", "per-axis"),
+])
+def test_refused_with_reason(name, target, direction, needle):
+    with pytest.raises(ConversionRefused) as info:
+        _convert(MODELS / name, target, direction)
+    reasons = " ".join(r.reason for r in info.value.report.refusals)
+    assert needle in reasons
+    assert info.value.exit_code == 1
+
+
+def test_op_missing_at_target_is_refused_by_name():
+    m = ir.from_onnx_text("""<ir_version: 8, opset_import: ["" : 17]>
+        g (float[2,4] x, float[4] s, float[4] b) => (float[2,4] y) {
+            y = LayerNormalization(x, s, b)
+        }""")
+    with pytest.raises(ConversionRefused) as info:
+        dqtool.downgrade(m, 13)
+    assert "LayerNormalization does not exist at opset 13" in info.value.report.refusals[0].reason
+
+
+def test_decompose_per_axis_at_10():
+    report = dqtool.downgrade(MODELS / "dq13_int8_per_axis.onnx", 10, allow_decompose=True,
+                              check=True)
+    assert report.check["ok"]
+    assert report.warnings
+    ops = {n.op_type for n in report.model.graph}
+    assert "Mul" in ops and "Sub" in ops
+
+
+def test_per_axis_option_removes_blocks():
+    report = dqtool.upgrade(MODELS / "ort_int4_blocked_qdq.onnx", 21, per_axis=True,
+                            check=True)
+    assert report.check["ok"]
+    assert not any("block_size" in n.attributes for n in report.model.graph)
+
+
+def test_round_trip_13_21_13(tmp_path):
+    src = MODELS / "ort_qdq_per_channel.onnx"
+    up = dqtool.upgrade(src, 21, tmp_path / "up.onnx")
+    down = dqtool.downgrade(tmp_path / "up.onnx", 13, tmp_path / "down.onnx")
+    assert up.ok and down.ok
+    a, b = onnx.load(src), onnx.load(tmp_path / "down.onnx")
+    res = verify.compare(a, b)
+    assert res["ok"], res
+
+
+def test_same_command_twice_is_byte_identical(tmp_path):
+    for i in (1, 2):
+        dqtool.downgrade(MODELS / "dq21_int4_blocked_ragged.onnx", 13, tmp_path / f"{i}.onnx")
+    assert (tmp_path / "1.onnx").read_bytes() == (tmp_path / "2.onnx").read_bytes()
+
+
+def test_preserves_names_metadata_and_other_nodes(tmp_path):
+    m = ir.load(MODELS / "ort_qdq_per_channel.onnx")
+    m.metadata_props["k"] = "v"
+    m.graph.doc_string = "doc"
+    path = tmp_path / "m.onnx"
+    ir.save(m, path)
+    report = dqtool.upgrade(path, 21, tmp_path / "o.onnx")
+    out = onnx.load(tmp_path / "o.onnx")
+    orig = onnx.load(path)
+    assert [n.name for n in out.graph.node] == [n.name for n in orig.graph.node]
+    assert {p.key: p.value for p in out.metadata_props}["k"] == "v"
+    assert out.graph.doc_string == "doc"
+    assert report.written
+
+
+def test_external_data_next_to_output_and_input_untouched(tmp_path):
+    src = tmp_path / "in"
+    shutil.copytree(MODELS / "external_data", src)
+    before = {p.name: p.read_bytes() for p in src.iterdir()}
+    out_dir = tmp_path / "out"
+    out_dir.mkdir()
+    dqtool.downgrade(src / "model.onnx", 19, out_dir / "m.onnx")
+    assert (out_dir / "m.onnx.data").exists()
+    assert before == {p.name: p.read_bytes() for p in src.iterdir()}
+    proto = onnx.load(out_dir / "m.onnx", load_external_data=False)
+    locations = {e.value for t in proto.graph.initializer for e in t.external_data
+                 if e.key == "location"}
+    assert locations <= {"m.onnx.data"}
+
+
+def test_registry_covers_every_qdq_version_and_is_private():
+    reg = default_registry()
+    for s in onnx.defs.get_all_schemas_with_history():
+        if s.domain == "" and s.name in ("DequantizeLinear", "QuantizeLinear") and \
+                s.since_version != onnx_std.versions(s.name)[0]:
+            for d in ("up", "down"):
+                assert ("ai.onnx", s.name, s.since_version, d) in reg
+    assert default_registry() is not reg
+    private = Registry()
+    private.register("x", "Op", 1, "up")(lambda node, step: None)
+    assert ("x", "Op", 1, "up") not in default_registry()
+
+
+def test_cli_exit_codes_and_json(tmp_path):
+    shutil.copy(MODELS / "dq19_float8e4m3fn_fp16_scale.onnx", tmp_path / "f8.onnx")
+    shutil.copy(MODELS / "dq13_int8_per_axis.onnx", tmp_path / "a.onnx")
+    runner = CliRunner()
+    r = runner.invoke(cli, ["downgrade", str(tmp_path / "f8.onnx"), "--opset", "13", "--json"],
+                      env=ENV)
+    assert r.exit_code == 1
+    doc = json.loads(r.stdout)
+    assert doc["refused"] and not doc["ok"]
+    assert not (tmp_path / "f8.opset13.onnx").exists()
+    r = runner.invoke(cli, ["upgrade", str(tmp_path / "a.onnx"), "--opset", "21", "--json"],
+                      env=ENV)
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.stdout)["ok"]
+    assert (tmp_path / "a.opset21.onnx").exists()
+    r = runner.invoke(cli, ["upgrade", str(tmp_path / "nope.onnx"), "--opset", "21"], env=ENV)
+    assert r.exit_code == 2
+    r = runner.invoke(cli, ["upgrade", str(tmp_path / "a.onnx"), "--opset", "10"], env=ENV)
+    assert r.exit_code == 2
+    r = runner.invoke(cli, ["upgrade", str(tmp_path / "a.onnx"), "--opset", "21", "-o",
+                            str(tmp_path / "a.onnx")], env=ENV)
+    assert r.exit_code == 2
+
+
+def test_in_place(tmp_path):
+    shutil.copy(MODELS / "dq13_int8_per_axis.onnx", tmp_path / "a.onnx")
+    dqtool.upgrade(tmp_path / "a.onnx", 21, in_place=True)
+    assert onnx.load(tmp_path / "a.onnx").opset_import[0].version == 21
