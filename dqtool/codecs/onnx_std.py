@@ -56,6 +56,7 @@ def schema_facts(op: str, since_version: int) -> Schema:
     )
 
 
+@cache
 def versions(op: str) -> tuple[int, ...]:
     """The since-versions of an op in the installed onnx, oldest first."""
     return tuple(
