@@ -4,6 +4,12 @@ Run: ``.venv/bin/python bench/bench_kernel.py`` (``DQTOOL_BENCH_QUICK=1`` for 10
 Prints, per case, the best-of-N time of each implementation, the ratios, and PASS/MISS for
 the targets of issue 3. Every kernel result is also checked bit for bit against onnxruntime
 (or against onnx.reference where onnxruntime lacks the type).
+
+It also prints two **floors**, the time to write an N*N float32 output once on the kernel's
+threads: into a freshly allocated array (page faults, and the OS zeroing every page) and into
+memory already mapped (onnxruntime's arena; the kernel's recycled output buffer, see
+``dqtool/kernel/outputs.py``). No kernel can beat the second: a 5x-ref target below it is
+physically out of reach on this machine, and such misses are marked "(< floor)".
 """
 
 from __future__ import annotations
@@ -22,13 +28,13 @@ from onnx import helper, numpy_helper
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from dqtool.kernel import dequantize
+from dqtool.kernel import dequantize, parallel
 from dqtool.types import from_dtype
 
 QUICK = os.environ.get("DQTOOL_BENCH_QUICK") == "1"
 N = 1024 if QUICK else 4096
 REPEAT = 7
-REF_REPEAT = 1 if not QUICK else 2
+REF_REPEAT = 3  # best-of like the others: one shot on a shared machine is mostly noise
 
 
 @dataclass
@@ -109,6 +115,25 @@ def best(fn: Callable[[], object], repeat: int) -> tuple[float, object]:
     return t_best * 1e3, result
 
 
+def write_chunks(out: np.ndarray) -> None:
+    """Write ``out`` once, in the kernel's chunks and threads (first touch in the workers)."""
+    flat = out.reshape(-1)
+
+    def zero(c: parallel.Chunk) -> None:
+        flat[c[2] : c[3]] = 0
+
+    parallel.run(zero, parallel.plan(1, flat.size, 1), flat.size)
+
+
+def measure_floor() -> tuple[float, float]:
+    """(fresh, reused): ms to write an N*N float32 output that is newly allocated (page faults
+    and the kernel's zeroing included, as for every returned array) / that already exists."""
+    fresh, _ = best(lambda: write_chunks(np.empty((N, N), np.float32)), 2 * REPEAT)
+    buf = np.empty((N, N), np.float32)
+    reused, _ = best(lambda: write_chunks(buf), 2 * REPEAT)
+    return fresh, reused
+
+
 def time_ort(model: onnx.ModelProto) -> tuple[float, np.ndarray]:
     import onnxruntime as ort
 
@@ -138,6 +163,9 @@ def main() -> int:
               "  exact  targets")
     print(header)
     print("-" * len(header))
+    fresh, floor = measure_floor()
+    print(f"{'floor: write mapped output':28} {floor:8.1f}   (fresh output: {fresh:.1f}; "
+          f"5x-ref targets below {floor:.1f} ms are physically out of reach)")
     misses = 0
     for case in CASES:
         x, scale, zp = make_inputs(case, rng)
@@ -153,7 +181,8 @@ def main() -> int:
         exact = same_bits(y, np.asarray(truth, np.float32))
         verdicts = []
         ref_ok = t_r >= 5 * t_k
-        verdicts.append(f"ref>=5x {'PASS' if ref_ok else 'MISS'}")
+        below = "" if ref_ok or t_r / 5 >= floor else f" (< floor: needs {t_r / 5:.1f})"
+        verdicts.append(f"ref>=5x {'PASS' if ref_ok else 'MISS'}{below}")
         misses += not ref_ok
         if case.target and t_o is not None:
             ok = t_k <= 4 * t_o if case.target == "le4x" else t_k < t_o

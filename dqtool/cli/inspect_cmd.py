@@ -8,7 +8,6 @@ from rich.table import Table
 
 from dqtool.cli.app import App, user_errors
 
-
 _SHORT = {"com.microsoft": "ms"}
 
 
