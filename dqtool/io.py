@@ -20,7 +20,7 @@ import onnx_ir as ir
 from google.protobuf.message import DecodeError
 
 from dqtool import types
-from dqtool.errors import InputError
+from dqtool.errors import InputError, UsageError
 
 MAX_ONNX_OPSET = onnx.defs.onnx_opset_version()
 # A protobuf message cannot pass 2 GiB; leave room for the graph itself.
@@ -59,8 +59,13 @@ def _expected_bytes(t: onnx.TensorProto) -> int | None:
     return (n * et.bits + 7) // 8
 
 
-def _check_external(path: Path, model: onnx.ModelProto) -> None:
+SOURCES = "dqtool.sources"  # model.meta key: the files a loaded model reads
+
+
+def _check_external(path: Path, model: onnx.ModelProto) -> set[Path]:
+    """Check every external-data reference; return the data files the model reads."""
     base = path.parent.resolve()
+    files: set[Path] = set()
     for t in _iter_tensor_protos(model):
         if t.data_location != onnx.TensorProto.EXTERNAL:
             continue
@@ -85,10 +90,16 @@ def _check_external(path: Path, model: onnx.ModelProto) -> None:
         if need is not None and offset + need > size:
             raise InputError(f"{path}: external data '{loc}' is truncated: tensor '{name}' "
                              f"needs bytes {offset}..{offset + need}, the file has {size}")
+        files.add(target)
+    return files
 
 
 def read_proto(path: str | os.PathLike) -> onnx.ModelProto:
     """The model's protobuf without tensor data from external files, checked for safety."""
+    return _read_proto(path)[0]
+
+
+def _read_proto(path: str | os.PathLike) -> tuple[onnx.ModelProto, set[Path]]:
     p = Path(path)
     if not p.exists():
         raise InputError(f"{p}: no such file")
@@ -106,18 +117,19 @@ def read_proto(path: str | os.PathLike) -> onnx.ModelProto:
         if op.domain in ("", "ai.onnx") and op.version > MAX_ONNX_OPSET:
             raise InputError(f"{p}: ai.onnx opset {op.version} is newer than dqtool knows "
                              f"(up to {MAX_ONNX_OPSET})")
-    _check_external(p, proto)
-    return proto
+    return proto, _check_external(p, proto)
 
 
 def load(path: str | os.PathLike) -> ir.Model:
     """Load a model with external data memory-mapped (read lazily)."""
-    proto = read_proto(path)
+    proto, data_files = _read_proto(path)
     try:
         model = ir.serde.deserialize_model(proto)
     except Exception as e:  # onnx_ir raises many types on malformed protos
         raise InputError(f"{path}: malformed ONNX model ({e})") from None
     ir.external_data.set_base_dir(model.graph, Path(path).parent)
+    # Saving must never replace a file this model still reads (see ``save``).
+    model.meta[SOURCES] = (Path(path).resolve(), frozenset(data_files))
     return model
 
 
@@ -188,7 +200,12 @@ def save(
     parent = out.parent.resolve()
     if not parent.is_dir():
         raise InputError(f"{out}: output folder {out.parent} does not exist")
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=parent))
+    if out.is_dir():
+        raise UsageError(f"{out}: is a directory; give an output file name")
+    try:
+        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=parent))
+    except OSError as e:
+        raise InputError(f"{out}: cannot write in {out.parent} ({e.strerror})") from None
     try:
         if external:
             ir.save(model, tmp / out.name, external_data=f"{out.name}.data",
@@ -198,6 +215,7 @@ def save(
             _internalize(model)
             ir.save(model, tmp / out.name)
         written = sorted(tmp.iterdir(), key=lambda f: f.name == out.name)  # model file last
+        _refuse_overwriting_sources(model, out, [parent / f.name for f in written])
         final = []
         for f in written:
             os.replace(f, parent / f.name)
@@ -207,11 +225,25 @@ def save(
         shutil.rmtree(tmp, ignore_errors=True)
 
 
+def _refuse_overwriting_sources(model: ir.Model, out: Path, targets: list[Path]) -> None:
+    """Replacing a file the loaded model reads would break the input (its external data
+    would change under it). Only an in-place save, which replaces the model file itself and
+    was approved by the caller (``no_overwrite_of_input``), may replace its data files."""
+    sources = model.meta.get(SOURCES)
+    if sources is None:
+        return
+    model_file, data_files = sources
+    if out.resolve() == model_file:
+        return
+    for t in targets:
+        if t.resolve() == model_file or t.resolve() in data_files:
+            raise UsageError(f"{out}: writing it would replace {t}, which the input model "
+                             f"{model_file.name} reads; choose another output name or folder")
+
+
 @contextlib.contextmanager
 def no_overwrite_of_input(src: str | os.PathLike, out: str | os.PathLike, in_place: bool):
     """Refuse to write over the input unless asked to (``--in-place``)."""
-    from dqtool.errors import UsageError
-
     if not in_place and Path(out).resolve() == Path(src).resolve():
         raise UsageError(f"{out}: output is the input; pass --in-place to overwrite it")
     yield

@@ -1,0 +1,72 @@
+"""Saving: atomic, never over a file the input reads, clear errors for bad output paths."""
+
+from __future__ import annotations
+
+import hashlib
+import shutil
+from pathlib import Path
+
+import pytest
+
+from dqtool import io
+from dqtool.errors import InputError, UsageError
+
+MODELS = Path(__file__).resolve().parent.parent / "models"
+
+
+def _copy_external(tmp: Path) -> Path:
+    folder = tmp / "ext"
+    shutil.copytree(MODELS / "external_data", folder)
+    return folder / "model.onnx"
+
+
+def _digest(folder: Path) -> dict[str, str]:
+    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in folder.iterdir()}
+
+
+def test_output_data_file_may_not_replace_the_inputs(tmp_path):
+    src = _copy_external(tmp_path)
+    renamed = src.with_name("in.onnx")
+    src.rename(renamed)  # in.onnx reads model.onnx.data
+    before = _digest(src.parent)
+    model = io.load(renamed)
+    with pytest.raises(UsageError, match=r"which the input model in\.onnx reads"):
+        io.save(model, src.parent / "model.onnx")  # would write model.onnx.data
+    assert _digest(src.parent) == before
+    assert not list(src.parent.glob(".*"))  # no temporary folder left
+
+
+def test_output_named_like_the_inputs_data_file_is_refused(tmp_path):
+    src = _copy_external(tmp_path)
+    model = io.load(src)
+    with pytest.raises(UsageError):
+        io.save(model, src.parent / "model.onnx.data")
+
+
+def test_in_place_save_replaces_model_and_data_and_still_loads(tmp_path):
+    src = _copy_external(tmp_path)
+    model = io.load(src)
+    names = {init: v.const_value.numpy().copy() for init, v in model.graph.initializers.items()}
+    io.save(model, src)  # the caller approved in-place: the model file itself
+    again = io.load(src)
+    for name, value in names.items():
+        assert (again.graph.initializers[name].const_value.numpy() == value).all()
+
+
+def test_output_to_a_directory_or_unwritable_place(tmp_path):
+    model = io.load(MODELS / "dq13_int8_per_axis.onnx")
+    with pytest.raises(UsageError, match="is a directory"):
+        io.save(model, tmp_path)
+    with pytest.raises(InputError, match="does not exist"):
+        io.save(model, tmp_path / "missing" / "m.onnx")
+
+
+def test_save_writes_lowest_files_and_loads_back(tmp_path):
+    model = io.load(MODELS / "dq21_int4_blocked_ragged.onnx")
+    written = io.save(model, tmp_path / "m.onnx")
+    assert [p.name for p in written] == ["m.onnx"]
+    back = io.load(tmp_path / "m.onnx")
+    w = model.graph.initializers
+    for name in w:
+        assert (back.graph.initializers[name].const_value.numpy() ==
+                w[name].const_value.numpy()).all()
