@@ -55,8 +55,45 @@ def _walk_graph(
                 yield from _walk_graph(sub, f"{path}/{node_label}/{label}", opsets, fn)
 
 
+CALL_SITE = "dqtool.call_site"  # value.meta key: (type, shape) all call sites agree on
+
+
+def bind_function_inputs(model: ir.Model) -> None:
+    """Give each model-local function input the type (and shape) that all of its call sites
+    agree on, in ``value.meta`` — FunctionProto declares no input types, so a DQ inside a
+    function is otherwise untyped. Nothing is written to the model."""
+    functions = model.functions
+    if not functions:
+        return
+    calls: dict[ir.OperatorIdentifier, list[ir.Node]] = {key: [] for key in functions}
+    graphs = [model.graph, *functions.values()]
+    for g in graphs:
+        for node in ir.traversal.RecursiveGraphIterator(g):
+            key = (node.domain, node.op_type, node.overload)
+            if key in calls:
+                calls[key].append(node)
+    # Functions may call functions: repeat until nothing new is learned.
+    for _ in range(len(functions)):
+        changed = False
+        for key, fn in functions.items():
+            for i, param in enumerate(fn.inputs):
+                seen = {(elem_type(input_value(n, i)), shape_of(input_value(n, i)))
+                        for n in calls[key]}
+                kinds = {t for t, _ in seen}
+                if len(kinds) != 1 or None in kinds:
+                    continue
+                shapes = {s for _, s in seen}
+                bound = (kinds.pop(), shapes.pop() if len(shapes) == 1 else None)
+                if param.meta.get(CALL_SITE) != bound:
+                    param.meta[CALL_SITE] = bound
+                    changed = True
+        if not changed:
+            break
+
+
 def walk(model: ir.Model) -> Iterator[Site]:
     """Every node of the model: main graph, subgraphs, model-local functions."""
+    bind_function_inputs(model)
     yield from _walk_graph(model.graph, "main", dict(model.opset_imports), None)
     for fn in model.functions.values():
         label = f"function:{fn.domain}.{fn.name}" if fn.domain else f"function:{fn.name}"
@@ -105,7 +142,8 @@ def elem_type(value: ir.Value | None) -> str | None:
         tensor = constant_tensor(value)
         dtype = tensor.dtype if tensor is not None else None
     if dtype is None:
-        return _quantize_output_type(value)
+        bound = value.meta.get(CALL_SITE)
+        return bound[0] if bound else _quantize_output_type(value)
     return types.name_of(dtype)
 
 
@@ -132,6 +170,8 @@ def shape_of(value: ir.Value | None) -> tuple[int | str | None, ...] | None:
     if shape is None:
         tensor = constant_tensor(value)
         shape = tensor.shape if tensor is not None else None
+    if shape is None and value.meta.get(CALL_SITE):
+        return value.meta[CALL_SITE][1]
     if shape is None:
         producer = value.producer()
         # Q/DQ keep their input's shape.

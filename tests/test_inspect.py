@@ -133,3 +133,42 @@ def test_table_output_names_nodes_and_summary():
     assert result.exit_code == 0
     assert "DequantizeLinear" in result.stdout and "lowest ai.onnx opset" in result.stdout
     assert "per-axis" in result.stdout
+
+
+FUNCTION_MODEL = """<ir_version: 10, opset_import: ["" : 21, "local" : 1]>
+g (float[2,4] a) => (float[2,3] y1, float[2,3] y2)
+  <int8[4,3] w1 = {1,2,3,4,5,6,7,8,9,10,11,12}, int8[4,3] w2 = {1,2,3,4,5,6,7,8,9,10,11,12},
+   float[3] s = {0.5, 0.25, 1.0}> {
+  y1 = local.QMatMul (a, w1, s)
+  y2 = local.QMatMul (a, w2, s)
+}
+<domain: "local", opset_import: ["" : 21]>
+QMatMul (x, w, s) => (y) {
+  wf = DequantizeLinear <axis=1> (w, s)
+  y = MatMul (x, wf)
+}"""
+
+
+def test_function_inputs_take_the_type_their_call_sites_agree_on():
+    import onnx_ir as ir
+
+    report = dqtool.inspect(ir.from_onnx_text(FUNCTION_MODEL))
+    (n,) = report.nodes
+    assert n.graph == "function:local.QMatMul"
+    assert (n.spec.quant_type, n.spec.scale_type, n.spec.granularity, n.spec.axis) == (
+        "int8", "float", "per-axis", 1)
+    assert n.lowest_onnx_opset == 13
+    assert not n.spec.constant  # constant only at its call sites
+
+
+def test_table_shows_where_a_node_lives(tmp_path):
+    import onnx_ir as ir
+
+    path = tmp_path / "f.onnx"
+    ir.save(ir.from_onnx_text(FUNCTION_MODEL), path)
+    result = CliRunner().invoke(cli, ["inspect", str(path)],
+                                env={"NO_COLOR": "1", "COLUMNS": "200"})
+    assert "[function:local.QMatMul]" in result.stdout
+    result = CliRunner().invoke(cli, ["inspect", str(MODELS / "dq_in_if_subgraph.onnx")],
+                                env={"NO_COLOR": "1", "COLUMNS": "200"})
+    assert "[main/If/then_branch]" in result.stdout

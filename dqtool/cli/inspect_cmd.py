@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import click
 from rich import box
+from rich.markup import escape
 from rich.table import Table
 
 from dqtool.cli.app import App, user_errors
@@ -26,13 +27,19 @@ def _shape(dims) -> str:
 
 
 def render(app: App, report) -> None:
-    table = Table(title=f"{report.model}: {len(report.nodes)} Q/DQ nodes", title_justify="left",
+    table = Table(title=escape(f"{report.model}: {len(report.nodes)} Q/DQ nodes"),
+                  title_justify="left",
                   box=box.SIMPLE_HEAD, pad_edge=False)
+    # Below ~110 columns the sizes, shapes and consumers make every cell wrap: leave them
+    # out there (--json and a wider terminal show them).
+    wide = app.out.width >= 110
     table.add_column("node", overflow="fold", ratio=1, min_width=14)
-    for col in ("op", "x", "scale", "out", "granularity", "zp", "const", "shape", "stored",
-                "folded"):
+    for col in ("op", "x", "scale", "out", "granularity", "zp", "const"):
         table.add_column(col, no_wrap=True)
-    table.add_column("feeds", overflow="fold", ratio=1, min_width=6)
+    if wide:
+        for col in ("shape", "stored", "folded"):
+            table.add_column(col, no_wrap=True)
+        table.add_column("feeds", overflow="fold", ratio=1, min_width=6)
     table.add_column("!", no_wrap=True)
     for n in report.nodes:
         s = n.spec
@@ -45,19 +52,20 @@ def render(app: App, report) -> None:
         if n.graph != "main":
             where += f" [{n.graph}]"
         flags = "E" if s.errors else ("W" if s.problems else "")
-        table.add_row(
-            where, op, s.quant_type or "?", s.scale_type or "?", out or "?", gran,
-            {"none": "-", "integer": "int"}.get(s.zero_point, s.zero_point),
-            "yes" if s.constant else "no", _shape(s.x_shape),
-            _size(n.bytes_stored) if s.is_dequantize else "-",
-            _size(n.bytes_folded) if s.is_dequantize else "-",
-            ",".join(sorted(set(n.consumers))) or "-", flags,
-        )
+        stored = s.is_dequantize and (s.x_constant or s.x_from_quantize)
+        cells = [escape(where), op, s.quant_type or "?", s.scale_type or "?", out or "?", gran,
+                 {"none": "-", "integer": "int"}.get(s.zero_point, s.zero_point),
+                 "yes" if s.constant else "no"]
+        if wide:
+            cells += [_shape(s.x_shape), _size(n.bytes_stored) if stored else "-",
+                      _size(n.bytes_folded) if stored else "-",
+                      escape(",".join(sorted(set(n.consumers))) or "-")]
+        table.add_row(*cells, flags)
     app.out.print(table)
     for n in report.nodes:
         for p in n.spec.problems:
-            app.out.print(f"  {p.severity} {p.code} {n.name or '<unnamed>'}: {p.message}",
-                          soft_wrap=True)
+            app.out.print(escape(f"  {p.severity} {p.code} {n.name or '<unnamed>'}: "
+                                 f"{p.message}"), soft_wrap=True)
     sm = report.summary
     app.out.print(
         f"IR version {report.ir_version}; opsets "
