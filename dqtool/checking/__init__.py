@@ -40,8 +40,11 @@ def check(
     are always bit-exact. Raises ``InputError``/``UsageError`` for unreadable models or
     inputs that do not fit.
     """
-    if rtol < 0 or atol < 0:
-        raise UsageError("tolerances must be non-negative")
+    for label, tol in (("--rtol", rtol), ("--atol", atol)):
+        if not tol >= 0:  # also refuses NaN, which would fail every comparison
+            raise UsageError(f"{label} must be a non-negative number, got {tol}")
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
+        raise UsageError(f"--seed must be a non-negative integer, got {seed!r}")
     name, proto = load_proto(model_or_path)
     feeds, defaulted = inputs_mod.generate(proto, seed=seed, shapes=shapes, given=inputs)
     given = set(inputs or {})

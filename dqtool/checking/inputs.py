@@ -9,6 +9,7 @@ integers are uniform over a small range that stays valid for index-like inputs.
 from __future__ import annotations
 
 import os
+import zipfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -70,6 +71,51 @@ def parse_shapes(items: Sequence[str]) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
+def check_shape_names(specs: Sequence[InputSpec],
+                      shapes: Mapping[str, tuple[int, ...]]) -> None:
+    """Every ``--shape`` name must be an input or a symbolic dimension of one: a typo
+    would otherwise be ignored and the default size used."""
+    inputs = [s.name for s in specs]
+    dims = sorted({d for s in specs for d in s.dims if isinstance(d, str)})
+    unknown = [n for n in shapes if n not in inputs and n not in dims]
+    if unknown:
+        raise UsageError(
+            f"--shape {', '.join(unknown)}: the model has no such input or symbolic dimension "
+            f"(inputs: {', '.join(inputs) or 'none'}; symbolic dimensions: "
+            f"{', '.join(dims) or 'none'})")
+    for name, value in shapes.items():
+        if name not in inputs and len(value) != 1:
+            raise UsageError(f"--shape {name}: a symbolic dimension takes one size "
+                             f"({name}=N), got {len(value)}")
+
+
+def check_given(spec: InputSpec, array: np.ndarray) -> np.ndarray:
+    """An ``--inputs`` array must have the input's element type and fit its shape.
+
+    ``numpy.savez`` stores ml_dtypes arrays (bfloat16, float8...) as raw bytes (``V2``,
+    ``V1``); those are read back as the input's type."""
+    et = types.by_name(spec.type_name)
+    want = np.dtype(et.dtype)
+    if array.dtype.kind == "V" and array.dtype.itemsize == want.itemsize \
+            and want.kind == "V":
+        array = array.view(want)
+    if array.dtype != want:
+        raise UsageError(f"--inputs {spec.name}: {array.dtype} array, the model takes "
+                         f"{spec.type_name}")
+    if spec.dims and array.ndim != len(spec.dims):
+        raise UsageError(f"--inputs {spec.name}: shape {tuple(array.shape)} has {array.ndim} "
+                         f"dimensions, the input has {len(spec.dims)} {_dims(spec.dims)}")
+    for i, (g, d) in enumerate(zip(array.shape, spec.dims, strict=False)):
+        if isinstance(d, int) and d != g:
+            raise UsageError(f"--inputs {spec.name}: shape {tuple(array.shape)}, the model "
+                             f"fixes dimension {i} to {d} {_dims(spec.dims)}")
+    return array
+
+
+def _dims(dims: tuple[int | str | None, ...]) -> str:
+    return "[" + ", ".join("?" if d is None else str(d) for d in dims) + "]"
+
+
 def resolve_shape(spec: InputSpec, shapes: Mapping[str, tuple[int, ...]],
                   defaulted: list[str]) -> tuple[int, ...]:
     if spec.name in shapes:
@@ -117,6 +163,13 @@ def generate(model: onnx.ModelProto, *, seed: int = 0,
     if unknown:
         raise UsageError(f"--inputs names {', '.join(unknown)}, which the model does not take "
                          f"(inputs: {', '.join(sorted(known)) or 'none'})")
+    check_shape_names(specs, shapes)
+    for spec in specs:
+        if spec.name in given:
+            given[spec.name] = check_given(spec, given[spec.name])
+            if spec.name in shapes and tuple(shapes[spec.name]) != given[spec.name].shape:
+                raise UsageError(f"--shape {spec.name}: {shapes[spec.name]} differs from the "
+                                 f"--inputs array's shape {given[spec.name].shape}")
     rng = np.random.default_rng(seed)
     feeds: dict[str, np.ndarray] = {}
     defaulted: list[str] = []
@@ -131,11 +184,17 @@ def generate(model: onnx.ModelProto, *, seed: int = 0,
 
 
 def load_npz(path: str | os.PathLike) -> dict[str, np.ndarray]:
+    """Arrays by name from an ``.npz`` file (``numpy.savez``); anything else is refused."""
     p = Path(path)
+    if not p.exists():
+        raise InputError(f"{p}: no such file")
+    if p.is_dir():
+        raise InputError(f"{p}: is a directory, not an .npz file")
+    if not zipfile.is_zipfile(p):
+        raise InputError(f"{p}: not an .npz file (write one with numpy.savez(path, NAME=array))")
     try:
         with np.load(p, allow_pickle=False) as data:
             return {k: data[k] for k in data.files}
-    except FileNotFoundError:
-        raise InputError(f"{p}: no such file") from None
-    except (OSError, ValueError) as e:
-        raise InputError(f"{p}: not a readable .npz file ({str(e).splitlines()[0]})") from None
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile, KeyError) as e:
+        reason = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise InputError(f"{p}: not a readable .npz file ({reason})") from None
