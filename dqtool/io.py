@@ -19,7 +19,7 @@ import onnx
 import onnx_ir as ir
 from google.protobuf.message import DecodeError
 
-from dqtool import types
+from dqtool import external_data, types
 from dqtool.errors import InputError, UsageError
 
 MAX_ONNX_OPSET = onnx.defs.onnx_opset_version()
@@ -207,7 +207,10 @@ def save(
     except OSError as e:
         raise InputError(f"{out}: cannot write in {out.parent} ({e.strerror})") from None
     try:
-        if external:
+        if external and shard_size is None:
+            with external_data.externalized(model, tmp, f"{out.name}.data", callback):
+                ir.save(model, tmp / out.name)
+        elif external:
             ir.save(model, tmp / out.name, external_data=f"{out.name}.data",
                     max_shard_size_bytes=shard_size, callback=callback,
                     max_workers=2)

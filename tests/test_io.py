@@ -70,3 +70,22 @@ def test_save_writes_lowest_files_and_loads_back(tmp_path):
     for name in w:
         assert (back.graph.initializers[name].const_value.numpy() ==
                 w[name].const_value.numpy()).all()
+
+
+def test_external_save_copies_unchanged_tensors_exactly_and_deterministically(tmp_path):
+    src = _copy_external(tmp_path)
+    model = io.load(src)
+    originals = {n: v.const_value.numpy().copy() for n, v in model.graph.initializers.items()}
+    out1, out2 = tmp_path / "a" / "m.onnx", tmp_path / "b" / "m.onnx"
+    out1.parent.mkdir()
+    out2.parent.mkdir()
+    io.save(model, out1, external=True)
+    io.save(model, out2, external=True)
+    assert (out1.read_bytes(), (out1.parent / "m.onnx.data").read_bytes()) == (
+        out2.read_bytes(), (out2.parent / "m.onnx.data").read_bytes())
+    back = io.load(out1)
+    for name, value in originals.items():
+        assert (back.graph.initializers[name].const_value.numpy() == value).all()
+    # the model object still points at its own source
+    assert all(v.const_value is not None for v in model.graph.initializers.values())
+    assert io.load(src) is not None
