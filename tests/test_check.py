@@ -13,7 +13,9 @@ from onnx import TensorProto
 from test_lint_helpers import dq_model, matmul_model, save
 
 from dqtool.checking import check
+from dqtool.checking.inputs import InputSpec, check_given, load_npz
 from dqtool.cli import cli
+from dqtool.errors import UsageError
 
 ENV = {"NO_COLOR": "1", "COLUMNS": "80"}
 
@@ -148,3 +150,90 @@ def test_in_memory_models(tmp_path):
     w, s = weights()
     m = matmul_model(w, s)
     assert check(m, against=onnx.ModelProto.FromString(m.SerializeToString())).passed
+
+
+# Typos and bad values are refused with one line and exit 2, never ignored or a traceback.
+
+
+def _one_line_error(result, *needles: str) -> str:
+    assert result.exit_code == 2, result.output
+    assert "Traceback" not in result.output
+    assert result.stdout == ""
+    err = result.stderr
+    assert err.startswith("dqtool: error:") and err.count("\n") == 1, err
+    for needle in needles:
+        assert needle in err, err
+    return err
+
+
+@pytest.fixture
+def sym(tmp_path):
+    """X[batch, 16] @ DQ(W) — one input with a symbolic dimension."""
+    return str(save(matmul_model(*weights()), tmp_path / "m.onnx"))
+
+
+def test_unknown_shape_name_is_refused_and_known_names_listed(sym):
+    _one_line_error(run("check", sym, "--shape", "nosuch=1,2"),
+                    "nosuch", "inputs: X", "symbolic dimensions: batch")
+    _one_line_error(run("check", "models/qdq_conv_int8.onnx", "--shape", "nosuch=1,2"),
+                    "nosuch", "inputs: X", "symbolic dimensions: none")
+    # A symbolic dimension is one size; an input's whole shape still works by its name.
+    _one_line_error(run("check", sym, "--shape", "batch=2,3"), "batch", "one size")
+    assert run("check", sym, "--shape", "batch=3").exit_code == 0
+    with pytest.raises(UsageError, match="batxh"):
+        check(sym, shapes={"batxh": (2,)})
+
+
+@pytest.mark.parametrize("args", [["--seed", "-1"], ["--rtol", "-1"], ["--atol", "-0.5"]])
+def test_out_of_range_numbers_are_click_usage_errors(sym, args):
+    result = run("check", sym, *args)
+    assert result.exit_code == 2 and "Traceback" not in result.output
+    assert f"Invalid value for '{args[0]}'" in result.stderr
+
+
+def test_nan_tolerance_and_negative_seed_refused(sym):
+    _one_line_error(run("check", sym, "--rtol", "nan"), "--rtol", "non-negative")
+    for kw in ({"rtol": float("nan")}, {"atol": -1.0}, {"seed": -1}):
+        with pytest.raises(UsageError):
+            check(sym, **kw)
+
+
+def test_huge_shape_refused_not_allocated(sym):
+    _one_line_error(run("check", sym, "--shape", "batch=100000000000"), "input X",
+                    "--shape")
+
+
+def _npz(tmp_path, name, **arrays):
+    path = tmp_path / name
+    np.savez(path, **arrays)
+    return str(path)
+
+
+def test_bad_inputs_files_exit_2_with_one_line(sym, tmp_path):
+    np.save(tmp_path / "x.npy", np.zeros((2, 16), np.float32))
+    (tmp_path / "text.npz").write_text("not a zip\n")
+    (tmp_path / "folder.npz").mkdir()
+    f32 = np.float32
+    cases = [
+        (str(tmp_path / "missing.npz"), ["missing.npz", "no such file"]),
+        (str(tmp_path / "x.npy"), ["x.npy", "not an .npz"]),
+        (str(tmp_path / "text.npz"), ["text.npz", "not an .npz"]),
+        (str(tmp_path / "folder.npz"), ["folder.npz", "directory"]),
+        (_npz(tmp_path, "names.npz", Z=np.zeros((2, 16), f32)), ["Z", "inputs: X"]),
+        (_npz(tmp_path, "dtype.npz", X=np.zeros((2, 16))), ["X", "float64", "float32"]),
+        (_npz(tmp_path, "rank.npz", X=np.zeros((2, 16, 1), f32)), ["X", "3 dimensions"]),
+        (_npz(tmp_path, "dim.npz", X=np.zeros((2, 15), f32)), ["X", "dimension 1 to 16"]),
+    ]
+    for path, needles in cases:
+        _one_line_error(run("check", sym, "--inputs", path), *needles)
+    ok = _npz(tmp_path, "ok.npz", X=np.zeros((2, 16), f32))
+    assert run("check", sym, "--inputs", ok).exit_code == 0
+    _one_line_error(run("check", sym, "--inputs", ok, "--shape", "X=3,16"), "--shape X")
+
+
+def test_raw_byte_npz_arrays_read_as_the_input_type(tmp_path):
+    # numpy.savez stores ml_dtypes arrays as void bytes; they come back as the input's type.
+    spec = InputSpec("X", "bfloat16", (2,))
+    path = _npz(tmp_path, "bf.npz", X=np.array([1.5, -2], ml_dtypes.bfloat16))
+    got = check_given(spec, load_npz(path)["X"])
+    assert got.dtype == ml_dtypes.bfloat16 and got.tolist() == [1.5, -2]

@@ -150,3 +150,18 @@ def test_fold_does_not_import_onnxruntime() -> None:
             "from dqtool.folding import fold; import dqtool; dqtool.fold; "
             "assert 'onnxruntime' not in sys.modules")
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_op_types_no_dequantize_feeds_warn_but_exit_0(tmp_path: Path) -> None:
+    src = big_model(tmp_path)  # both DequantizeLinear nodes feed MatMul
+    res = run("fold", str(src), "--op-types", "Bogus,MatMul", "--op-types", "matmul",
+              "--dry-run", "--json")
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.stdout)["summary"]["folded"] == 2  # stdout stays one document
+    (line,) = res.stderr.splitlines()
+    assert line.startswith("dqtool: warning: --op-types Bogus,matmul:")
+    assert "feed: MatMul" in line and "did you mean MatMul?" in line
+    res = run("fold", str(src), "--op-types", "Gemm", "--dry-run")
+    assert res.exit_code == 0 and "Gemm" in res.stderr and "0 would fold" in res.stdout
+    res = run("fold", str(src), "--op-types", "MatMul", "--dry-run")
+    assert res.exit_code == 0 and res.stderr == ""

@@ -114,3 +114,64 @@ def test_pre_commit_hook_file():
     for needle in ("id: dqtool-lint", "entry: dqtool lint", "language: python",
                    r"files: \.onnx$"):
         assert needle in text
+
+
+def _one_line_error(result, *needles: str) -> str:
+    assert result.exit_code == 2, result.output
+    assert result.stdout == "" and "Traceback" not in result.output
+    err = result.stderr
+    assert err.startswith("dqtool: error:") and err.count("\n") == 1, err
+    for needle in needles:
+        assert needle in err, err
+    return err
+
+
+@pytest.mark.parametrize("args", [["--select", "XX999"], ["--select", "DQ0,DQ9"],
+                                  ["--ignore", "DQ011,DQ05"]])
+def test_unknown_codes_exit_2_listing_valid_codes(args):
+    bad = [c for c in args[1].split(",") if c not in ("DQ0", "DQ011")]
+    _one_line_error(run("lint", HEALTHY, *args), args[0], *bad, "DQ001", "DQ108")
+
+
+def test_prefixes_and_lowercase_codes_still_select():
+    result = run("lint", BAD, "--select", "dq0", "--format", "json")
+    assert result.exit_code == 1
+    assert {f["code"] for f in json.loads(result.stdout)["findings"]} == {"DQ011", "DQ012"}
+    assert run("lint", BAD, "--select", "DQ01", "--ignore", "DQ011,DQ012").exit_code == 0
+
+
+def test_selections_that_run_nothing_are_refused():
+    # Target rules without a target, or ignoring every rule, would pass doing nothing.
+    _one_line_error(run("lint", HEALTHY, "--select", "DQ101"), "DQ101", "--target")
+    _one_line_error(run("lint", HEALTHY, "--ignore", "DQ"), "no rule")
+    assert run("lint", HEALTHY, "--select", "DQ101", "--target", "onnxruntime").exit_code == 0
+    _one_line_error(run("lint", HEALTHY, "--target", ""), "--target")
+
+
+@pytest.mark.parametrize("table,needles", [
+    ('select = ["DQ0", "DQ99"]', ["pyproject.toml", "select", "DQ99", "DQ001"]),
+    ('ignore = ["XX"]', ["pyproject.toml", "ignore", "XX", "DQ001"]),
+    ('target = "tensorrt"', ["pyproject.toml", "target", "tensorrt"]),
+])
+def test_pyproject_typos_exit_2_naming_the_file(tmp_path, monkeypatch, table, needles):
+    (tmp_path / "pyproject.toml").write_text(f"[tool.dqtool.lint]\n{table}\n")
+    monkeypatch.chdir(tmp_path)
+    _one_line_error(run("lint", HEALTHY), *needles)
+    if "target" not in table:
+        # A typo in the configuration is reported even when an option overrides it.
+        _one_line_error(run("lint", HEALTHY, "--select", "DQ0", "--ignore", "DQ03"), *needles)
+
+
+def test_pyproject_target_only_selection_is_fine_with_a_target(tmp_path, monkeypatch):
+    (tmp_path / "pyproject.toml").write_text('[tool.dqtool.lint]\nselect = ["DQ0", "DQ1"]\n')
+    monkeypatch.chdir(tmp_path)
+    assert run("lint", HEALTHY).exit_code == 0  # DQ1 waits for a --target
+    assert run("lint", HEALTHY, "--target", "directml-fl1.0").exit_code == 1
+
+
+@pytest.mark.parametrize("fmt", ["text", "json", "github", "sarif"])
+@pytest.mark.parametrize("bad", ["missing.onnx", "DIR"])
+def test_one_bad_path_among_several_exits_2_with_no_partial_output(fmt, bad):
+    bad = str(MODELS) if bad == "DIR" else bad
+    result = run("lint", HEALTHY, bad, NNCF, "--format", fmt)
+    _one_line_error(result, bad)

@@ -136,3 +136,14 @@ def test_unknown_target_is_a_usage_error():
 
     with pytest.raises(UsageError, match="known: onnx-opset-N"):
         lint("models/qdq_conv_int8.onnx", target="tensorrt")
+
+
+def test_target_opset_message_reads_as_a_sentence():
+    report = lint("models/dq21_int4_blocked_ragged.onnx", target="onnx-opset-13",
+                  select="DQ100")
+    (f,) = report.findings
+    assert "the model's ai.onnx opset 21 is above the target's 13" in f.message
+    assert "`dqtool downgrade --opset 13` would lower it" in f.message
+    assert "opset 13's 13" not in f.message
+    (f,) = lint("models/dq28_float6e2m3.onnx", target="onnxruntime", select="DQ100").findings
+    assert "opset 28 is above the target's 26 (onnxruntime 1.31 CPU)" in f.message

@@ -21,6 +21,8 @@ from dqtool import types
 from dqtool.errors import InputError, UsageError
 
 DEFAULT_DIM = 1
+# 4 GiB of float32: beyond this a --shape is far more likely a typo than a real request.
+MAX_GENERATED_ELEMENTS = 1 << 30
 
 
 @dataclass(frozen=True)
@@ -101,7 +103,7 @@ def check_given(spec: InputSpec, array: np.ndarray) -> np.ndarray:
         array = array.view(want)
     if array.dtype != want:
         raise UsageError(f"--inputs {spec.name}: {array.dtype} array, the model takes "
-                         f"{spec.type_name}")
+                         f"{spec.type_name} (numpy {want})")
     if spec.dims and array.ndim != len(spec.dims):
         raise UsageError(f"--inputs {spec.name}: shape {tuple(array.shape)} has {array.ndim} "
                          f"dimensions, the input has {len(spec.dims)} {_dims(spec.dims)}")
@@ -178,7 +180,16 @@ def generate(model: onnx.ModelProto, *, seed: int = 0,
         # values the others get for a seed.
         shape = given[spec.name].shape if spec.name in given else resolve_shape(
             spec, shapes, defaulted)
-        arr = random_array(spec.type_name, shape, rng)
+        n = int(np.prod(shape, dtype=object))
+        if n > MAX_GENERATED_ELEMENTS:
+            raise UsageError(f"input {spec.name}: shape {tuple(shape)} is {n} elements, more "
+                             f"than dqtool check generates ({MAX_GENERATED_ELEMENTS}); give "
+                             "smaller sizes with --shape")
+        try:
+            arr = random_array(spec.type_name, shape, rng)
+        except MemoryError:
+            raise UsageError(f"input {spec.name}: not enough memory for shape "
+                             f"{tuple(shape)}; give smaller sizes with --shape") from None
         feeds[spec.name] = given.get(spec.name, arr)
     return feeds, defaulted
 

@@ -84,7 +84,8 @@ def render(app: App, doc: dict) -> None:
               help="Relative tolerance for --against comparisons.")
 @click.option("--atol", type=click.FloatRange(min=0.0), default=0.0, show_default=True,
               help="Absolute tolerance for --against comparisons.")
-@click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True, help="Seed of the inputs.")
+@click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True,
+              help="Seed of the inputs.")
 @click.option("--shape", "shapes", multiple=True, metavar="NAME=D0,D1,...",
               help="An input's shape, or a symbolic dimension's size (default 1). Repeatable.")
 @click.option("--inputs", "inputs_file", type=str, default=None, metavar="FILE.npz",

@@ -55,18 +55,16 @@ def lint(
     sel_label = "--select" if select is not None else f"{where}select"
     _check_codes(sel, known, sel_label)
     _check_codes(ign, known, "--ignore" if ignore is not None else f"{where}ignore")
-    if target is not None:
-        profile = targets.parse(target) if target else None
-    else:
-        profile = _config_target(cfg, where)
-    if profile is None and sel:
-        only_target = [p for p in sel if all(c.startswith("DQ1") for c in known
-                                             if c.startswith(p))]
-        if only_target:
-            raise UsageError(f"{sel_label} {', '.join(only_target)}: target rules (DQ1xx) "
-                             "run only with a --target (or target in [tool.dqtool.lint])")
+    profile = targets.parse(target) if target is not None else _config_target(cfg, where)
     active = tuple(r for c, r in sorted(known.items()) if registry.selected(c, sel, ign)
                    and (profile is not None or not c.startswith("DQ1")))
+    if profile is None and sel:
+        # Asked for here (or all the configuration selects): target rules would not run.
+        only_target = [p for p in sel if all(c.startswith("DQ1") for c in known
+                                             if c.startswith(p))]
+        if only_target and (select is not None or not active):
+            raise UsageError(f"{sel_label} {', '.join(only_target)}: target rules (DQ1xx) "
+                             "run only with a --target (or target in [tool.dqtool.lint])")
     if not active:
         raise UsageError("--select/--ignore leave no rule to run (select: "
                          f"{', '.join(sel or ('all',))}; ignore: {', '.join(ign or ('none',))})")

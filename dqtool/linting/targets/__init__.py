@@ -41,9 +41,11 @@ def parse(target: str) -> Profile:
 def run(ctx: ModelContext, profile: Profile) -> Iterator[Finding]:
     opset = ctx.onnx_opset or 0
     if profile.max_opset is not None and opset > profile.max_opset:
-        yield ctx.finding("DQ100", "error", f"ai.onnx opset {opset} is above "
-                          f"{profile.description}'s {profile.max_opset}", target=profile.name,
-                          fix=profile.opset_fix)
+        fix = f"{profile.opset_fix} would lower it" if profile.opset_fix else None
+        who = "" if profile.name.startswith("onnx-opset-") else f" ({profile.description})"
+        yield ctx.finding("DQ100", "error", f"the model's ai.onnx opset {opset} is above the "
+                          f"target's {profile.max_opset}{who}",
+                          target=profile.name, fix=fix)
     for q in ctx.dequantize:
         worst = best(profile.candidates(q.spec, opset))
         if worst is None:

@@ -6,7 +6,8 @@ from dqtool.linting.registry import define
 
 define("DQ100", "target-opset", "error",
        "the model's ai.onnx opset is above what the target runs",
-       "model: ai.onnx opset 28 is above onnxruntime's 26; fix: `dqtool downgrade --opset 26`")
+       "model: the model's ai.onnx opset 28 is above the target's 26 (onnxruntime 1.31 CPU); "
+       "fix: `dqtool downgrade --opset 26` would lower it")
 define("DQ101", "target-quant-type", "error",
        "the target cannot dequantize this quantized type",
        "node 'W' (ai.onnx DequantizeLinear-21): directml-fl1.0 cannot run it: x type int8 "
