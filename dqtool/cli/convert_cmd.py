@@ -38,9 +38,11 @@ def render(app: App, report, as_json: bool) -> None:
                       + ", ".join(f"{d or 'ai.onnx'} {v}"
                                   for d, v in report.opset_imports.items()))
     if report.check:
-        app.out.print("check: " + ", ".join(f"{k}: {v}"
-                                            for k, v in report.check["runtimes"].items())
-                      + f"; onnx.checker: {report.check['checker']}")
+        from dqtool.convert import verify
+
+        app.out.print("check (bit-identical outputs on random inputs):", markup=False)
+        for line in verify.describe(report.check):
+            app.out.print(f"  {line}", markup=False, overflow="fold")
     for path in report.written:
         app.out.print(f"wrote {path}")
 
@@ -57,7 +59,7 @@ def _run(app: App, direction: str, model: str, opset: int, out: str | None, per_
     fn = convert.upgrade if direction == "upgrade" else convert.downgrade
     try:
         report = fn(model, opset, None if in_place else out, **kwargs)
-    except convert.ConversionRefused as e:
+    except (convert.ConversionRefused, convert.CheckFailed) as e:
         render(app, e.report, as_json)
         app.abort(str(e), 1)
     for w in report.warnings:

@@ -20,10 +20,10 @@ import onnx_ir as ir
 from dqtool.convert.context import Options
 from dqtool.convert.pipeline import default_output
 from dqtool.convert.registry import Registry, default_registry
-from dqtool.convert.report import ConversionRefused, ConvertReport
-from dqtool.errors import RefusedError, UsageError
+from dqtool.convert.report import CheckFailed, ConversionRefused, ConvertReport
+from dqtool.errors import UsageError
 
-__all__ = ["ConversionRefused", "ConvertReport", "Registry", "default_output",
+__all__ = ["CheckFailed", "ConversionRefused", "ConvertReport", "Registry", "default_output",
            "default_registry", "downgrade", "upgrade"]
 
 ModelArg = ir.Model | str | os.PathLike
@@ -74,7 +74,7 @@ def _convert(model_or_path: ModelArg, opset: int, out, direction: Literal["upgra
         base = Path(model_or_path).parent if is_path else None
         report.check = verify.compare(original, verify.to_proto(report.model, base))
         if not report.check["ok"]:
-            raise RefusedError(f"--check failed: {report.check}; nothing written")
+            raise CheckFailed(report)
     if out is not None:
         report.written = [str(p) for p in io.save(report.model, out)]
     return report

@@ -65,6 +65,10 @@ def lower_dq(node: ir.Node, step: Step) -> Outcome:
             spec = read(node, step.src)
         return True
 
+    if spec.scale_type is None and graph.input_value(node, 1) is not None:
+        unknown = unknown_type(node, 1, step, sch.scale_types, "scale")
+        if unknown is not None:
+            return unknown
     needs_detour = (spec.output_dtype_attr and not sch.output_dtype
                     and spec.output_dtype_attr != spec.scale_type) or \
         (spec.scale_type is not None and spec.scale_type not in sch.scale_types)
@@ -79,7 +83,11 @@ def lower_dq(node: ir.Node, step: Step) -> Outcome:
         done.append(Outcome("changed", "output_dtype removed (equals the scale type)",
                             f"output_dtype needs {DQ}-23"))
     qt = spec.quant_type
-    if qt not in sch.quant_types:
+    if qt is None:
+        unknown = unknown_type(node, 0, step, sch.quant_types, "quantized")
+        if unknown is not None:
+            return unknown
+    elif qt not in sch.quant_types:
         if qt in widen.SUB_BYTE_INT:
             out = widen.widen_int(step, spec, sch.quant_types)
         elif qt in ("int16", "uint16"):
@@ -87,8 +95,8 @@ def lower_dq(node: ir.Node, step: Step) -> Outcome:
         elif qt in widen.SMALL_FLOAT and "float8e4m3fn" in sch.quant_types:
             out = widen.small_float_to_f8(step, spec)
         else:
-            out = Outcome.refused(f"{qt} is not a quantized type of {where}, and no exact "
-                                  "rewrite gives one")
+            out = Outcome.refused(f"{qt} is not a quantized type of {at_target(DQ, step)}, "
+                                  "and no exact rewrite gives one")
         if not apply(out):
             return _refuse_or_decompose(step, spec, [out.why], done)
     if spec.granularity == "blocked" and not sch.blocked:
@@ -133,6 +141,58 @@ def _drop_default_attributes(node: ir.Node, spec: QuantSpec, allowed: frozenset[
             node.attributes.pop(name)
 
 
+def at_target(op: str, step: Step) -> str:
+    """``QuantizeLinear at opset 20 (QuantizeLinear-19)``: the version the user asked for."""
+    since = max((v for v in onnx_std.versions(op) if v <= step.target), default=None)
+    if since is None or since == step.target:
+        return f"{op}-{step.target}"
+    return f"{op} at opset {step.target} ({op}-{since})"
+
+
+def _function_of(node: ir.Node, model: ir.Model) -> ir.Function | None:
+    for fn in model.functions.values():
+        if fn.graph is node.graph:
+            return fn
+    return None
+
+
+def call_site_types(fn: ir.Function, index: int, model: ir.Model) -> list[str | None]:
+    """The element type each call of ``fn`` passes as its ``index``-th input."""
+    key = fn.identifier()
+    found: list[str | None] = []
+    for g in (model.graph, *model.functions.values()):
+        for call in ir.traversal.RecursiveGraphIterator(g):
+            if (call.domain, call.op_type, call.overload) == key:
+                found.append(graph.elem_type(graph.input_value(call, index)))
+    return found
+
+
+def unknown_type(node: ir.Node, index: int, step: Step, allowed: frozenset[str],
+                 kind: str) -> Outcome | None:
+    """A node input whose type the model does not say. Inside a function, the call sites
+    may still say it: when every call passes a type ``allowed`` at the lower version, the
+    node needs no rewrite (None). Otherwise a refusal that says what is unknown."""
+    value = graph.input_value(node, index)
+    name = value.name if value is not None else f"input {index}"
+    fn = _function_of(node, step.ctx.model) if value is not None else None
+    if fn is not None and value in list(fn.inputs):
+        where = fn.name if not fn.domain else f"{fn.domain}.{fn.name}"
+        types_seen = call_site_types(fn, list(fn.inputs).index(value), step.ctx.model)
+        if types_seen and all(t in allowed for t in types_seen):
+            return None
+        known = sorted({t for t in types_seen if t is not None})
+        bad = [t for t in known if t not in allowed]
+        if bad:
+            return Outcome.refused(
+                f"'{name}' (function input of {where}) is {', '.join(bad)} at some call "
+                f"site, which is not a {kind} type of {at_target(node.op_type, step)}; a "
+                "function body is shared by all its call sites, so it is not rewritten")
+        return Outcome.refused(f"the type of {name} is unknown (function input '{name}' of "
+                               f"{where}; its call sites disagree or are untyped)")
+    return Outcome.refused(f"the type of {name} is unknown (the model declares no type for "
+                           f"'{name}' and it is not a constant)")
+
+
 def graph_attr(node: ir.Node, name: str) -> int | None:
     from dqtool.codecs import base
 
@@ -155,8 +215,19 @@ def lower_q(node: ir.Node, step: Step) -> Outcome:
             done.append(Outcome("changed", f"output_dtype → explicit zero {qt.name} zero point",
                                 f"output_dtype needs {Q}-21"))
         node.attributes.pop("output_dtype", None)
+    if spec.quant_type is None:
+        unknown = unknown_type(node, 2, step, sch.quant_types, "quantized") \
+            if graph.input_value(node, 2) is not None else None
+        if unknown is not None:
+            return unknown
     reasons = versions.why_not(spec, step.dst)
     if reasons:
+        # Types only grow with versions: say what the target version itself lacks.
+        target_since = max((v for v in onnx_std.versions(Q) if v <= step.target),
+                           default=step.dst)
+        at_final = versions.why_not(spec, target_since)
+        if at_final:
+            reasons = [r.replace(f"{Q}-{target_since}", at_target(Q, step)) for r in at_final]
         return Outcome.refused("; ".join(reasons) + " (a QuantizeLinear's input is computed "
                                "at run time, so it has no exact rewrite)")
     _drop_default_attributes(node, spec, sch.attributes)

@@ -14,7 +14,7 @@ from typing import Literal
 import onnx_ir as ir
 
 from dqtool import codecs, graph, io, versions
-from dqtool.convert import blocked, decompose, generic
+from dqtool.convert import blocked, decompose, generic, value_info
 from dqtool.convert.context import Context, Options, Step
 from dqtool.convert.registry import Outcome, Registry, default_registry
 from dqtool.convert.report import ConversionRefused, ConvertReport, NodeChange, NodeRefusal
@@ -34,7 +34,8 @@ def run(model_or_path: ir.Model | str | os.PathLike, opset: int,
     else:
         model, source = io.load(model_or_path), str(model_or_path)
     src = graph.opset_of(dict(model.opset_imports), "")
-    _check_request(src, opset, direction)
+    _check_request(source, src, opset, direction)
+    declared = None if source == "<model>" else value_info.declared(source)
     report = ConvertReport(source=source, direction=direction, from_opset=src, to_opset=opset,
                            from_ir_version=model.ir_version)
     ctx = Context(model, opset, options, report)
@@ -51,22 +52,26 @@ def run(model_or_path: ir.Model | str | os.PathLike, opset: int,
     _set_opsets(model, opset)
     model.ir_version = io.lowest_ir_version(model)
     report.to_ir_version = model.ir_version
-    report.opset_imports = dict(model.opset_imports)
+    if declared is not None:
+        value_info.drop_added(model, declared)
+    report.opset_imports = {graph.domain_name(d): v for d, v in model.opset_imports.items()}
     report.warnings.extend(ctx.warnings)
     report.model = model
     return report
 
 
-def _check_request(src: int | None, opset: int, direction: str) -> None:
+def _check_request(source: str, src: int | None, opset: int, direction: str) -> None:
     if not 1 <= opset <= io.MAX_ONNX_OPSET:
         raise UsageError(f"--opset {opset} is outside 1..{io.MAX_ONNX_OPSET} (what the "
                          "installed onnx knows)")
     if src is None:
         return
     if direction == "upgrade" and opset < src:
-        raise UsageError(f"the model is at opset {src}; upgrade goes up (use downgrade)")
+        raise UsageError(f"{source} is at ai.onnx opset {src}; upgrade goes up (use "
+                         f"downgrade --opset {opset})")
     if direction == "downgrade" and opset > src:
-        raise UsageError(f"the model is at opset {src}; downgrade goes down (use upgrade)")
+        raise UsageError(f"{source} is at ai.onnx opset {src}; downgrade goes down (use "
+                         f"upgrade --opset {opset})")
 
 
 def _name(node: ir.Node) -> str:

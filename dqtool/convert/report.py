@@ -94,3 +94,15 @@ class ConversionRefused(RefusedError):
         super().__init__(f"cannot convert {report.source} to opset {report.to_opset}: node "
                          f"'{first.node}' ({first.op}): {first.reason}{more}; nothing written")
         self.report = report
+
+
+class CheckFailed(RefusedError):
+    """``--check`` found a difference (or nothing could compare); nothing was written.
+    ``report.check`` has one line per runtime."""
+
+    def __init__(self, report: ConvertReport) -> None:
+        from dqtool.convert import verify
+
+        super().__init__(f"--check failed for {report.source} at opset {report.to_opset}: "
+                         f"{verify.failures(report.check or {})}; nothing written")
+        self.report = report

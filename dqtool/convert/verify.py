@@ -8,6 +8,7 @@ Outputs are compared as bytes, so NaN payloads and signed zeros count too.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -109,9 +110,14 @@ def compare(original: onnx.ModelProto, converted: onnx.ModelProto, seed: int = 0
     checker = _checker(converted)
     if checker != "ok" and _checker(original) != "ok":
         checker = "skipped: the original fails onnx.checker too"
+    qdq_made = {o for n in original.graph.node
+                if n.op_type in ("DequantizeLinear", "QuantizeLinear") for o in n.output[:1]}
+    qdq_final = [i for i, v in enumerate(original.graph.output) if v.name in qdq_made]
     original, converted, extra = with_qdq_outputs(original, converted)
     n_final = len(original.graph.output) - len(extra)
     result: dict[str, Any] = {"ok": True, "runtimes": {}, "inputs_seed": seed}
+    compared = 0
+    reference_agrees = False
     for name, runner in (("dqtool.reference_evaluator", _run_reference),
                          ("onnxruntime (CPU, ORT_DISABLE_ALL)", _run_ort)):
         try:
@@ -122,13 +128,25 @@ def compare(original: onnx.ModelProto, converted: onnx.ModelProto, seed: int = 0
         try:
             b = runner(converted, feeds)
         except Exception as e:
-            result["runtimes"][name] = f"FAILED: converted model does not run ({_first(e)})"
-            result["ok"] = False
+            unsupported = _unsupported(e, converted) if runner is _run_ort else None
+            if unsupported and reference_agrees:
+                # The runtime lacks the target opset / IR version / kernel: that says
+                # nothing about the conversion, which the reference evaluator checked.
+                result["runtimes"][name] = f"skipped ({unsupported})"
+            else:
+                result["runtimes"][name] = ("FAILED: the converted model does not run "
+                                            f"({_first(e)})")
+                result["ok"] = False
             continue
-        qdq_diff = _same(a[n_final:], b[n_final:])
+        compared += 1
+        qa, qb = a[n_final:] + [a[i] for i in qdq_final], b[n_final:] + [b[i] for i in qdq_final]
+        qdq_diff = _same(qa, qb)
         final_diff = _same(a[:n_final], b[:n_final])
         if qdq_diff:
             text, ok = f"DIFFERENT Q/DQ result: {qdq_diff}", False
+        elif final_diff and not qa:
+            # No Q/DQ result vouches for the inputs of the ops that differ.
+            text, ok = f"DIFFERENT: {final_diff}", False
         elif final_diff:
             # Identical Q/DQ results, so the ops after them differ on identical inputs
             # (numpy's MatMul on a transposed view; onnxruntime's float16 MatMul on a
@@ -137,11 +155,63 @@ def compare(original: onnx.ModelProto, converted: onnx.ModelProto, seed: int = 0
                         "rounding on identical inputs)"), True
         else:
             text, ok = "identical", True
+        if runner is _run_reference:
+            reference_agrees = ok
         result["runtimes"][name] = text
         result["ok"] = result["ok"] and ok
+    if not compared:
+        result["ok"] = False
+        result["error"] = "no runtime could run both models, so nothing was compared"
     result["checker"] = checker
     result["ok"] = result["ok"] and not checker.startswith("FAILED")
     return result
+
+
+def describe(check: dict[str, Any]) -> list[str]:
+    """The check as lines a person reads: one per runtime, then onnx.checker."""
+    lines = [f"{name}: {text}" for name, text in check.get("runtimes", {}).items()]
+    if check.get("error"):
+        lines.append(check["error"])
+    if "checker" in check:
+        lines.append(f"onnx.checker: {check['checker']}")
+    return lines
+
+
+def failures(check: dict[str, Any]) -> str:
+    """Why the check failed, in one line."""
+    bad = [f"{name}: {text}" for name, text in check.get("runtimes", {}).items()
+           if text.startswith(("DIFFERENT", "FAILED"))]
+    if check.get("error"):
+        bad.append(check["error"])
+    if str(check.get("checker", "")).startswith("FAILED"):
+        bad.append(f"onnx.checker: {check['checker']}")
+    return "; ".join(bad) or "no runtime compared the models"
+
+
+_ORT_LIMITS = (
+    (re.compile(r"Opset (\d+) is under development.*?domain (\S+) is till opset (\d+)", re.S),
+     lambda m: f"onnxruntime cannot run opset {m[1]}; it supports {m[2]} up to opset {m[3]}"),
+    (re.compile(r"Unsupported model IR version: (\d+), max supported IR version: (\d+)"),
+     lambda m: f"onnxruntime cannot run IR version {m[1]}; it supports up to {m[2]}"),
+    (re.compile(r"NOT_IMPLEMENTED : Could not find an implementation for (\w+)\((\d+)\)"),
+     lambda m: f"onnxruntime has no CPU kernel for {m[1]}-{m[2]} with these types"),
+)
+
+
+def _unsupported(e: Exception, model: onnx.ModelProto) -> str | None:
+    """What onnxruntime lacks, when that (not the model) is why it cannot run it."""
+    text = str(e)
+    for pattern, say in _ORT_LIMITS:
+        m = pattern.search(text)
+        if m:
+            why = say(m)
+            if "IR version" in why:
+                opset = max((o.version for o in model.opset_import
+                             if o.domain in ("", "ai.onnx")), default=None)
+                why = why.replace("; it", f" (which opset {opset} needs); it") \
+                    if opset else why
+            return why
+    return None
 
 
 def _checker(model: onnx.ModelProto) -> str:
@@ -153,5 +223,19 @@ def _checker(model: onnx.ModelProto) -> str:
 
 
 def _first(e: Exception) -> str:
+    """The message, without onnxruntime's C++ source location and function signature."""
     text = str(e).strip()
-    return text.splitlines()[0][:200] if text else type(e).__name__
+    if not text:
+        return type(e).__name__
+    src = text.find("/onnxruntime_src/")
+    if src >= 0:
+        depth, i = 0, text.find("(", src)
+        while 0 <= i < len(text):
+            depth += {"(": 1, ")": -1}.get(text[i], 0)
+            if depth == 0:
+                break
+            i += 1
+        if 0 <= i < len(text):
+            text = text[:src] + text[i + 1:].lstrip()
+    line = " ".join(text.split())
+    return line if len(line) <= 400 else line[:397] + "..."

@@ -1,0 +1,333 @@
+"""Non-Q/DQ ops across opsets (attribute ↔ constant input moves), --check reporting, and
+the wording of refusals. Every conversion is compared bit for bit with dqtool's reference
+evaluator and onnxruntime (CPU, ORT_DISABLE_ALL)."""
+
+from __future__ import annotations
+
+import json
+
+import onnx
+import onnx_ir as ir
+import pytest
+from click.testing import CliRunner
+
+import dqtool
+from dqtool.cli import cli
+from dqtool.convert import CheckFailed, ConversionRefused, verify
+
+ENV = {"NO_COLOR": "1", "COLUMNS": "200"}
+BOTH = ("dqtool.reference_evaluator", "onnxruntime (CPU, ORT_DISABLE_ALL)")
+
+LAYERNORM = """<ir_version: 8, opset_import: ["" : {opset}]>
+g (float[3,8] x) => (float[3,8] y) {{
+    [mean] mu = ReduceMean <axes = [-1]> (x)
+    [sub] d = Sub(x, mu)
+    [two] two = Constant <value = float {{2.0}}> ()
+    [pow] p = Pow(d, two)
+    [var] var = ReduceMean <axes = [-1]> (p)
+    [sqrt] s = Sqrt(var)
+    [div] y = Div(d, s)
+}}"""
+
+# Ops whose attributes become constant inputs between 11 and 21.
+ATTRS_11 = """<ir_version: 7, opset_import: ["" : 11]>
+g (float[4,6] x) => (float[1,6] a, float[2,6] b, float[2,6] b2, float[1,6] c, float[6] d,
+                     float[1,4,6] e, float[4,6] f, float[2,3] g, float[4,6] h) {
+    [rsum] a = ReduceSum <axes = [0]> (x)
+    [split] b, b2 = Split <axis = 0, split = [2, 2]> (x)
+    [rmax] c = ReduceMax <axes = [0], keepdims = 1> (x)
+    [rl2] d = ReduceL2 <axes = [0], keepdims = 0> (x)
+    [unsq] e = Unsqueeze <axes = [0]> (x)
+    [sq] f = Squeeze <axes = [0]> (e)
+    [st] st = Constant <value = int64[2] {1, 2}> ()
+    [en] en = Constant <value = int64[2] {3, 5}> ()
+    [slice] g = Slice(x, st, en)
+    [stf] st_f = Constant <value = float {-0.5}> ()
+    [enf] en_f = Constant <value = float {0.5}> ()
+    [clip] h = Clip(x, st_f, en_f)
+}"""
+
+
+def _save(tmp_path, text: str, name: str = "m.onnx"):
+    model = ir.from_onnx_text(text)
+    path = tmp_path / name
+    ir.save(model, path)
+    return path
+
+
+def _bit_identical(a, b) -> dict:
+    """Every output byte-equal in both runtimes (verify.compare alone tolerates final
+    outputs that differ after identical Q/DQ results; these models have no Q/DQ)."""
+    res = verify.compare(onnx.load(a), onnx.load(b))
+    assert res["ok"], res
+    assert all(res["runtimes"][name] == "identical" for name in BOTH), res
+    return res
+
+
+def _ops(path) -> list[tuple[str, str, tuple[str, ...]]]:
+    m = onnx.load(path)
+    return [(n.name, n.op_type, tuple(sorted(a.name for a in n.attribute))) for n in m.graph.node]
+
+
+@pytest.mark.parametrize("target", [18, 21, 25])
+def test_decomposed_layernorm_upgrades_bit_identical(tmp_path, target):
+    src = _save(tmp_path, LAYERNORM.format(opset=13))
+    out = tmp_path / "o.onnx"
+    report = dqtool.upgrade(src, target, out, check=True)
+    for name in BOTH:
+        assert report.check["runtimes"][name] == "identical", report.check
+    _bit_identical(src, out)
+    m = onnx.load(out)
+    assert m.opset_import[0].version == target
+    names = [n.name for n in m.graph.node]
+    assert names == ["mean", "sub", "two", "pow", "var", "sqrt", "div"]  # names kept
+    means = [n for n in m.graph.node if n.op_type == "ReduceMean"]
+    assert all(len(n.input) == 2 and not n.attribute for n in means)
+    axes = [n.input[1] for n in means]
+    assert len(set(axes)) == 2  # unique names
+    inits = {t.name: onnx.numpy_helper.to_array(t).tolist() for t in m.graph.initializer}
+    assert all(inits[a] == [-1] for a in axes)
+    assert not m.graph.value_info  # none added for the new constants
+    onnx.checker.check_model(m, full_check=True)
+
+
+@pytest.mark.parametrize("via", [13, 18, 21])
+def test_round_trip_through_attribute_moves(tmp_path, via):
+    src = _save(tmp_path, ATTRS_11)
+    up, down = tmp_path / "up.onnx", tmp_path / "down.onnx"
+    dqtool.upgrade(src, via, up, check=True)
+    dqtool.downgrade(up, 11, down, check=True)
+    _bit_identical(src, up)
+    _bit_identical(src, down)
+    # Back to the very same nodes and attributes; the constants made on the way are gone.
+    assert _ops(down) == _ops(src)
+    assert not onnx.load(down).graph.initializer
+    assert not onnx.load(down).graph.value_info
+
+
+def test_round_trip_13_18_13_reduce_and_split(tmp_path):
+    src = _save(tmp_path, """<ir_version: 7, opset_import: ["" : 13]>
+        g (float[4,6] x) => (float[2,6] a, float[2,6] b, float[4] m, float[1,1] s) {
+            [split] a, b = Split <axis = 0> (x)
+            [mean] m = ReduceMean <axes = [1], keepdims = 0> (x)
+            [ax] ax = Constant <value = int64[2] {0, 1}> ()
+            [sum] s = ReduceSum <keepdims = 1> (x, ax)
+        }""")
+    up, down = tmp_path / "up.onnx", tmp_path / "down.onnx"
+    dqtool.upgrade(src, 18, up, check=True)
+    dqtool.downgrade(up, 13, down, check=True)
+    _bit_identical(src, down)
+    assert _ops(down) == _ops(src)
+
+
+def test_downgrade_split_18_without_num_outputs_and_constant_axes(tmp_path):
+    src = _save(tmp_path, """<ir_version: 8, opset_import: ["" : 18]>
+        g (float[4,6] x) => (float[1,6] a, float[3,6] b, float[4] m) {
+            [sp] sp = Constant <value = int64[2] {1, 3}> ()
+            [split] a, b = Split <axis = 0> (x, sp)
+            [ax] ax = Constant <value = int64[1] {1}> ()
+            [mean] m = ReduceMean <keepdims = 0> (x, ax)
+        }""")
+    out = tmp_path / "o.onnx"
+    report = dqtool.downgrade(src, 13, out, check=True)
+    for name in BOTH:
+        assert report.check["runtimes"][name] == "identical", report.check
+    m = onnx.load(out)
+    # The axes Constant is gone; Split (which takes 'split' as an input at 13 too) is as it was.
+    assert [n.op_type for n in m.graph.node] == ["Constant", "Split", "ReduceMean"]
+    assert list(m.graph.node[1].input) == ["x", "sp"]
+    mean = m.graph.node[2]
+    assert list(mean.input) == ["x"]
+    assert onnx.helper.get_attribute_value(
+        next(a for a in mean.attribute if a.name == "axes")) == [1]
+
+
+def test_shared_constant_axes_kept_while_used(tmp_path):
+    src = _save(tmp_path, """<ir_version: 8, opset_import: ["" : 18]>
+        g (float[4,6] x) => (float[4] m, int64[1] k) {
+            [ax] ax = Constant <value = int64[1] {1}> ()
+            [mean] m = ReduceMean <keepdims = 0> (x, ax)
+            [id] ax2 = Identity(ax)
+            [shape] k = Shape(ax2)
+        }""")
+    out = tmp_path / "o.onnx"
+    dqtool.downgrade(src, 13, out, check=True)
+    assert "Constant" in [n.op_type for n in onnx.load(out).graph.node]
+
+
+@pytest.mark.parametrize(("rows", "sizes"), [(6, None), (7, [3, 3, 1]), (5, [2, 2, 1])])
+def test_split_num_outputs_down(tmp_path, rows, sizes):
+    src = _save(tmp_path, f"""<ir_version: 8, opset_import: ["" : 18]>
+        g (float[{rows},2] x) => (float[?,2] a, float[?,2] b, float[?,2] c) {{
+            [split] a, b, c = Split <axis = 0, num_outputs = 3> (x)
+        }}""")
+    out = tmp_path / "o.onnx"
+    dqtool.downgrade(src, 13, out, check=True)
+    _bit_identical(src, out)
+    split = onnx.load(out).graph.node[0]
+    assert not split.attribute or [a.name for a in split.attribute] == ["axis"]
+    if sizes is None:
+        assert list(split.input) == ["x"]
+    else:
+        init = onnx.load(out).graph.initializer[0]
+        assert onnx.numpy_helper.to_array(init).tolist() == sizes
+
+
+def test_split_num_outputs_unknown_size_refused(tmp_path):
+    src = _save(tmp_path, """<ir_version: 8, opset_import: ["" : 18]>
+        g (float[N,2] x) => (float[?,2] a, float[?,2] b) {
+            [split] a, b = Split <axis = 0, num_outputs = 2> (x)
+        }""")
+    with pytest.raises(ConversionRefused) as info:
+        dqtool.downgrade(src, 13)
+    assert "size of axis 0 of 'x' is unknown" in info.value.report.refusals[0].reason
+
+
+def test_downgrade_runtime_axes_refused_readably(tmp_path):
+    src = _save(tmp_path, """<ir_version: 8, opset_import: ["" : 18]>
+        g (float[4,6] x, int64[1] ax) => (float[4] m) {
+            [mean] m = ReduceMean <keepdims = 0> (x, ax)
+        }""")
+    with pytest.raises(ConversionRefused) as info:
+        dqtool.downgrade(src, 13)
+    reason = info.value.report.refusals[0].reason
+    assert "'axes' ('ax') is computed at run time" in reason
+    assert "ReduceMean-13 needs it as an attribute" in reason
+
+
+def test_upgrade_inside_function_uses_constant_node(tmp_path):
+    src = _save(tmp_path, """<ir_version: 8, opset_import: ["" : 13, "local" : 1]>
+        g (float[3,8] x) => (float[3,1] y) {
+            [call] y = local.F(x)
+        }
+        <domain: "local", opset_import: ["" : 13]>
+        F (a) => (b) {
+            [mean] b = ReduceMean <axes = [-1]> (a)
+        }""")
+    out = tmp_path / "o.onnx"
+    dqtool.upgrade(src, 21, out, check=True)
+    _bit_identical(src, out)
+    fn = onnx.load(out).functions[0]
+    assert [n.op_type for n in fn.node] == ["Constant", "ReduceMean"]
+    assert fn.node[1].name == "mean" and len(fn.node[1].input) == 2
+
+
+# --- --check reporting ------------------------------------------------------------------
+
+def test_check_skips_runtime_that_lacks_the_opset(tmp_path):
+    src = _save(tmp_path, LAYERNORM.format(opset=13))
+    r = CliRunner().invoke(cli, ["upgrade", str(src), "--opset", "28", "--check", "-o",
+                                 str(tmp_path / "o.onnx")], env=ENV)
+    assert r.exit_code == 0, r.output
+    assert "skipped (onnxruntime cannot run" in r.stdout
+    assert "opset 28" in r.stdout
+    assert "dqtool.reference_evaluator: identical" in r.stdout
+    assert "{" not in r.stdout and "'ok'" not in r.output
+
+
+def test_check_failure_is_readable(tmp_path):
+    text = """<ir_version: 8, opset_import: ["" : 13]>
+        g (int8[2,3] x) => (float[2,3] y) <float s = {{{s}}}> {{
+            [dq] y = DequantizeLinear(x, s)
+        }}"""
+    a = ir.to_proto(ir.from_onnx_text(text.format(s=0.5)))
+    b = ir.to_proto(ir.from_onnx_text(text.format(s=0.25)))
+    res = verify.compare(a, b)
+    assert not res["ok"]
+    lines = verify.describe(res)
+    assert any(line.startswith("dqtool.reference_evaluator: DIFFERENT") for line in lines)
+    assert "onnx.checker: ok" in lines
+
+    report = dqtool.convert.ConvertReport("m.onnx", "upgrade", 13, 21, check=res)
+    msg = str(CheckFailed(report))
+    assert msg.startswith("--check failed for m.onnx at opset 21: ")
+    assert "DIFFERENT" in msg and "{" not in msg and "nothing written" in msg
+    assert CheckFailed(report).exit_code == 1
+
+
+def test_check_fails_when_nothing_compared():
+    a = ir.to_proto(ir.from_onnx_text("""<ir_version: 8, opset_import: ["" : 13, "x": 1]>
+        g (float[2,3] x) => (float[2,3] y) { y = x.Unknown(x) }"""))
+    res = verify.compare(a, a)
+    assert not res["ok"]
+    assert "nothing was compared" in res["error"]
+
+
+# --- messages ---------------------------------------------------------------------------
+
+def test_wrong_direction_names_the_file(tmp_path):
+    src = _save(tmp_path, LAYERNORM.format(opset=13), "ln.onnx")
+    r = CliRunner().invoke(cli, ["downgrade", str(src), "--opset", "19"], env=ENV)
+    assert r.exit_code == 2
+    assert str(src) in r.stderr and "is at ai.onnx opset 13" in r.stderr
+
+
+@pytest.mark.parametrize(("target", "needle"), [
+    (13, "int16 is not a quantized type of QuantizeLinear-13"),
+    (20, "int16 is not a quantized type of QuantizeLinear at opset 20 (QuantizeLinear-19)"),
+])
+def test_refusal_names_the_target_version(target, needle):
+    from tests.test_convert import MODELS
+
+    with pytest.raises(ConversionRefused) as info:
+        dqtool.downgrade(MODELS / "ort_qdq_int16.onnx", target)
+    reasons = [r.reason for r in info.value.report.refusals]
+    assert any(needle in r for r in reasons), reasons
+
+
+def test_no_value_info_added_and_json_domain_key(tmp_path):
+    from tests.test_convert import MODELS
+
+    out = tmp_path / "o.onnx"
+    r = CliRunner().invoke(cli, ["upgrade", str(MODELS / "dq13_int8_per_axis.onnx"),
+                                 "--opset", "21", "-o", str(out), "--json"], env=ENV)
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.stdout)["opset_imports"] == {"ai.onnx": 21}
+    before = {v.name for v in onnx.load(MODELS / "dq13_int8_per_axis.onnx").graph.value_info}
+    assert {v.name for v in onnx.load(out).graph.value_info} == before
+
+
+def test_value_info_kept_where_it_was(tmp_path):
+    from tests.test_convert import MODELS
+
+    src = tmp_path / "vi.onnx"
+    m = onnx.load(MODELS / "dq13_int8_per_axis.onnx")
+    t = m.graph.initializer[0]
+    m.graph.value_info.append(onnx.helper.make_tensor_value_info(t.name, t.data_type,
+                                                                 list(t.dims)))
+    onnx.save(m, src)
+    dqtool.upgrade(src, 21, tmp_path / "o.onnx")
+    assert [v.name for v in onnx.load(tmp_path / "o.onnx").graph.value_info] == [t.name]
+
+
+# --- DequantizeLinear inside a model-local function -----------------------------------
+
+def test_dq_in_function_downgrades(tmp_path):
+    from tests.test_convert import MODELS
+
+    out = tmp_path / "o.onnx"
+    report = dqtool.downgrade(MODELS / "dq_in_function.onnx", 19, out, check=True)
+    for name in BOTH:
+        assert report.check["runtimes"][name] == "identical", report.check
+
+
+FUNC_INT16 = """<ir_version: 10, opset_import: ["" : 21, "local" : 1]>
+g (float[2,3] x) => (float[2,3] y, float[2,3] z) <int16[2,3] q1 = {1,2,3,4,5,6},
+        int8[2,3] q2 = {1,2,3,4,5,6}, float s = {0.5}> {
+    [c1] y = local.F(q1, s)
+    [c2] z = local.F(q2, s)
+}
+<domain: "local", opset_import: ["" : 21]>
+F (q, sc) => (out) {
+    [dq] out = DequantizeLinear(q, sc)
+}"""
+
+
+def test_dq_in_function_unknown_type_is_said_without_none(tmp_path):
+    src = _save(tmp_path, FUNC_INT16)
+    with pytest.raises(ConversionRefused) as info:
+        dqtool.downgrade(src, 19)
+    reason = info.value.report.refusals[0].reason
+    assert "'q' (function input of local.F) is int16 at some call site" in reason
+    assert "DequantizeLinear-19" in reason
+    assert "None" not in str(info.value) and "?" not in reason
