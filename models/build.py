@@ -1553,6 +1553,24 @@ def ort_qdq_per_channel(name):
 
 
 @spec(
+    file="ort_qdq_per_tensor.onnx",
+    holds="the same conv net quantized by quantize_static with its defaults (QDQ, "
+    "per-tensor): its int32 bias DQs have a (1,) scale beside a scalar zero point, which "
+    "onnx and every runtime accept as per-tensor",
+    domain="ai.onnx 13",
+    types="uint8, int8, int32 / float",
+    granularity="per-tensor",
+)
+def ort_qdq_per_tensor(name):
+    from onnxruntime.quantization import QuantFormat
+
+    m = _quantize_static(float_convnet(13), 1, quant_format=QuantFormat.QDQ)
+    return normalize(
+        m, "onnxruntime.quantization.quantize_static(QDQ) with default options of a float "
+        "conv net")
+
+
+@spec(
     file="ort_qdq_contrib.onnx",
     holds="small MLP (MatMul + Add) quantized by quantize_static with UseQDQContribOps: "
     "com.microsoft Q/DQ, per_channel=True, activations uint8, weights int8 per-axis; the Add "

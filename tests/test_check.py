@@ -30,8 +30,10 @@ def weights(seed: int = 1):
             r.uniform(0.01, 0.05, 4).astype(np.float32))
 
 
-def test_real_qdq_model_passes_bit_exact():
-    report = check("models/ort_qdq_per_channel.onnx")
+@pytest.mark.parametrize("path", ["models/ort_qdq_per_channel.onnx",
+                                  "models/ort_qdq_per_tensor.onnx"])
+def test_real_qdq_model_passes_bit_exact(path):
+    report = check(path)
     doc = report.to_json()
     assert report.passed and doc["summary"]["bit-exact"] == 12
     assert doc["structure"]["onnx_checker"] == "passed"

@@ -266,3 +266,17 @@ def test_schema_facts_follow_onnx():
     assert "int2" not in onnx_std.schema_facts("DequantizeLinear", 24).quant_types
     assert "float8e8m0" in onnx_std.schema_facts("DequantizeLinear", 24).scale_types
     assert onnx_std.schema_facts("DequantizeLinear", 10).attributes == frozenset()
+
+
+def test_scalar_zero_point_beside_one_element_scale_is_per_tensor():
+    # onnxruntime's quantizer writes int32 bias DQs with scale (1,) and a scalar zero point
+    text = """<ir_version: 10, opset_import: ["" : 13]>
+g (int32[8] x) => (y) <float[1] s = {0.5}, int32 zp = {0}> { y = DequantizeLinear (x, s, zp) }"""
+    s = read(text)
+    assert s.valid and s.granularity == "per-tensor"
+    assert not s.problems
+
+
+def test_two_element_zero_point_beside_one_element_scale_is_still_wrong():
+    s = read(dq_model(13, "int8[4,2]", "float[1]", "", "int8[2]"))
+    assert P_SHAPE in codes(s)

@@ -130,8 +130,9 @@ def test_float8_zero_point_is_dq002_not_dq015():
 def test_invalid_real_models_exit_1_and_healthy_exits_0():
     assert lint("models/invalid_ort_axis_opset11.onnx").exit_code == 1
     assert lint("models/invalid_nncf_uint4_opset17.onnx").exit_code == 1
-    healthy = lint("models/ort_qdq_per_channel.onnx")
-    assert healthy.exit_code == 0 and {f.code for f in healthy.findings} <= {"DQ030"}
+    for name in ("ort_qdq_per_channel", "ort_qdq_per_tensor"):
+        healthy = lint(f"models/{name}.onnx")
+        assert healthy.exit_code == 0 and {f.code for f in healthy.findings} <= {"DQ030"}
 
 
 def test_select_and_ignore_prefixes():

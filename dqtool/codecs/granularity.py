@@ -27,6 +27,10 @@ def _fmt(shape: tuple[Dim, ...] | None) -> str:
     return "(" + ", ".join("?" if d is None else str(d) for d in shape) + ")"
 
 
+def _one_element(shape: tuple[Dim, ...]) -> bool:
+    return len(shape) == 0 or (len(shape) == 1 and shape[0] == 1)
+
+
 def normalize_axis(axis: int, rank: int | None) -> tuple[int, Problem | None]:
     if rank is None:
         return axis, None
@@ -52,7 +56,11 @@ def classify(
     ``where`` names the encoding in messages ("DequantizeLinear-13").
     """
     problems: list[Problem] = []
-    if zp_shape is not None and scale_shape is not None and zp_shape != scale_shape:
+    if zp_shape is not None and scale_shape is not None and zp_shape != scale_shape \
+            and not (_one_element(zp_shape) and _one_element(scale_shape)):
+        # A scalar next to a one-element 1-D tensor is per-tensor either way: onnxruntime's
+        # quantizer writes its int32 bias DQs so, and onnx's checker and every runtime accept
+        # it.
         problems.append(
             Problem(P_SHAPE, f"zero point shape {_fmt(zp_shape)} differs from scale shape "
                     f"{_fmt(scale_shape)}")
