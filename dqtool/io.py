@@ -77,12 +77,22 @@ def _check_external(path: Path, model: onnx.ModelProto) -> set[Path]:
         if os.path.isabs(loc) or Path(loc).drive:
             raise InputError(f"{path}: tensor '{name}' has an absolute external-data location "
                              f"'{loc}'; only paths inside the model's folder are read")
-        target = (base / loc).resolve()
-        if not target.is_relative_to(base):
+        lexical = Path(os.path.normpath(base / loc))
+        if not lexical.is_relative_to(base):
             raise InputError(f"{path}: tensor '{name}' has external-data location '{loc}', "
                              "which escapes the model's folder")
+        target = lexical.resolve()
+        # onnx_ir refuses these two when it reads the data; say so now, in one line.
+        if not target.is_relative_to(base):
+            raise InputError(f"{path}: external data '{loc}' is a symbolic link to {target}, "
+                             "outside the model's folder; only files inside it are read "
+                             "(copy the data next to the model)")
         if not target.is_file():
             raise InputError(f"{path}: external data '{loc}' of tensor '{name}' is missing")
+        if target.stat().st_nlink > 1:
+            raise InputError(f"{path}: external data '{loc}' has {target.stat().st_nlink} "
+                             "hard links; hard-linked data is refused (a hard link can "
+                             "bring in any file); copy it instead")
         size = target.stat().st_size
         offset = int(info.get("offset", 0) or 0)
         length = info.get("length")

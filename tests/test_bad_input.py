@@ -111,3 +111,26 @@ def test_usage_error_exit_2():
     r = subprocess.run([sys.executable, "-m", "dqtool", "inspect"], capture_output=True,
                        text=True)
     assert r.returncode == 2 and "Missing argument" in r.stderr
+
+
+def test_hard_linked_external_data_is_refused_in_one_line(tmp_path):
+    path = _external_model(tmp_path, "w.bin", bytes(16))
+    (tmp_path / "other.bin").hardlink_to(tmp_path / "w.bin")
+    with pytest.raises(InputError, match="hard links"):
+        io.load(path)
+
+
+def test_symlink_out_of_the_folder_is_refused_but_inside_is_read(tmp_path):
+    outside = tmp_path / "blobs"
+    outside.mkdir()
+    (outside / "abc").write_bytes(bytes(range(16)))
+    folder = tmp_path / "model"
+    folder.mkdir()
+    path = _external_model(folder, "w.bin", None)
+    (folder / "w.bin").symlink_to(outside / "abc")
+    with pytest.raises(InputError, match="symbolic link"):
+        io.load(path)
+    (folder / "w.bin").unlink()
+    (folder / "blob").write_bytes(bytes(range(16)))
+    (folder / "w.bin").symlink_to("blob")
+    assert io.load(path).graph.initializers["w"].const_value.numpy().sum() == sum(range(16))
