@@ -331,3 +331,18 @@ def test_dq_in_function_unknown_type_is_said_without_none(tmp_path):
     assert "'q' (function input of local.F) is int16 at some call site" in reason
     assert "DequantizeLinear-19" in reason
     assert "None" not in str(info.value) and "?" not in reason
+
+
+def test_a_step_the_converter_leaves_alone_is_not_reported_as_changed(tmp_path):
+    from onnx import TensorProto, helper
+
+
+    node = helper.make_node("ReduceMean", ["x"], ["y"], name="rm", keepdims=1)
+    g = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT,
+                                                                      [2, 3])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
+    path = tmp_path / "rm13.onnx"
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)],
+                                ir_version=7), path)
+    report = dqtool.upgrade(path, 21, tmp_path / "rm21.onnx")
+    assert report.to_json()["changed"] == []

@@ -137,6 +137,8 @@ def convert(node: ir.Node, step: Step, source_opset: int) -> Outcome:
         if out.status == "refused":
             return out
         done.append(out)
+    # A step onnx's converter left as it was (e.g. ReduceMean without axes) is no change.
+    done = [o for o in done if o.status == "changed"]
     if not done:
         return Outcome.unchanged()
     return Outcome("changed", "; ".join(o.how for o in done),
