@@ -215,7 +215,7 @@ def save(
     try:
         tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=parent))
     except OSError as e:
-        raise InputError(f"{out}: cannot write in {out.parent} ({e.strerror})") from None
+        raise InputError(f"{out}: cannot create a file in {out.parent} ({e.strerror})") from None
     try:
         if external and shard_size is None:
             with external_data.externalized(model, tmp, f"{out.name}.data", callback):

@@ -14,6 +14,8 @@ from typing import Any
 import numpy as np
 import onnx
 
+from dqtool.messages import one_line
+
 ORT_LEVEL = "ORT_DISABLE_ALL"
 ORT_PROVIDER = "CPUExecutionProvider"
 
@@ -23,9 +25,7 @@ class RuntimeFailure(Exception):
 
 
 def _first_line(e: BaseException) -> str:
-    text = str(e).strip() or type(e).__name__
-    line = text.splitlines()[0]
-    return line if len(line) <= 300 else line[:297] + "..."
+    return one_line(e, 300)
 
 
 @dataclass(frozen=True)

@@ -17,6 +17,7 @@ import onnx
 import onnx_ir as ir
 
 from dqtool import types
+from dqtool.messages import one_line
 
 
 def to_proto(model: ir.Model | onnx.ModelProto, base_dir: str | Path | None) -> onnx.ModelProto:
@@ -223,19 +224,4 @@ def _checker(model: onnx.ModelProto) -> str:
 
 
 def _first(e: Exception) -> str:
-    """The message, without onnxruntime's C++ source location and function signature."""
-    text = str(e).strip()
-    if not text:
-        return type(e).__name__
-    src = text.find("/onnxruntime_src/")
-    if src >= 0:
-        depth, i = 0, text.find("(", src)
-        while 0 <= i < len(text):
-            depth += {"(": 1, ")": -1}.get(text[i], 0)
-            if depth == 0:
-                break
-            i += 1
-        if 0 <= i < len(text):
-            text = text[:src] + text[i + 1:].lstrip()
-    line = " ".join(text.split())
-    return line if len(line) <= 400 else line[:397] + "..."
+    return one_line(e)
