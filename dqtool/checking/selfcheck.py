@@ -84,10 +84,6 @@ def _label(spec: QuantSpec) -> str:
     return f"{spec.domain}:{spec.op}:{spec.version}"
 
 
-def _input_names(node: ir.Node) -> list[str | None]:
-    return [None if v is None else v.name for v in node.inputs]
-
-
 def numeric(proto: onnx.ModelProto, model: ir.Model, sites: list[tuple[Site, QuantSpec]],
             feeds: Mapping[str, np.ndarray], notes: list[str]) -> list[NodeCheck]:
     dqs = [(s, spec) for s, spec in sites if spec.is_dequantize]
