@@ -189,3 +189,47 @@ def test_recycling_needs_the_same_size_and_can_be_disabled(recycle_small, monkey
     assert dequantize(x[:4], np.float32(1)).ctypes.data != address  # other size: fresh
     monkeypatch.setenv("DQTOOL_RECYCLE", "0")
     assert dequantize(x, np.float32(1)).base is None  # plain np.empty
+
+
+# Scales at the edges of the shifted-scale path (signed sub-byte codes times 2**shift, scale
+# divided by 2**shift): tiny ones whose quotient would round, signed zeros, infinities, NaN.
+EDGE_SCALES = np.array(
+    [1.0, 0.75, -3.5, 0.0, -0.0, np.inf, -np.inf, np.nan, 2.0**-149, 3 * 2.0**-140,
+     2.0**-126, 2.0**-120, 2.0**-119, 1.5 * 2.0**-122, 3.4e38],
+    np.float32,
+)
+
+
+@pytest.mark.parametrize("dtype", [ml_dtypes.int4, ml_dtypes.int2])
+@pytest.mark.parametrize("positive", [False, True], ids=["edges", "positive"])
+def test_signed_sub_byte_shifted_scale(small_chunks, dtype, positive) -> None:
+    """Every layout, with scales that allow the shifted path or force the shifting one."""
+    rng = np.random.default_rng(7)
+    scales = EDGE_SCALES[EDGE_SCALES > 2.0**-119] if positive else EDGE_SCALES
+    for kind, axis, block in LAYOUTS:
+        x, scale, _ = make_case(rng, dtype, kind, axis, block, with_zp=False)
+        scale = rng.choice(scales, size=scale.shape).astype(np.float32)
+        got = dequantize(x, scale, axis=axis, block_size=block)
+        assert_bits_equal(got, oracle(x, scale, None, axis, block), f"{kind} {axis} {block}")
+    for s in EDGE_SCALES:  # one tiny scale alone decides the path for the whole tensor
+        x = codes(rng, dtype, (6, 40))
+        got = dequantize(x, np.float32(s))
+        assert_bits_equal(got, oracle(x, np.float32(s), None, 0, 0), f"scale {s}")
+
+
+@pytest.mark.parametrize("dtype", [ml_dtypes.int4, ml_dtypes.uint4, np.int8])
+@pytest.mark.parametrize("block", [0, 2, 3])
+def test_long_rows_with_small_ufunc_buffer(small_chunks, dtype, block) -> None:
+    """Axis 0 with rows of 1024..8191 elements runs with a smaller ufunc buffer (one row);
+    results are unchanged and the caller's buffer size is restored."""
+    rng = np.random.default_rng(block)
+    before = np.getbufsize()
+    for q in (1024, 1040, 1999):
+        kind = "blocked" if block else "per-axis"
+        x, scale, zp = make_case(rng, dtype, kind, 0, block, with_zp=True, shape=(7, q))
+        got = dequantize(x, scale, zp, axis=0, block_size=block)
+        assert_bits_equal(got, oracle(x, scale, zp, 0, block), f"q={q}")
+        assert np.getbufsize() == before
+    assert parallel.ufunc_bufsize(1999) == 1984
+    assert parallel.ufunc_bufsize(1023) is None
+    assert parallel.ufunc_bufsize(8192) is None
