@@ -11,13 +11,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 import numpy as np
-import onnx_ir as ir
 
 from dqtool.checking import against as against_mod
 from dqtool.checking import inputs as inputs_mod
 from dqtool.checking import runners, selfcheck
 from dqtool.checking.compare import OutputComparison
-from dqtool.checking.models import ModelLike, load_proto
+from dqtool.checking.models import ModelLike, load
 from dqtool.checking.report import CheckReport
 from dqtool.errors import InputError, UsageError
 
@@ -45,31 +44,39 @@ def check(
             raise UsageError(f"{label} must be a non-negative number, got {tol}")
     if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
         raise UsageError(f"--seed must be a non-negative integer, got {seed!r}")
-    name, proto = load_proto(model_or_path)
+    loaded = load(model_or_path)
+    name, proto = loaded.name, loaded.proto
     feeds, defaulted = inputs_mod.generate(proto, seed=seed, shapes=shapes, given=inputs)
     given = set(inputs or {})
     feed_info = {k: {"shape": list(v.shape), "dtype": str(v.dtype),
                      "source": "given" if k in given else "generated"}
                  for k, v in feeds.items()}
-    notes: list[str] = []
+    notes: list[str] = [n for n in (loaded.note(),) if n]
     common = {"runtimes": (runners.ort_runtime(), runners.reference_runtime()),
               "seed": seed, "rtol": rtol, "atol": atol, "inputs": feed_info,
               "defaulted_dims": tuple(defaulted)}
     if against is not None:
-        other_name, other = load_proto(against)
+        other_loaded = load(against)
+        other_name, other = other_loaded.name, other_loaded.proto
+        if other_loaded.note():
+            notes.append(other_loaded.note())
         mine = {s.name: s for s in inputs_mod.model_inputs(proto)}
         theirs = {s.name: s for s in inputs_mod.model_inputs(other)}
         if _signature(mine) != _signature(theirs):
             raise InputError(f"{name} and {other_name} take different inputs: "
                              f"{_describe(mine)} vs {_describe(theirs)}")
-        comparisons = against_mod.compare_models(proto, other, feeds, rtol=rtol, atol=atol,
-                                                 notes=notes)
+        comparisons = against_mod.compare_models(
+            proto, other, feeds, rtol=rtol, atol=atol, notes=notes,
+            model_dir=loaded.external_dir, original_dir=other_loaded.external_dir)
         return CheckReport(model=name, against=other_name, comparisons=tuple(comparisons),
                            notes=tuple(notes), **common)
-    model = ir.serde.deserialize_model(proto)
+    model = loaded.ir_model()
     sites = selfcheck.quant_sites(model)
-    structure = selfcheck.structure(proto, sites)
-    nodes = selfcheck.numeric(proto, model, sites, feeds, notes)
+    # Past protobuf's limit onnx's checker must read the file itself.
+    structure = selfcheck.structure(
+        proto, sites, loaded.path if loaded.external_dir is not None else None)
+    nodes = selfcheck.numeric(proto, model, sites, feeds, notes,
+                              external_dir=loaded.external_dir)
     if not nodes:
         notes.append("the model has no DequantizeLinear node: nothing to compare")
     return CheckReport(model=name, against=None, structure=structure, nodes=tuple(nodes),

@@ -1,36 +1,115 @@
-"""Getting a model into the two forms a check needs: a protobuf with every tensor in
-memory (what the runtimes take) and the onnx_ir model (what the codecs read)."""
+"""Getting a model into the two forms a check needs: a protobuf (what the runtimes take)
+and the onnx_ir model (what the codecs read).
+
+A model's tensors are read into the protobuf while they fit protobuf's 2 GB limit. Past it
+they stay in their files (``Loaded.external_dir``): onnxruntime reads them from that folder
+(``EXTERNAL_FOLDER_KEY``), the reference evaluator memory-maps them (``in_memory_container``),
+onnx's checker is given the path; the tensor data is never serialized into one protobuf.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
 import onnx
 import onnx_ir as ir
 from onnx import external_data_helper
+from onnx.model_container import ModelContainer
 
 from dqtool import io
 
 # onnxruntime 1.31 loads IR versions up to 13; onnx 1.23's helpers write 14 by default.
 ORT_MAX_IR = 13
 
+# Tensors beyond this many bytes in total stay in their files (protobuf's 2 GB limit).
+MAX_IN_PROTO = onnx.checker.MAXIMUM_PROTOBUF
+# onnxruntime's session option naming the folder of a bytes-loaded model's external data.
+EXTERNAL_FOLDER_KEY = "session.model_external_initializers_file_folder_path"
+
 ModelLike = str | os.PathLike | ir.Model | onnx.ModelProto
 
 
-def load_proto(model: ModelLike) -> tuple[str, onnx.ModelProto]:
-    """(display name, protobuf with external data read in). Bad files raise InputError."""
+@dataclass(frozen=True)
+class Loaded:
+    name: str  # for display
+    proto: onnx.ModelProto
+    # Set when the tensors stay in files: the folder their locations are relative to.
+    external_dir: Path | None = None
+    path: Path | None = None  # the model file, when it came from one
+    external_bytes: int = 0  # the external data's size, when it stays in files
+
+    def ir_model(self) -> ir.Model:
+        model = ir.serde.deserialize_model(self.proto)
+        if self.external_dir is not None:
+            ir.external_data.set_base_dir(model.graph, self.external_dir)
+        return model
+
+    def note(self) -> str | None:
+        if self.external_dir is None:
+            return None
+        return (f"{self.name}: {self.external_bytes / 2**30:.2f} GiB of external data, past "
+                "protobuf's 2 GB limit: kept in its files (onnxruntime reads them from the "
+                "model's folder, the reference evaluator memory-maps them, onnx's checker is "
+                "given the path)")
+
+
+def load(model: ModelLike) -> Loaded:
+    """The model as a check runs it. Bad files raise InputError."""
     if isinstance(model, onnx.ModelProto):
-        return "<memory>", model
+        return Loaded("<memory>", model)
     if isinstance(model, ir.Model):
         proto = ir.to_proto(model)
         base = _external_base(model)
         if base is not None:
             external_data_helper.load_external_data_for_model(proto, str(base))
-        return "<memory>", proto
+        return Loaded("<memory>", proto)
     path = Path(model)
-    io.read_proto(path)  # the safety checks: missing, truncated, escaping external data
-    return str(model), onnx.load_model(str(path), load_external_data=True)
+    # The safety checks (missing, truncated, escaping external data); tensors not read.
+    proto = io.read_proto(path)
+    size = external_size(proto, path.parent)
+    if size + proto.ByteSize() > MAX_IN_PROTO:
+        return Loaded(str(model), proto, path.parent, path, size)
+    external_data_helper.load_external_data_for_model(proto, str(path.parent))
+    return Loaded(str(model), proto, path=path)
+
+
+def external_size(proto: onnx.ModelProto, base: Path) -> int:
+    """Bytes of tensor data the model keeps in external files."""
+    total = 0
+    for t in external_data_helper._get_all_tensors(proto):
+        if not external_data_helper.uses_external_data(t):
+            continue
+        info = external_data_helper.ExternalDataInfo(t)
+        if info.length:
+            total += int(info.length)
+        else:
+            with contextlib.suppress(OSError):  # io.read_proto refuses missing files
+                total += max(0, (base / info.location).stat().st_size - int(info.offset or 0))
+    return total
+
+
+def in_memory_container(proto: onnx.ModelProto, base: Path) -> ModelContainer:
+    """The model for onnx's ReferenceEvaluator with its external initializers
+    memory-mapped (onnx's ModelContainer): nothing is serialized or read ahead. Only
+    main-graph initializers are mapped; the evaluator reads no others this way."""
+    copy = onnx.ModelProto()
+    copy.CopyFrom(proto)
+    large = {}
+    for i, t in enumerate(copy.graph.initializer):
+        if not external_data_helper.uses_external_data(t):
+            continue
+        key = f"#{i}"
+        large[key] = ir.serde.deserialize_tensor(t, str(base)).numpy()
+        for entry in t.external_data:
+            if entry.key == "location":
+                entry.value = key
+    container = ModelContainer()
+    container.model_proto = copy
+    container.set_large_initializers(large)
+    return container
 
 
 def _external_base(model: ir.Model) -> Path | None:

@@ -9,11 +9,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import onnx
 
+from dqtool.checking.models import EXTERNAL_FOLDER_KEY, in_memory_container
 from dqtool.messages import one_line
 
 ORT_LEVEL = "ORT_DISABLE_ALL"
@@ -52,7 +54,10 @@ def reference_runtime() -> Runtime:
 
 
 def run_ort(model: onnx.ModelProto, feeds: Mapping[str, np.ndarray],
-            outputs: Sequence[str] | None = None) -> dict[str, np.ndarray]:
+            outputs: Sequence[str] | None = None,
+            external_dir: Path | None = None) -> dict[str, np.ndarray]:
+    """Run on onnxruntime; with ``external_dir`` the model's external tensors are left in
+    their files and onnxruntime reads them from that folder (only the graph is serialized)."""
     try:
         import onnxruntime as ort
     except ImportError as e:
@@ -60,6 +65,8 @@ def run_ort(model: onnx.ModelProto, feeds: Mapping[str, np.ndarray],
     so = ort.SessionOptions()
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     so.log_severity_level = 4  # failures reach us as exceptions; keep stderr clean
+    if external_dir is not None:
+        so.add_session_config_entry(EXTERNAL_FOLDER_KEY, str(external_dir))
     try:
         sess = ort.InferenceSession(model.SerializeToString(), so, providers=[ORT_PROVIDER])
     except Exception as e:  # onnxruntime raises its own exception types
@@ -73,11 +80,15 @@ def run_ort(model: onnx.ModelProto, feeds: Mapping[str, np.ndarray],
 
 
 def run_reference(model: onnx.ModelProto, feeds: Mapping[str, np.ndarray],
-                  outputs: Sequence[str] | None = None) -> dict[str, np.ndarray]:
+                  outputs: Sequence[str] | None = None,
+                  external_dir: Path | None = None) -> dict[str, np.ndarray]:
+    """Run on dqtool's reference evaluator; with ``external_dir`` the model's external
+    tensors are memory-mapped from that folder, never read into the protobuf."""
     from dqtool import reference_evaluator
 
     try:
-        sess = reference_evaluator(model)
+        sess = reference_evaluator(model if external_dir is None
+                                   else in_memory_container(model, external_dir))
     except Exception as e:  # a model the evaluator cannot load is a finding, not a crash
         raise RuntimeFailure(_first_line(e)) from None
     names = list(outputs) if outputs is not None else [o.name for o in model.graph.output]

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -62,9 +63,12 @@ class Structure:
                 "problems": list(self.problems)}
 
 
-def structure(proto: onnx.ModelProto, sites: list[tuple[Site, QuantSpec]]) -> Structure:
+def structure(proto: onnx.ModelProto, sites: list[tuple[Site, QuantSpec]],
+              path: Path | None = None) -> Structure:
+    """``path``: check the file instead of ``proto`` (a model past protobuf's 2 GB limit
+    must be given to onnx's checker as a path)."""
     try:
-        onnx.checker.check_model(proto, full_check=True)
+        onnx.checker.check_model(proto if path is None else str(path), full_check=True)
         checker = None
     except Exception as e:  # checker and shape inference raise several types
         checker = runners._first_line(e)
@@ -85,7 +89,9 @@ def _label(spec: QuantSpec) -> str:
 
 
 def numeric(proto: onnx.ModelProto, model: ir.Model, sites: list[tuple[Site, QuantSpec]],
-            feeds: Mapping[str, np.ndarray], notes: list[str]) -> list[NodeCheck]:
+            feeds: Mapping[str, np.ndarray], notes: list[str],
+            external_dir: Path | None = None) -> list[NodeCheck]:
+    """``external_dir``: where the model's external tensors stay (None: in ``proto``)."""
     dqs = [(s, spec) for s, spec in sites if spec.is_dequantize]
     main = [(s, spec) for s, spec in dqs if s.graph == "main"]
     to_ort, to_ref = _exposable(main)
@@ -94,7 +100,8 @@ def numeric(proto: onnx.ModelProto, model: ir.Model, sites: list[tuple[Site, Qua
     if note:
         notes.append(note)
     try:
-        ort_values = runners.run_ort(ort_model, feeds, [o.name for o in ort_model.graph.output])
+        ort_values = runners.run_ort(ort_model, feeds, [o.name for o in ort_model.graph.output],
+                                     external_dir=external_dir)
     except runners.RuntimeFailure as e:
         notes.append(f"onnxruntime cannot run the whole model ({e}); each DequantizeLinear "
                      "ran alone, its inputs from dqtool's reference evaluator")
@@ -102,7 +109,8 @@ def numeric(proto: onnx.ModelProto, model: ir.Model, sites: list[tuple[Site, Qua
     ref_values: dict[str, np.ndarray] = {}
     if to_ref:
         try:
-            ref_values = runners.run_reference(_expose(proto, to_ref), feeds, to_ref)
+            ref_values = runners.run_reference(_expose(proto, to_ref), feeds, to_ref,
+                                               external_dir=external_dir)
         except runners.RuntimeFailure as e:
             notes.append(f"dqtool's reference evaluator cannot run the model ({e}); only "
                          "DequantizeLinear nodes with constant inputs were checked")
