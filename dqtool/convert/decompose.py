@@ -86,12 +86,4 @@ def decompose(step: Step, spec: QuantSpec, reasons: list[str]) -> Outcome:
 
 
 def _cast_from(qt: str, opset: int) -> bool:
-    import onnx
-
-    try:
-        s = onnx.defs.get_schema("Cast", opset, "")
-    except onnx.defs.SchemaError:
-        return False
-    allowed = {t for c in s.type_constraints if c.type_param_str == "T1"
-               for t in c.allowed_type_strs}
-    return f"tensor({qt})" in allowed
+    return cast_allowed(qt, opset, side="T1")

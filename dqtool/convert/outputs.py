@@ -20,13 +20,13 @@ from dqtool.convert.registry import Outcome
 from dqtool.spec import QuantSpec
 
 
-def cast_allowed(to: str, opset: int) -> bool:
-    """Cast at ``opset`` can produce ``to``."""
+def cast_allowed(to: str, opset: int, side: str = "T2") -> bool:
+    """Cast at ``opset`` can produce ``to`` (``side="T1"``: can take it as input)."""
     try:
         s = onnx.defs.get_schema("Cast", opset, "")
     except onnx.defs.SchemaError:
         return False
-    allowed = {t for c in s.type_constraints if c.type_param_str == "T2"
+    allowed = {t for c in s.type_constraints if c.type_param_str == side
                for t in c.allowed_type_strs}
     return f"tensor({to})" in allowed
 
