@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import gc
+import importlib
 
 import ml_dtypes
 import numpy as np
@@ -233,3 +234,29 @@ def test_long_rows_with_small_ufunc_buffer(small_chunks, dtype, block) -> None:
     assert parallel.ufunc_bufsize(1999) == 1984
     assert parallel.ufunc_bufsize(1023) is None
     assert parallel.ufunc_bufsize(8192) is None
+
+
+def test_blocked_layouts_use_larger_chunks(monkeypatch) -> None:
+    """Blocked layouts plan chunks of BLOCKED_CHUNK_FACTOR x the budget; results unchanged,
+    including chunk edges that cut blocks at the larger size."""
+    dq_module = importlib.import_module("dqtool.kernel.dequantize")  # the name is the function
+    assert parallel.plan(5, 40, 3, align=4, budget=50, factor=2) == parallel.plan(
+        5, 40, 3, align=4, budget=100
+    )
+    factors = []
+    real_plan = parallel.plan
+
+    def spy(*args, **kwargs):
+        factors.append(kwargs.get("factor", 1))
+        return real_plan(*args, **{**kwargs, "budget": 61})
+
+    monkeypatch.setattr(parallel, "plan", spy)
+    monkeypatch.setattr(parallel, "PARALLEL_MIN", 0)
+    rng = np.random.default_rng(11)
+    for kind, axis, block in LAYOUTS:
+        factors.clear()
+        x, scale, zp = make_case(rng, ml_dtypes.int4, kind, axis, block, with_zp=axis == 0)
+        got = dequantize(x, scale, zp, axis=axis, block_size=block)
+        assert_bits_equal(got, oracle(x, scale, zp, axis, block), f"{kind} {axis} {block}")
+        want = dq_module.BLOCKED_CHUNK_FACTOR if kind == "blocked" else 1
+        assert factors == [want], kind

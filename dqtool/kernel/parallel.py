@@ -44,14 +44,18 @@ def _executor() -> ThreadPoolExecutor:
         return _pool
 
 
-def plan(p: int, d: int, q: int, align: int = 1, budget: int = CHUNK) -> list[Chunk]:
-    """Split ``(P, D, Q)`` into contiguous chunks of at most about ``budget`` elements.
+def plan(
+    p: int, d: int, q: int, align: int = 1, budget: int = CHUNK, factor: int = 1
+) -> list[Chunk]:
+    """Split ``(P, D, Q)`` into contiguous chunks of at most about ``factor * budget`` elements.
 
     Splits along D start on multiples of ``align`` when possible so that most chunks hold
-    whole blocks (cheaper broadcasting of the scale).
+    whole blocks (cheaper broadcasting of the scale). ``factor`` scales the budget rather
+    than replacing it, so a caller (or a test) that shrinks ``budget`` still shrinks chunks.
     """
     if p * d * q == 0:
         return []
+    budget *= factor
     row = d * q
     if row <= budget:
         step = max(1, budget // row)
