@@ -141,10 +141,6 @@ def fold_cmd(app: App, model: str, out: str | None, as_json: bool, op_types: tup
     from dqtool.folding import fold
 
     shard = parse_size(shard_size)
-    if op_types:
-        # Op types are open-ended (custom ops), so an unknown one is not an error; but a
-        # typo would silently fold nothing. Scanned before folding, the model released.
-        _warn_unfed_op_types(app, io, model, op_types)
     options = dict(op_types=op_types, include=include, exclude=exclude, x_types=x_types,
                    min_elements=min_elements, dtype=dtype, external_data=external_data or None,
                    shard_size=shard, in_place=in_place, prepack_guard=prepack_guard)
@@ -157,6 +153,10 @@ def fold_cmd(app: App, model: str, out: str | None, as_json: bool, op_types: tup
             report = fold(model, out, dry_run=dry_run, progress=bar, **options)
     else:
         report = fold(model, out, dry_run=dry_run, **options)
+    if op_types:
+        # Op types are open-ended (custom ops), so an unknown one is not an error; but a
+        # typo would silently fold nothing.
+        _warn_unfed_op_types(app, report.fed_op_types, op_types)
     if as_json:
         app.print_json(report.to_json())
     else:
@@ -165,19 +165,9 @@ def fold_cmd(app: App, model: str, out: str | None, as_json: bool, op_types: tup
         raise SystemExit(report.exit_code)
 
 
-def fed_op_types(model: Any) -> set[str]:
-    """The op types that some DequantizeLinear (any domain, any graph) feeds."""
-    from dqtool import graph
-
-    return {use.node.op_type for site in graph.walk(model)
-            if site.node.op_type == "DequantizeLinear"
-            for out in site.node.outputs[:1] for use in out.uses()}
-
-
-def _warn_unfed_op_types(app: App, io, model: str, op_types: tuple[str, ...]) -> None:
+def _warn_unfed_op_types(app: App, fed: set[str], op_types: tuple[str, ...]) -> None:
     from dqtool.folding.selection import split_list
 
-    fed = fed_op_types(io.load(model))
     unfed = [t for t in dict.fromkeys(split_list(op_types)) if t not in fed]
     if unfed:
         near = sorted({f for t in unfed for f in fed if f.lower() == t.lower()})

@@ -82,6 +82,7 @@ def fold(
         model=None if src is None else str(src), output=None if target is None else str(target),
         dry_run=dry_run, dtype=dtype, folded=fold_pass.folded, left=fold_pass.left,
         removed=fold_pass.removed, kept=fold_pass.kept, guarded=fold_pass.guarded,
+        fed_op_types=fold_pass.fed_op_types,
         bytes_before=before,
         bytes_after=io.tensor_bytes(model), ir_version=model.ir_version,
         opset_imports=dict(model.opset_imports), result=None if dry_run else model,

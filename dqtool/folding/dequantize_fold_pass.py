@@ -60,6 +60,7 @@ class DequantizeFoldPass(ir.passes.InPlacePass):
         self.left: list[LeftNode] = []
         self.removed: list[str] = []
         self.kept: list[str] = []
+        self.fed_op_types: set[str] = set()  # what DQs fed before folding (for --op-types)
 
     def call(self, model: ir.Model) -> ir.passes.PassResult:
         self._model = model
@@ -67,6 +68,7 @@ class DequantizeFoldPass(ir.passes.InPlacePass):
         # Collect first: folding edits the graphs being walked.
         sites = [s for s in graph.walk(model)
                  if s.node.op_type == "DequantizeLinear" and codecs.is_quant_node(s.node)]
+        self.fed_op_types = {use.node.op_type for s in sites for use in s.node.outputs[0].uses()}
         inputs: list[ir.Value] = []
         for site in sites:
             before = [v for v in site.node.inputs if v is not None]

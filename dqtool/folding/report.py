@@ -71,6 +71,7 @@ class FoldReport:
     removed: list[str] = field(default_factory=list)  # quantized constants nothing uses now
     kept: list[str] = field(default_factory=list)  # quantized constants still used elsewhere
     guarded: int = 0  # folded weights routed through an Identity (prepack guard)
+    fed_op_types: set[str] = field(default_factory=set)  # op types DQs fed before folding
     bytes_before: int = 0  # initializer bytes of the input
     bytes_after: int = 0  # ... and of the result
     ir_version: int | None = None
