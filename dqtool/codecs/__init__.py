@@ -23,12 +23,14 @@ REGISTRY: dict[tuple[str, str, int], Codec] = {
 }
 DOMAINS = frozenset(domain for domain, _, _ in REGISTRY)
 _KNOWN_OPS = frozenset((domain, op) for domain, op, _ in REGISTRY)
+# (domain, op) -> its since-versions, oldest first: lookup runs once per node and step.
+_SINCE = {key: sorted(v for d, o, v in REGISTRY if (d, o) == key) for key in _KNOWN_OPS}
 
 
 def lookup(domain: str, op: str, version: int) -> Codec | None:
     """The codec governing ``op`` of ``domain`` at ``version``, or None if none does."""
     domain = graph.domain_name(domain)
-    since = sorted(v for d, o, v in REGISTRY if d == domain and o == op)
+    since = _SINCE.get((domain, op), [])
     i = bisect.bisect_right(since, version)
     return REGISTRY[(domain, op, since[i - 1])] if i else None
 
