@@ -82,14 +82,6 @@ def nibble_pair_values(dtype: np.dtype) -> np.ndarray:
     return table
 
 
-@cache
-def code_values_16(dtype: np.dtype) -> np.ndarray:
-    """float32 value of every 16-bit code (int16/uint16): a 256 KiB table, L2-resident."""
-    table = np.arange(65536, dtype=np.uint32).astype(np.uint16).view(dtype).astype(np.float32)
-    table.setflags(write=False)
-    return table
-
-
 def unsigned_view(a: np.ndarray) -> np.ndarray:
     """The raw codes of a contiguous array as unsigned integers of the same width."""
     return a.view({1: np.uint8, 2: np.uint16, 4: np.uint32}[a.dtype.itemsize])

@@ -3,7 +3,7 @@ which ``dqtool downgrade`` rewrite gets it there (SEMANTICS.md §1; issue 4's re
 
 from __future__ import annotations
 
-from dqtool import types, versions
+from dqtool import versions
 from dqtool.codecs import onnx_std
 from dqtool.linting.targets.base import Candidate, Profile, or_fold, to_ai_onnx_fix
 from dqtool.spec import QuantSpec
@@ -55,9 +55,6 @@ def profile(n: int) -> Profile:
         for reason in versions.why_not(spec, since):
             code = _code(reason)
             c.add(code, reason, _fix(spec, code, n))
-        if spec.quant_type in types.FLOAT_QUANT and not c.issues and since < 19:
-            c.add("DQ101", f"{spec.quant_type} needs DequantizeLinear 19+",
-                  _fix(spec, "DQ101", n))
         return [c]
 
     return Profile(f"onnx-opset-{n}", f"ai.onnx opset {n}", candidates, max_opset=n,
