@@ -56,6 +56,11 @@ def schema_facts(op: str, since_version: int) -> Schema:
     )
 
 
+def since_at(op: str, opset: int) -> int | None:
+    """The since-version of ai.onnx ``op`` in force at ``opset`` (None before it exists)."""
+    return max((v for v in versions(op) if v <= opset), default=None)
+
+
 @cache
 def versions(op: str) -> tuple[int, ...]:
     """The since-versions of an op in the installed onnx, oldest first."""

@@ -143,7 +143,7 @@ def _drop_default_attributes(node: ir.Node, spec: QuantSpec, allowed: frozenset[
 
 def at_target(op: str, step: Step) -> str:
     """``QuantizeLinear at opset 20 (QuantizeLinear-19)``: the version the user asked for."""
-    since = max((v for v in onnx_std.versions(op) if v <= step.target), default=None)
+    since = onnx_std.since_at(op, step.target)
     if since is None or since == step.target:
         return f"{op}-{step.target}"
     return f"{op} at opset {step.target} ({op}-{since})"
@@ -223,8 +223,7 @@ def lower_q(node: ir.Node, step: Step) -> Outcome:
     reasons = versions.why_not(spec, step.dst)
     if reasons:
         # Types only grow with versions: say what the target version itself lacks.
-        target_since = max((v for v in onnx_std.versions(Q) if v <= step.target),
-                           default=step.dst)
+        target_since = onnx_std.since_at(Q, step.target) or step.dst
         at_final = versions.why_not(spec, target_since)
         if at_final:
             reasons = [r.replace(f"{Q}-{target_since}", at_target(Q, step)) for r in at_final]

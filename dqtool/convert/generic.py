@@ -19,19 +19,13 @@ import onnx
 import onnx_ir as ir
 
 from dqtool import graph
+from dqtool.codecs import onnx_std
 from dqtool.convert.context import Step
 from dqtool.convert.registry import Outcome
 
-
-@cache
-def since_versions(op: str) -> tuple[int, ...]:
-    return tuple(sorted(s.since_version for s in onnx.defs.get_all_schemas_with_history()
-                        if s.name == op and s.domain == ""))
-
-
-def since_at(op: str, opset: int) -> int | None:
-    vs = [v for v in since_versions(op) if v <= opset]
-    return vs[-1] if vs else None
+# Any ai.onnx op's versions, from onnx's schemas (the codecs' lookup serves every op).
+since_versions = onnx_std.versions
+since_at = onnx_std.since_at
 
 
 @cache

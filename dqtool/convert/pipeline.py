@@ -105,16 +105,11 @@ def _convert_site(site: graph.Site, ctx: Context, reg: Registry) -> Outcome:
     return _finish(node, step, out)
 
 
-def _since(op: str, opset: int) -> int | None:
-    vs = [v for v in generic.since_versions(op) if v <= opset]
-    return vs[-1] if vs else None
-
-
 def _walk_versions(node: ir.Node, step: Step, src_opset: int, reg: Registry,
                    src_since: int | None = None) -> Outcome:
     op = node.op_type
-    src = src_since or _since(op, src_opset)
-    dst = _since(op, step.target)
+    src = src_since or generic.since_at(op, src_opset)
+    dst = generic.since_at(op, step.target)
     if src is None:
         return Outcome.refused(f"{op} does not exist at the source opset {src_opset}")
     if dst is None:
@@ -162,7 +157,7 @@ def _from_foreign(node: ir.Node, step: Step, domain: str, reg: Registry) -> Outc
     adapter = reg.get(domain, node.op_type, 1, "onnx")
     if adapter is None:
         return Outcome.unchanged()
-    dst = _since(node.op_type, step.target)
+    dst = generic.since_at(node.op_type, step.target)
     if dst is None:
         return Outcome("kept", f"left as {domain}", f"{node.op_type} does not exist at opset "
                        f"{step.target}")
@@ -180,7 +175,7 @@ def _from_foreign(node: ir.Node, step: Step, domain: str, reg: Registry) -> Outc
 
 
 def _finish(node: ir.Node, step: Step, out: Outcome) -> Outcome:
-    dst = _since(node.op_type, step.target)
+    dst = generic.since_at(node.op_type, step.target)
     if step.ctx.options.per_axis and node.op_type == "DequantizeLinear":
         spec = codecs.read_node(node, {"": dst})
         if spec.granularity == "blocked" and not spec.errors:

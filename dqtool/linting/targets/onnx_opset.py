@@ -39,7 +39,7 @@ def _fix(spec: QuantSpec, code: str, n: int) -> str | None:
 
 
 def profile(n: int) -> Profile:
-    since = max((v for v in onnx_std.versions("DequantizeLinear") if v <= n), default=None)
+    since = onnx_std.since_at("DequantizeLinear", n)
 
     def candidates(spec: QuantSpec, opset: int) -> list[Candidate]:
         c = Candidate(f"ai.onnx DequantizeLinear at opset {n}")
