@@ -5,8 +5,6 @@ from __future__ import annotations
 from dqtool.codecs import onnx_std
 from dqtool.spec import QuantSpec
 
-_GRANULARITY_SINCE = {"per-tensor": 10, "per-axis": 13, "blocked": 21}
-
 
 def why_not(spec: QuantSpec, since_version: int) -> list[str]:
     """The reasons ai.onnx ``spec.op`` at ``since_version`` cannot express ``spec``
@@ -28,7 +26,7 @@ def why_not(spec: QuantSpec, since_version: int) -> list[str]:
             spec.float_type != spec.scale_type and "precision" not in sch.attributes and \
             since_version >= 19:
         reasons.append(f"scale {spec.scale_type} differs from input {spec.float_type} (23+)")
-    need = _GRANULARITY_SINCE.get(spec.granularity or "per-tensor", 10)
+    need = onnx_std.GRANULARITY_SINCE.get(spec.granularity or "per-tensor", 10)
     if since_version < need:
         reasons.append(f"{spec.granularity} needs {spec.op} {need}+")
     return reasons

@@ -23,6 +23,7 @@ from dqtool import codecs, graph, types
 from dqtool.checking import compare, runners, single_node
 from dqtool.checking.models import for_ort
 from dqtool.graph import Site
+from dqtool.messages import one_line
 from dqtool.spec import QuantSpec
 
 BIT_EXACT, MISMATCH, KERNEL_ONLY, SKIPPED, ERROR = (
@@ -71,7 +72,7 @@ def structure(proto: onnx.ModelProto, sites: list[tuple[Site, QuantSpec]],
         onnx.checker.check_model(proto if path is None else str(path), full_check=True)
         checker = None
     except Exception as e:  # checker and shape inference raise several types
-        checker = runners._first_line(e)
+        checker = one_line(e, 300)
     problems = tuple(
         {"node": s.node.name or "", "graph": s.graph, "code": p.code,
          "severity": p.severity, "message": p.message}

@@ -20,6 +20,8 @@ from dqtool.codecs.granularity import classify
 from dqtool.spec import P_PRECISION, P_TYPE, Problem, QuantSpec
 
 OPS = ("DequantizeLinear", "QuantizeLinear")
+# The first version allowing each granularity: facts the schemas state only in prose.
+GRANULARITY_SINCE = {"per-tensor": 10, "per-axis": 13, "blocked": 21}
 
 
 def _types_of(constraint: onnx.defs.OpSchema.TypeConstraintParam) -> frozenset[str]:
@@ -50,8 +52,8 @@ def schema_facts(op: str, since_version: int) -> Schema:
         scale_types=scale,
         float_types=flt,
         attributes=frozenset(s.attributes),
-        per_axis=since_version >= 13,
-        blocked=since_version >= 21,
+        per_axis=since_version >= GRANULARITY_SINCE["per-axis"],
+        blocked=since_version >= GRANULARITY_SINCE["blocked"],
         output_dtype=out_dtype,
     )
 
