@@ -8,7 +8,6 @@ caller does not ask for.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import shutil
 import tempfile
@@ -254,9 +253,8 @@ def _refuse_overwriting_sources(model: ir.Model, out: Path, targets: list[Path])
                              f"{model_file.name} reads; choose another output name or folder")
 
 
-@contextlib.contextmanager
-def no_overwrite_of_input(src: str | os.PathLike, out: str | os.PathLike, in_place: bool):
+def no_overwrite_of_input(src: str | os.PathLike, out: str | os.PathLike,
+                          in_place: bool) -> None:
     """Refuse to write over the input unless asked to (``--in-place``)."""
     if not in_place and Path(out).resolve() == Path(src).resolve():
         raise UsageError(f"{out}: output is the input; pass --in-place to overwrite it")
-    yield

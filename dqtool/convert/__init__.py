@@ -63,8 +63,7 @@ def _convert(model_or_path: ModelArg, opset: int, out, direction: Literal["upgra
             raise UsageError("give either an output or in_place, not both")
         out = model_or_path
     if out is not None and is_path:
-        with io.no_overwrite_of_input(model_or_path, out, in_place):
-            pass
+        io.no_overwrite_of_input(model_or_path, out, in_place)
     original = None
     if check:
         base = Path(model_or_path).parent if is_path else None

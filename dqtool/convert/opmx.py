@@ -24,19 +24,13 @@ from dqtool import codecs, graph, types
 from dqtool.convert import params
 from dqtool.convert.context import Step
 from dqtool.convert.registry import Outcome, Registry
+from dqtool.kernel.opmx import unpack_opmx_int4
 from dqtool.spec import QuantSpec
 
 
 def register(reg: Registry) -> None:
     for domain in ("opmx", "pmx"):
         reg.register(domain, "DequantizeLinear", 1, "onnx")(to_onnx)
-
-
-def unpack(packed: np.ndarray) -> np.ndarray:
-    """int16 (R, ...) → unsigned nibbles (4R, ...), element 4r+j from bits 4j..4j+3."""
-    p = packed.astype(np.uint16)
-    nib = np.stack([(p >> (4 * j)) & 0xF for j in range(4)], axis=1)
-    return nib.reshape((p.shape[0] * 4, *p.shape[1:])).astype(np.uint8)
 
 
 def to_onnx(node: ir.Node, step: Step) -> Outcome:
@@ -69,7 +63,7 @@ def _rewrite(node: ir.Node, step: Step, spec: QuantSpec, x, scale, zp, x_shape) 
         dtype = ml_dtypes.uint4 if integer_zp else ml_dtypes.int4
 
         def q_values() -> np.ndarray:
-            nib = unpack(params.values(x))
+            nib = unpack_opmx_int4(params.values(x))
             return nib.astype(np.int8 if not integer_zp else np.uint8) - (
                 0 if integer_zp else 8)
 

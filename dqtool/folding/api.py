@@ -113,6 +113,5 @@ def _output(src: Path | None, out, *, dry_run: bool, in_place: bool) -> Path | N
         return None if src is None else default_output(src)
     target = Path(out)
     if src is not None:
-        with io.no_overwrite_of_input(src, target, in_place):
-            pass
+        io.no_overwrite_of_input(src, target, in_place)
     return target
