@@ -84,15 +84,32 @@ def prune_opsets(model: ir.Model, before: dict[str | None, set[str]]) -> None:
                 fn.opset_imports.pop(domain, None)
 
 
-def unique_name(owner: ir.Graph | ir.Function, name: str) -> str:
-    """``name``, or ``name_2``, ``name_3``, ... if a value of the graph already has it."""
+def _value_names(owner: ir.Graph | ir.Function) -> set[str]:
     taken = {v.name for v in owner.inputs} | {v.name for v in owner.outputs}
     if isinstance(owner, ir.Graph):
         taken |= set(owner.initializers)
     for node in owner:
         taken |= {v.name for v in node.outputs}
-    candidate, i = name, 1
-    while candidate in taken:
-        i += 1
-        candidate = f"{name}_{i}"
-    return candidate
+    return taken
+
+
+class UniqueNames:
+    """Fresh value names: ``name``, or ``name_2``, ``name_3``, ... if the graph has it.
+
+    Each graph's names are collected once (a fold names a value per folded weight; scanning
+    the graph each time was quadratic), then kept up to date with the names handed out.
+    """
+
+    def __init__(self) -> None:
+        self._taken: dict[int, set[str]] = {}
+
+    def __call__(self, owner: ir.Graph | ir.Function, name: str) -> str:
+        taken = self._taken.get(id(owner))
+        if taken is None:
+            taken = self._taken[id(owner)] = _value_names(owner)
+        candidate, i = name, 1
+        while candidate in taken:
+            i += 1
+            candidate = f"{name}_{i}"
+        taken.add(candidate)
+        return candidate

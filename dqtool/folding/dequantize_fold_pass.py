@@ -64,6 +64,7 @@ class DequantizeFoldPass(ir.passes.InPlacePass):
 
     def call(self, model: ir.Model) -> ir.passes.PassResult:
         self._model = model
+        self._unique_name = cleanup.UniqueNames()
         domains_before = cleanup.used_domains(model)
         # Collect first: folding edits the graphs being walked.
         sites = [s for s in graph.walk(model)
@@ -113,7 +114,7 @@ class DequantizeFoldPass(ir.passes.InPlacePass):
         const_name = y_name
         if folding.store_dtype != folding.out_dtype:
             store = types.from_dtype(folding.store_dtype).name
-            const_name = cleanup.unique_name(owner, f"{y_name}_{store}")
+            const_name = self._unique_name(owner, f"{y_name}_{store}")
         if in_function:
             # Functions have no initializers: the value lives in a Constant node.
             const_node = ir.node("Constant", [], attributes={"value": tensor},
@@ -157,7 +158,7 @@ class DequantizeFoldPass(ir.passes.InPlacePass):
             if id(owner) not in idents:
                 ident = ir.node("Identity", [value], name=f"{name}_noprepack")
                 owner.insert_before(consumer, ident)
-                ident.outputs[0].name = cleanup.unique_name(owner, f"{name}_noprepack")
+                ident.outputs[0].name = self._unique_name(owner, f"{name}_noprepack")
                 ident.outputs[0].type = value.type
                 ident.outputs[0].shape = value.shape
                 idents[id(owner)] = ident.outputs[0]
