@@ -44,6 +44,11 @@ class ModelContext:
         return [QuantSite(s, codecs.read_node(s.node, s.opsets)) for s in self.sites
                 if codecs.is_quant_node(s.node)]
 
+    @cached_property
+    def spec_of(self) -> dict[int, QuantSpec]:
+        """Each Q/DQ node's spec by ``id(node)``, read once."""
+        return {id(q.node): q.spec for q in self.quant}
+
     @property
     def dequantize(self) -> list[QuantSite]:
         return [q for q in self.quant if q.spec.is_dequantize]

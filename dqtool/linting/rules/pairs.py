@@ -56,8 +56,7 @@ def _brief(v: ir.Value | None) -> str:
 
 
 def _mismatches(q: QuantSite, producer: ir.Node, ctx: ModelContext) -> list[str]:
-    qspec = codecs.read_node(producer, next(
-        s.opsets for s in ctx.sites if s.node is producer))
+    qspec = ctx.spec_of[id(producer)]
     out = []
     for i, what in ((1, "scale"), (2, "zero point")):
         a, b = graph.input_value(producer, i), graph.input_value(q.node, i)
