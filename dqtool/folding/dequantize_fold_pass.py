@@ -171,7 +171,7 @@ class DequantizeFoldPass(ir.passes.InPlacePass):
         assert model is not None
         opsets = model.opset_imports if fn is None else fn.opset_imports
         if "" not in opsets and "ai.onnx" not in opsets:
-            opsets[""] = model.opset_imports.get("", 13)
+            opsets[""] = graph.opset_of(dict(model.opset_imports), "") or 13
 
     def _record(self, name: str, site: graph.Site, spec, folding: Folding) -> FoldedNode:
         store = types.from_dtype(folding.store_dtype)
