@@ -15,7 +15,7 @@ import dqtool
 from dqtool.cli import cli
 from dqtool.codecs import onnx_std
 from dqtool.convert import ConversionRefused, default_registry, verify
-from dqtool.convert.registry import Registry
+from dqtool.convert.registry import Outcome, Registry
 
 MODELS = Path(__file__).resolve().parent.parent / "models"
 ENV = {"NO_COLOR": "1", "COLUMNS": "80"}
@@ -174,6 +174,17 @@ def test_registry_covers_every_qdq_version_and_is_private():
     private = Registry()
     private.register("x", "Op", 1, "up")(lambda node, step: None)
     assert ("x", "Op", 1, "up") not in default_registry()
+
+
+def test_outcome_merge():
+    assert Outcome.merge([]) == Outcome.unchanged()
+    assert Outcome.merge([Outcome.unchanged(), Outcome.unchanged()]) == Outcome.unchanged()
+    a, b = Outcome("changed", "a", "why"), Outcome("changed", "b", "why")
+    assert Outcome.merge([a, Outcome.unchanged(), b]) == Outcome("changed", "a; b", "why")
+    repaired = Outcome("repaired", "valid at DequantizeLinear-13", "axis")
+    assert Outcome.merge([repaired]) == repaired
+    assert Outcome.merge([repaired, a]) == Outcome("changed", "valid at DequantizeLinear-13; a",
+                                                    "axis; why")
 
 
 def test_cli_exit_codes_and_json(tmp_path):

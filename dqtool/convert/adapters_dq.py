@@ -41,13 +41,6 @@ def lift(node: ir.Node, step: Step) -> Outcome:
     return Outcome.unchanged()
 
 
-def _join(changes: list[Outcome]) -> Outcome:
-    if not changes:
-        return Outcome.unchanged()
-    return Outcome("changed", "; ".join(c.how for c in changes),
-                   "; ".join(dict.fromkeys(c.why for c in changes)))
-
-
 def lower_dq(node: ir.Node, step: Step) -> Outcome:
     spec = read(node, step.src)
     if spec.errors:
@@ -107,7 +100,7 @@ def lower_dq(node: ir.Node, step: Step) -> Outcome:
     problems = [p.message for p in read(node, step.dst).errors]
     if problems:
         return _refuse_or_decompose(step, spec, problems, done)
-    return _join(done)
+    return Outcome.merge(done)
 
 
 def _refuse_or_decompose(step: Step, spec: QuantSpec, reasons: list[str],
@@ -115,7 +108,7 @@ def _refuse_or_decompose(step: Step, spec: QuantSpec, reasons: list[str],
     if step.ctx.options.allow_decompose:
         out = decompose.decompose(step, read(step.node, step.src), reasons)
         if out.status != "refused":
-            return _join([*done, out])
+            return Outcome.merge([*done, out])
         return out
     return Outcome.refused("; ".join(reasons) + " (--allow-decompose rewrites it as "
                            "Cast/Sub/Mul where that is exact)"
@@ -233,4 +226,4 @@ def lower_q(node: ir.Node, step: Step) -> Outcome:
     problems = [p.message for p in read(node, step.dst).errors]
     if problems:
         return Outcome.refused("; ".join(problems))
-    return _join(done)
+    return Outcome.merge(done)

@@ -132,11 +132,7 @@ def convert(node: ir.Node, step: Step, source_opset: int) -> Outcome:
             return out
         done.append(out)
     # A step onnx's converter left as it was (e.g. ReduceMean without axes) is no change.
-    done = [o for o in done if o.status == "changed"]
-    if not done:
-        return Outcome.unchanged()
-    return Outcome("changed", "; ".join(o.how for o in done),
-                   "; ".join(dict.fromkeys(o.why for o in done)))
+    return Outcome.merge(done)
 
 
 def _split_num_outputs_down(node: ir.Node, step: Step) -> Outcome:

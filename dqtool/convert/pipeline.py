@@ -141,16 +141,7 @@ def _walk_versions(node: ir.Node, step: Step, src_opset: int, reg: Registry,
         outcomes.append(out)
         if node.graph is None:
             break
-    return _merge(outcomes)
-
-
-def _merge(outcomes: list[Outcome]) -> Outcome:
-    real = [o for o in outcomes if o.status != "unchanged"]
-    if not real:
-        return Outcome.unchanged()
-    status = "changed" if any(o.status == "changed" for o in real) else real[0].status
-    return Outcome(status, "; ".join(o.how for o in real),
-                   "; ".join(dict.fromkeys(o.why for o in real)))
+    return Outcome.merge(outcomes)
 
 
 def _from_foreign(node: ir.Node, step: Step, domain: str, reg: Registry) -> Outcome:
@@ -171,7 +162,7 @@ def _from_foreign(node: ir.Node, step: Step, domain: str, reg: Registry) -> Outc
     if lowest is None or lowest <= dst:
         return out
     lowered = _walk_versions(node, step, step.target, reg, src_since=lowest)
-    return lowered if lowered.status == "refused" else _merge([out, lowered])
+    return lowered if lowered.status == "refused" else Outcome.merge([out, lowered])
 
 
 def _finish(node: ir.Node, step: Step, out: Outcome) -> Outcome:
@@ -183,7 +174,7 @@ def _finish(node: ir.Node, step: Step, out: Outcome) -> Outcome:
             res = blocked.to_per_axis(step, spec, "--per-axis")
             if res.status == "refused":
                 return res
-            out = _merge([out, res])
+            out = Outcome.merge([out, res])
     errors = codecs.read_node(node, {"": dst}).errors
     if errors:
         return Outcome.refused(f"not valid at {node.op_type}-{dst}: "

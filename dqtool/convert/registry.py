@@ -39,6 +39,18 @@ class Outcome:
     def refused(cls, reason: str) -> Outcome:
         return cls("refused", why=reason)
 
+    @classmethod
+    def merge(cls, outcomes: Iterable[Outcome]) -> Outcome:
+        """Several steps done to one node, as one outcome (a refusal is returned on its own,
+        never merged): ``unchanged`` steps drop out; ``changed`` if any step changed the
+        node, else the first step's status; every step's how in order, each why once."""
+        real = [o for o in outcomes if o.status != "unchanged"]
+        if not real:
+            return cls.unchanged()
+        status = "changed" if any(o.status == "changed" for o in real) else real[0].status
+        return cls(status, "; ".join(o.how for o in real),
+                   "; ".join(dict.fromkeys(o.why for o in real)))
+
 
 Adapter = Callable[[ir.Node, "Step"], Outcome]
 Key = tuple[str, str, int, Direction]
