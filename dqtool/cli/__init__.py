@@ -11,10 +11,14 @@ from __future__ import annotations
 import importlib
 import sys
 
-import click
+from dqtool.deferred_imports import defer_sympy
 
-from dqtool import __version__
-from dqtool.cli.app import App
+defer_sympy()  # before anything imports onnx_ir: saves ~0.4 s of every command's start
+
+import click  # noqa: E402
+
+from dqtool import __version__  # noqa: E402
+from dqtool.cli.app import App  # noqa: E402
 
 # command -> (module, attribute, one-line help shown in `dqtool --help`)
 COMMANDS: dict[str, tuple[str, str, str]] = {
