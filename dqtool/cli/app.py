@@ -7,10 +7,12 @@ import json
 import os
 import sys
 from collections.abc import Callable
-from typing import Any, NoReturn, TypeVar
+from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 import click
-from rich.console import Console
+
+if TYPE_CHECKING:
+    from rich.console import Console
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -20,12 +22,23 @@ class App:
 
     def __init__(self, verbose: int = 0) -> None:
         self.verbose = verbose
-        no_color = bool(os.environ.get("NO_COLOR"))
+
+    # The consoles are made on first use: rich costs ~50 ms to import, and JSON output,
+    # errors and warnings never need it.
+    @functools.cached_property
+    def out(self) -> Console:
+        from rich.console import Console
+
         # Piped output has no terminal width; tables stay readable at 160 columns.
         width = None if sys.stdout.isatty() or os.environ.get("COLUMNS") else 160
-        self.out = Console(file=sys.stdout, no_color=no_color, highlight=False, soft_wrap=False,
-                           width=width)
-        self.err = Console(file=sys.stderr, no_color=no_color, highlight=False, stderr=True)
+        return Console(file=sys.stdout, no_color=_no_color(), highlight=False,
+                       soft_wrap=False, width=width)
+
+    @functools.cached_property
+    def err(self) -> Console:
+        from rich.console import Console
+
+        return Console(file=sys.stderr, no_color=_no_color(), highlight=False, stderr=True)
 
     def abort(self, message: str, code: int = 2) -> NoReturn:
         # A plain write: rich would wrap a long path across lines, and this must be one line.
@@ -40,6 +53,10 @@ class App:
 
     def print_json(self, doc: Any) -> None:
         sys.stdout.write(json.dumps(doc, indent=2, default=_json_default) + "\n")
+
+
+def _no_color() -> bool:
+    return bool(os.environ.get("NO_COLOR"))
 
 
 def _json_default(o: Any) -> Any:
