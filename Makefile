@@ -14,6 +14,9 @@ $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check --upgrade pip
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[dev]'
+	@# An editable install leaves dqtool's own bytecode to the first run, which may not write
+	@# it (PYTHONDONTWRITEBYTECODE): compiled here, every command starts ~0.1 s sooner.
+	$(BIN)/python -m compileall -q dqtool
 	@touch $(STAMP)
 
 run: $(STAMP)
@@ -35,9 +38,11 @@ models: $(STAMP)
 	$(BIN)/python models/build.py
 
 bench: $(STAMP)
+	@$(BIN)/python -m compileall -q dqtool
 	@for b in bench/bench_*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done
 
 bench-quick: $(STAMP)
+	@$(BIN)/python -m compileall -q dqtool
 	@for b in bench/bench_*.py; do echo "== $$b"; DQTOOL_BENCH_QUICK=1 $(BIN)/python $$b || exit 1; done
 
 clean:
