@@ -8,6 +8,7 @@ import pytest
 from onnx import TensorProto
 from test_lint_helpers import dq_model, save
 
+from dqtool import codecs, graph, io, versions
 from dqtool.linting import lint
 
 F32, F16 = np.float32, np.float16
@@ -120,6 +121,31 @@ def test_onnx_opset_fix_names_downgrade(tmp_path):
     report = lint("models/dq21_int4_blocked_ragged.onnx", target="onnx-opset-13")
     blocked = [f for f in report.findings if f.code == "DQ103"]
     assert blocked and "dqtool downgrade --opset 13" in blocked[0].fix
+
+
+def _first_spec(path):
+    site = next(s for s in graph.walk(io.load(path)) if codecs.is_quant_node(s.node))
+    return site.node.name, codecs.read_node(site.node, site.opsets)
+
+
+@pytest.mark.parametrize(("model", "since", "want"), [
+    ("models/dq21_int4_blocked_ragged.onnx", 13, ["DQ101", "DQ103"]),
+    ("models/dq19_float8e4m3fn_fp16_scale.onnx", 13, ["DQ101", "DQ102", "DQ102"]),
+    ("models/dq13_int8_per_axis.onnx", 10, ["DQ103"]),
+    ("models/dq13_int8_per_axis.onnx", 13, []),
+])
+def test_version_reasons_carry_the_codes_lint_reports(model, since, want):
+    node, spec = _first_spec(model)
+    reasons = versions.reasons(spec, since)
+    assert [r.code for r in reasons] == want
+    assert versions.why_not(spec, since) == [r.message for r in reasons]  # plain strings
+    opset = since if since > 10 else 11  # DequantizeLinear-10 is in force at opset 11
+    report = lint(model, target=f"onnx-opset-{opset}", select="DQ101,DQ102,DQ103")
+    # Each reason is one finding about that node, under the reason's own code.
+    findings = [f for f in report.findings if f.node == node]
+    assert len(findings) == len(reasons)
+    for f, r in zip(findings, reasons, strict=True):
+        assert f.code == r.code and f": {r.message}; fix: " in f.message, (f, r)
 
 
 def test_opmx_profile(tmp_path):

@@ -11,27 +11,19 @@ from dqtool.spec import QuantSpec
 _WIDENED = frozenset({"int4", "uint4", "int2", "uint2", "int16", "uint16"})
 
 
-def _code(reason: str) -> str:
-    if "is not a quantized type" in reason:
-        return "DQ101"
-    if " needs " in reason and ("per-axis" in reason or "blocked" in reason):
-        return "DQ103"
-    return "DQ102"
-
-
 def _fix(spec: QuantSpec, code: str, n: int) -> str | None:
     """The exact rewrite ``downgrade`` offers for this reason, else decomposing/folding."""
     down = f"`dqtool downgrade --opset {n}`"
     decompose = f"`dqtool downgrade --opset {n} --allow-decompose` (Cast/Sub/Mul, no longer QDQ)"
     x_const = spec.x_constant or spec.x_from_quantize
     qt = spec.quant_type or ""
-    if code == "DQ101":
+    if code == versions.R_QUANT_TYPE:
         if qt in _WIDENED:
             return down + " (widens the constant values)" if x_const else decompose
         if qt == "float4e2m1" and n >= 19:
             return down + " (float4e2m1 → float8e4m3fn, exact)"
         return or_fold(spec, decompose)
-    if code == "DQ103":
+    if code == versions.R_GRANULARITY:
         if spec.granularity == "blocked" and n >= 13 and x_const:
             return down + " (blocked → per-axis layout rewrite)"
         return or_fold(spec, decompose)
@@ -52,9 +44,8 @@ def profile(n: int) -> Profile:
         if since is None:
             c.add("DQ106", f"ai.onnx has no DequantizeLinear at opset {n}")
             return [c]
-        for reason in versions.why_not(spec, since):
-            code = _code(reason)
-            c.add(code, reason, _fix(spec, code, n))
+        for reason in versions.reasons(spec, since):
+            c.add(reason.code, reason.message, _fix(spec, reason.code, n))
         return [c]
 
     return Profile(f"onnx-opset-{n}", f"ai.onnx opset {n}", candidates, max_opset=n,
