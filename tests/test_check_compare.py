@@ -5,7 +5,9 @@ from __future__ import annotations
 import json
 import math
 
+import ml_dtypes
 import numpy as np
+import pytest
 
 from dqtool.checking.compare import OutputComparison, bit_identical, compare
 
@@ -51,3 +53,26 @@ def test_bit_identical_distinguishes_signed_zero_but_not_nan_payloads():
     assert not bit_identical(np.array([0.0], np.float32), np.array([-0.0], np.float32))
     nan2 = np.array([0x7FC00001], np.uint32).view(np.float32)
     assert bit_identical(np.array([np.nan], np.float32), nan2)
+
+
+@pytest.mark.parametrize(("dtype", "nan_a", "nan_b"), [
+    ("bfloat16", 0x7FC0, 0xFFC1),
+    ("float8_e4m3fn", 0x7F, 0xFF),
+    ("float8_e5m2", 0x7D, 0xFE),
+    ("float8_e8m0fnu", 0xFF, 0xFF),
+])
+def test_bit_identical_any_nan_equals_any_nan_in_ml_dtypes_floats(dtype, nan_a, nan_b):
+    dt = np.dtype(getattr(ml_dtypes, dtype))
+    bits = np.dtype(f"u{dt.itemsize}")
+    a = np.array([nan_a, 0], bits).view(dt)
+    b = np.array([nan_b, 0], bits).view(dt)
+    assert np.isnan(a[0].astype(np.float64)) and np.isnan(b[0].astype(np.float64))
+    assert bit_identical(a, b)
+    one = np.array([0, 0x40], bits).view(dt)
+    assert not bit_identical(a, a.copy()[::-1]) and not bit_identical(b, one)
+
+
+def test_bit_identical_integers_of_ml_dtypes_compare_bits():
+    x = np.array([-8, 7, 0], ml_dtypes.int4)
+    assert bit_identical(x, x.copy())
+    assert not bit_identical(x, np.array([-8, 7, 1], ml_dtypes.int4))

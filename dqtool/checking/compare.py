@@ -15,6 +15,8 @@ from typing import Any
 
 import numpy as np
 
+from dqtool import types
+
 
 @dataclass(frozen=True)
 class OutputComparison:
@@ -146,15 +148,15 @@ def bit_identical(actual: np.ndarray, expected: np.ndarray) -> bool:
     actual, expected = np.asarray(actual), np.asarray(expected)
     if actual.dtype != expected.dtype or actual.shape != expected.shape:
         return False
-    if actual.dtype.kind == "V" or actual.dtype.itemsize not in (1, 2, 4, 8):
+    if actual.dtype.itemsize not in (1, 2, 4, 8):
         return actual.tobytes() == expected.tobytes()
     view = np.dtype(f"u{actual.dtype.itemsize}")
     same = actual.view(view) == expected.view(view)
-    if not same.all() and (actual.dtype.kind == "f" or str(actual.dtype) in _ML_FLOATS):
+    if not same.all() and (actual.dtype.kind == "f" or actual.dtype in _FLOATS):
         with np.errstate(invalid="ignore"):
             same |= np.isnan(_as_float64(actual)) & np.isnan(_as_float64(expected))
     return bool(same.all())
 
 
-_ML_FLOATS = frozenset({"bfloat16", "float8_e4m3fn", "float8_e4m3fnuz", "float8_e5m2",
-                        "float8_e5m2fnuz", "float8_e8m0fnu", "float4_e2m1fn"})
+# Every float type dqtool knows, ml_dtypes' too (bfloat16, float8 …: numpy kind "V", not "f").
+_FLOATS = frozenset(t.dtype for t in types.TYPES.values() if not t.is_integer)
