@@ -10,6 +10,7 @@ tensor streams itself, as fold's lazily computed tensors do).
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -60,9 +61,49 @@ def _write(tensor: ir.TensorProtocol, f, offset: int) -> int:
     return f.tell() - offset
 
 
+def _length(tensor: ir.TensorProtocol) -> int:
+    if isinstance(tensor, ir.ExternalTensor) and tensor.length is not None:
+        return tensor.length
+    return tensor.nbytes
+
+
 def _initializers(model: ir.Model) -> list[ir.Value]:
     return [v for g in model.graphs() for v in g.initializers.values()
             if v.const_value is not None]
+
+
+class _Writer(threading.Thread):
+    """Writes the planned tensors in order; the error, if any, is raised by ``finish``."""
+
+    def __init__(self, path: Path, plan: list[tuple[ir.TensorProtocol, int, int]],
+                 callback: Callable | None) -> None:
+        super().__init__(name="dqtool-external-data", daemon=True)
+        self.path, self.plan, self.callback = path, plan, callback
+        self.error: BaseException | None = None
+        self.cancelled = threading.Event()
+
+    def run(self) -> None:
+        try:
+            with open(self.path, "wb") as f:
+                for index, (t, offset, length) in enumerate(self.plan):
+                    if self.cancelled.is_set():
+                        return
+                    if self.callback is not None:
+                        self.callback(t, ir.external_data.CallbackInfo(
+                            total=len(self.plan), index=index, offset=offset,
+                            filename=self.path.name))
+                    written = _write(t, f, offset)
+                    if written != length:  # the reference already says `length`
+                        raise OSError(f"{t.name}: wrote {written} bytes, expected {length}")
+        except BaseException as e:  # handed to the caller's thread
+            self.error = e
+
+    def finish(self, cancel: bool = False) -> None:
+        if cancel:
+            self.cancelled.set()
+        self.join()
+        if self.error is not None and not cancel:
+            raise self.error
 
 
 @contextmanager
@@ -70,7 +111,12 @@ def externalized(model: ir.Model, folder: Path, data_name: str,
                  callback: Callable | None = None) -> Iterator[None]:
     """Write the model's large tensors to ``folder/data_name`` and, while the context is
     open, point its initializers there (saving the model then writes references only).
-    Small external tensors are read into memory. The model is restored on exit."""
+    Small external tensors are read into memory. The model is restored on exit.
+
+    Every tensor's place is known from its size before any byte is written, so the data is
+    written by a worker thread while the caller serializes the model: the copy runs in the
+    kernel and NumPy without the GIL. The context waits for the data before it exits and
+    raises the writer's error, if any."""
     values = _initializers(model)
     big = [v for v in values if v.const_value.nbytes > SIZE_THRESHOLD]
     originals = {id(v): v.const_value for v in values}
@@ -79,19 +125,23 @@ def externalized(model: ir.Model, folder: Path, data_name: str,
             if v.const_value.nbytes <= SIZE_THRESHOLD and isinstance(v.const_value,
                                                                       ir.ExternalTensor):
                 v.const_value = ir.Tensor(v.const_value.numpy(), name=v.const_value.name)
-        with open(folder / data_name, "wb") as f:
-            offset = 0
-            for index, v in enumerate(big):
-                t = v.const_value
-                length = _write(t, f, offset)
-                v.const_value = ir.ExternalTensor(
-                    data_name, offset, length, t.dtype, shape=t.shape, name=t.name,
-                    doc_string=t.doc_string, base_dir=folder)
-                if callback is not None:
-                    callback(t, ir.external_data.CallbackInfo(
-                        total=len(big), index=index, offset=offset, filename=data_name))
-                offset = -(-(offset + length) // ALIGNMENT) * ALIGNMENT
-        yield
+        plan, offset = [], 0
+        for v in big:
+            t = v.const_value
+            length = _length(t)
+            plan.append((t, offset, length))
+            v.const_value = ir.ExternalTensor(
+                data_name, offset, length, t.dtype, shape=t.shape, name=t.name,
+                doc_string=t.doc_string, base_dir=folder)
+            offset = -(-(offset + length) // ALIGNMENT) * ALIGNMENT
+        writer = _Writer(folder / data_name, plan, callback)
+        writer.start()
+        try:
+            yield
+        except BaseException:
+            writer.finish(cancel=True)
+            raise
+        writer.finish()
     finally:
         for v in values:
             v.const_value = originals[id(v)]

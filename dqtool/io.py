@@ -211,6 +211,8 @@ def save(
         raise InputError(f"{out}: output folder {out.parent} does not exist")
     if out.is_dir():
         raise UsageError(f"{out}: is a directory; give an output file name")
+    # Refused before a byte is written (the names of shards are checked once known).
+    _refuse_overwriting_sources(model, out, [parent / out.name, parent / f"{out.name}.data"])
     try:
         tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=parent))
     except OSError as e:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from dqtool import io
+from dqtool import external_data, io
 from dqtool.errors import InputError, UsageError
 
 MODELS = Path(__file__).resolve().parent.parent / "models"
@@ -34,6 +34,21 @@ def test_output_data_file_may_not_replace_the_inputs(tmp_path):
         io.save(model, src.parent / "model.onnx")  # would write model.onnx.data
     assert _digest(src.parent) == before
     assert not list(src.parent.glob(".*"))  # no temporary folder left
+
+
+def test_replacing_the_inputs_data_is_refused_before_anything_is_written(tmp_path,
+                                                                           monkeypatch):
+    src = _copy_external(tmp_path)
+    renamed = src.with_name("in.onnx")
+    src.rename(renamed)
+    model = io.load(renamed)
+
+    def no_writing(*args, **kwargs):
+        raise AssertionError("save started writing before refusing")
+
+    monkeypatch.setattr(io.tempfile, "mkdtemp", no_writing)
+    with pytest.raises(UsageError, match=r"would replace .*model\.onnx\.data"):
+        io.save(model, src.parent / "model.onnx")
 
 
 def test_output_named_like_the_inputs_data_file_is_refused(tmp_path):
@@ -89,3 +104,40 @@ def test_external_save_copies_unchanged_tensors_exactly_and_deterministically(tm
     # the model object still points at its own source
     assert all(v.const_value is not None for v in model.graph.initializers.values())
     assert io.load(src) is not None
+
+
+def test_a_failed_data_write_leaves_nothing_behind(tmp_path, monkeypatch):
+    src = _copy_external(tmp_path)
+    model = io.load(src)
+    out_dir = tmp_path / "out"
+    out_dir.mkdir()
+    real_write = external_data._write
+    calls = []
+
+    def failing_write(tensor, f, offset):
+        calls.append(tensor.name)
+        if len(calls) == 1:
+            raise OSError(28, "No space left on device")
+        return real_write(tensor, f, offset)
+
+    monkeypatch.setattr(external_data, "_write", failing_write)
+    with pytest.raises(OSError, match="No space left"):
+        io.save(model, out_dir / "m.onnx", external=True)
+    assert calls == ["W1_q"]
+    assert list(out_dir.iterdir()) == []  # no output, no temporary folder
+    # the model is left as it was: its tensors still read the input's data
+    for v in model.graph.initializers.values():
+        assert v.const_value.numpy() is not None
+
+
+def test_written_data_matches_the_layout_the_model_names(tmp_path):
+    src = _copy_external(tmp_path)
+    model = io.load(src)
+    expected = {n: v.const_value.numpy().copy() for n, v in model.graph.initializers.items()}
+    io.save(model, tmp_path / "copy.onnx", external=True)
+    again = io.load(tmp_path / "copy.onnx")
+    assert set(again.graph.initializers) == set(expected)
+    for name, value in again.graph.initializers.items():
+        got = value.const_value.numpy()
+        assert got.dtype == expected[name].dtype
+        assert got.tobytes() == expected[name].tobytes()
