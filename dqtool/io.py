@@ -179,6 +179,14 @@ def uses_external_data(model: ir.Model) -> bool:
     )
 
 
+def external_choice(model: ir.Model, external: bool | None) -> bool:
+    """Whether ``save(model, external=external)`` writes external data: as asked, or else
+    when the input used it or the tensors would pass protobuf's 2 GiB limit."""
+    if external is not None:
+        return external
+    return uses_external_data(model) or tensor_bytes(model) > INLINE_LIMIT
+
+
 def _internalize(model: ir.Model) -> None:
     """Read external tensors into memory so an inline save holds their bytes, not a
     reference to the input's data file (onnx_ir keeps references otherwise)."""
@@ -204,8 +212,7 @@ def save(
     half-written output.
     """
     out = Path(out)
-    if external is None:
-        external = uses_external_data(model) or tensor_bytes(model) > INLINE_LIMIT
+    external = external_choice(model, external)
     parent = out.parent.resolve()
     if not parent.is_dir():
         raise InputError(f"{out}: output folder {out.parent} does not exist")

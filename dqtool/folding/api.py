@@ -88,11 +88,8 @@ def fold(
         opset_imports=dict(model.opset_imports), result=None if dry_run else model,
     )
     if target is not None:
-        external = external_data or None
-        if shard_size is not None:
-            external = True
-        report.external_data = bool(external) if external is not None else (
-            io.uses_external_data(model) or report.bytes_after > io.INLINE_LIMIT)
+        external = True if shard_size is not None else (external_data or None)
+        report.external_data = io.external_choice(model, external)
         written = io.save(model, target, external=external, shard_size=shard_size,
                           callback=progress)
         report.files = [str(f) for f in written]
