@@ -239,3 +239,20 @@ def test_raw_byte_npz_arrays_read_as_the_input_type(tmp_path):
     path = _npz(tmp_path, "bf.npz", X=np.array([1.5, -2], ml_dtypes.bfloat16))
     got = check_given(spec, load_npz(path)["X"])
     assert got.dtype == ml_dtypes.bfloat16 and got.tolist() == [1.5, -2]
+
+
+def test_runtime_failure_is_one_line_and_keeps_the_whole_message():
+    """The message is one line of at most 300 characters; ``detail`` keeps onnxruntime's
+    whole text, where --check finds the opset it supports (at the end of a long one)."""
+    import onnx_ir as ir
+
+    from dqtool.checking import runners
+
+    model = ir.to_proto(ir.from_onnx_text("""<ir_version: 10, opset_import: ["" : 28]>
+        g (float[2] x) => (float[2] y) { y = Neg(x) }"""))
+    with pytest.raises(runners.RuntimeFailure) as info:
+        runners.run_ort(model, {"x": np.zeros(2, np.float32)})
+    e = info.value
+    assert len(str(e)) <= 300 and "\n" not in str(e)
+    assert "Opset 28" in e.detail and "is till opset" in e.detail
+    assert runners.RuntimeFailure("short").detail == "short"

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -118,6 +119,19 @@ def _external_base(model: ir.Model) -> Path | None:
             if isinstance(v.const_value, ir.ExternalTensor):
                 return Path(v.const_value.base_dir)
     return None
+
+
+def with_outputs(proto: onnx.ModelProto, names: Iterable[str]) -> onnx.ModelProto:
+    """A copy of the model with ``names`` added to its graph outputs (those it lacks), so a
+    run returns those values too."""
+    out = onnx.ModelProto()
+    out.CopyFrom(proto)
+    have = {o.name for o in out.graph.output}
+    for name in names:
+        if name not in have:
+            have.add(name)
+            out.graph.output.append(onnx.ValueInfoProto(name=name))
+    return out
 
 
 def for_ort(proto: onnx.ModelProto) -> tuple[onnx.ModelProto, str | None]:

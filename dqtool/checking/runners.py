@@ -23,11 +23,20 @@ ORT_PROVIDER = "CPUExecutionProvider"
 
 
 class RuntimeFailure(Exception):
-    """A runtime could not load or run a model; the message is one line."""
+    """A runtime could not load or run a model; the message is one line, ``detail`` the
+    runtime's own whole message (where a caller looks for a limit it names)."""
+
+    def __init__(self, message: str, detail: str | None = None) -> None:
+        super().__init__(message)
+        self.detail = message if detail is None else detail
 
 
 def _first_line(e: BaseException) -> str:
     return one_line(e, 300)
+
+
+def _failure(e: BaseException) -> RuntimeFailure:
+    return RuntimeFailure(_first_line(e), str(e))
 
 
 @dataclass(frozen=True)
@@ -70,12 +79,12 @@ def run_ort(model: onnx.ModelProto, feeds: Mapping[str, np.ndarray],
     try:
         sess = ort.InferenceSession(model.SerializeToString(), so, providers=[ORT_PROVIDER])
     except Exception as e:  # onnxruntime raises its own exception types
-        raise RuntimeFailure(_first_line(e)) from None
+        raise _failure(e) from None
     names = list(outputs) if outputs is not None else [o.name for o in sess.get_outputs()]
     try:
         values = sess.run(names, dict(feeds))
     except Exception as e:
-        raise RuntimeFailure(_first_line(e)) from None
+        raise _failure(e) from None
     return dict(zip(names, (np.asarray(v) for v in values), strict=True))
 
 
@@ -90,10 +99,10 @@ def run_reference(model: onnx.ModelProto, feeds: Mapping[str, np.ndarray],
         sess = reference_evaluator(model if external_dir is None
                                    else in_memory_container(model, external_dir))
     except Exception as e:  # a model the evaluator cannot load is a finding, not a crash
-        raise RuntimeFailure(_first_line(e)) from None
+        raise _failure(e) from None
     names = list(outputs) if outputs is not None else [o.name for o in model.graph.output]
     try:
         values = sess.run(names, dict(feeds))
     except Exception as e:
-        raise RuntimeFailure(_first_line(e)) from None
+        raise _failure(e) from None
     return dict(zip(names, (np.asarray(v) for v in values), strict=True))

@@ -21,7 +21,7 @@ import onnx_ir as ir
 
 from dqtool import codecs, graph, types
 from dqtool.checking import compare, runners, single_node
-from dqtool.checking.models import for_ort
+from dqtool.checking.models import for_ort, with_outputs
 from dqtool.graph import Site
 from dqtool.messages import one_line
 from dqtool.spec import QuantSpec
@@ -97,7 +97,7 @@ def numeric(proto: onnx.ModelProto, model: ir.Model, sites: list[tuple[Site, Qua
     main = [(s, spec) for s, spec in dqs if s.graph == "main"]
     to_ort, to_ref = _exposable(main)
     ort_values: dict[str, np.ndarray] = {}
-    ort_model, note = for_ort(_expose(proto, to_ort))
+    ort_model, note = for_ort(with_outputs(proto, to_ort))
     if note:
         notes.append(note)
     try:
@@ -110,7 +110,7 @@ def numeric(proto: onnx.ModelProto, model: ir.Model, sites: list[tuple[Site, Qua
     ref_values: dict[str, np.ndarray] = {}
     if to_ref:
         try:
-            ref_values = runners.run_reference(_expose(proto, to_ref), feeds, to_ref,
+            ref_values = runners.run_reference(with_outputs(proto, to_ref), feeds, to_ref,
                                                external_dir=external_dir)
         except runners.RuntimeFailure as e:
             notes.append(f"dqtool's reference evaluator cannot run the model ({e}); only "
@@ -135,18 +135,6 @@ def _exposable(main: list[tuple[Site, QuantSpec]]) -> tuple[list[str], list[str]
                 continue
             (to_ref if graph.elem_type(v) in _NO_NUMPY_IN_ORT else to_ort).append(v.name)
     return to_ort, to_ref
-
-
-def _expose(proto: onnx.ModelProto, names: list[str]) -> onnx.ModelProto:
-    """A copy of the model with ``names`` added to its graph outputs."""
-    out = onnx.ModelProto()
-    out.CopyFrom(proto)
-    have = {o.name for o in out.graph.output}
-    for name in names:
-        if name not in have:
-            have.add(name)
-            out.graph.output.append(onnx.ValueInfoProto(name=name))
-    return out
 
 
 def _check_node(site: Site, spec: QuantSpec, ort_values: dict[str, np.ndarray],
