@@ -253,6 +253,66 @@ def test_check_fails_when_nothing_compared():
     assert "nothing was compared" in res["error"]
 
 
+def test_check_runs_like_dqtool_check(tmp_path, monkeypatch):
+    """--check makes its inputs and its onnxruntime sessions the way dqtool check does:
+    integers in [-8, 8], unknown dimensions 1, onnxruntime's log kept quiet (level 4)."""
+    import onnxruntime as ort
+
+    from dqtool.checking import inputs, runners
+
+    src = _save(tmp_path, """<ir_version: 8, opset_import: ["" : 13]>
+        g (int32[N,3] x, int8[2,3] q) => (float[2,3] y, int32[N,3] z) <float s = {0.5}> {
+            [dq] y = DequantizeLinear(q, s)
+            [neg] z = Neg(x)
+        }""")
+    fed, options = [], []
+    real_ref, real_session = runners.run_reference, ort.InferenceSession
+
+    def spy_ref(model, feeds, *a, **k):
+        fed.append(dict(feeds))
+        return real_ref(model, feeds, *a, **k)
+
+    def spy_session(model, so, *a, **k):
+        options.append((so.log_severity_level, so.graph_optimization_level))
+        return real_session(model, so, *a, **k)
+
+    monkeypatch.setattr(runners, "run_reference", spy_ref)
+    monkeypatch.setattr(ort, "InferenceSession", spy_session)
+    report = dqtool.upgrade(src, 21, check=True)
+    assert all(report.check["runtimes"][name] == "identical" for name in BOTH), report.check
+    want, _ = inputs.generate(onnx.load(src), seed=0)
+    assert want["x"].shape == (1, 3) and want["q"].shape == (2, 3)
+    assert len(fed) == 2 and all(f.keys() == want.keys() for f in fed)
+    for f in fed:
+        for k in want:
+            assert f[k].dtype == want[k].dtype and (f[k] == want[k]).all()
+            assert f[k].min() >= -8 and f[k].max() <= 8
+    assert options == [(4, ort.GraphOptimizationLevel.ORT_DISABLE_ALL)] * 2
+
+
+def test_check_of_a_model_object_reads_its_external_data():
+    """A model object loaded from a file with external data: --check reads the tensors
+    from the folder they were loaded from (it used to run them without their data)."""
+    from tests.test_convert import MODELS
+
+    model = ir.load(MODELS / "external_data" / "model.onnx")
+    report = dqtool.downgrade(model, 19, check=True)
+    assert report.check["ok"], report.check
+    assert all(not v.startswith(("skipped", "FAILED")) for v in
+               report.check["runtimes"].values()), report.check
+
+
+def test_check_gives_onnxruntime_the_ir_version_it_loads(tmp_path):
+    """An original written with IR version 14 (onnx 1.23's default) runs on onnxruntime with
+    the lowest IR version its opsets need, as in dqtool check; the check says so."""
+    src = _save(tmp_path, LAYERNORM.format(opset=13).replace("ir_version: 8", "ir_version: 14"))
+    report = dqtool.upgrade(src, 18, check=True)
+    assert report.check["runtimes"][BOTH[1]] == "identical", report.check
+    assert report.check["notes"] == ["the original: IR version 14 given to onnxruntime as 7 "
+                                     "(the lowest the model needs; onnxruntime loads IR ≤ 13)"]
+    assert "note: the original: IR version 14" in "\n".join(verify.describe(report.check))
+
+
 # --- messages ---------------------------------------------------------------------------
 
 def test_wrong_direction_names_the_file(tmp_path):

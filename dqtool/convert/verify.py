@@ -4,11 +4,17 @@ Both models run on the same random inputs in dqtool's reference evaluator (every
 dialect, our kernel) and, where it loads both, onnxruntime CPU with every graph
 optimization off (otherwise onnxruntime fuses DQ→MatMul and the "reference" moves).
 Outputs are compared as bytes, so NaN payloads and signed zeros count too.
+
+Loading, inputs and both runtimes are ``dqtool check``'s (``dqtool.checking``); what is
+``--check``'s own is the policy: a final-output difference is tolerated only when every
+Q/DQ result compared bit-identical (and said so), and a runtime that lacks the target
+opset / IR version / kernel is skipped only when the reference evaluator agreed.
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -16,55 +22,20 @@ import numpy as np
 import onnx
 import onnx_ir as ir
 
-from dqtool import types
+from dqtool.checking import inputs, models, runners
 from dqtool.messages import one_line
 
-
-def to_proto(model: ir.Model | onnx.ModelProto, base_dir: str | Path | None) -> onnx.ModelProto:
-    proto = model if isinstance(model, onnx.ModelProto) else ir.to_proto(model)
-    if base_dir is not None:
-        from onnx.external_data_helper import load_external_data_for_model
-
-        load_external_data_for_model(proto, str(base_dir))
-    return proto
+REFERENCE = "dqtool.reference_evaluator"
+ORT = f"onnxruntime (CPU, {runners.ORT_LEVEL})"
 
 
-def random_inputs(proto: onnx.ModelProto, seed: int = 0) -> dict[str, np.ndarray]:
-    rng = np.random.default_rng(seed)
-    inits = {t.name for t in proto.graph.initializer}
-    feeds: dict[str, np.ndarray] = {}
-    for vi in proto.graph.input:
-        if vi.name in inits:
-            continue
-        tt = vi.type.tensor_type
-        shape = [d.dim_value if d.HasField("dim_value") else 2 for d in tt.shape.dim]
-        et = types.from_onnx_int(tt.elem_type)
-        if et is None:
-            raise ValueError(f"input {vi.name}: unsupported type {tt.elem_type}")
-        if et.is_integer:
-            lo, hi = max(et.min, -100), min(et.max, 100)
-            arr = rng.integers(lo, hi + 1, shape).astype(et.dtype)
-        else:
-            arr = rng.standard_normal(shape).astype(np.float32).astype(et.dtype)
-        feeds[vi.name] = arr
-    return feeds
-
-
-def _run_reference(proto: onnx.ModelProto, feeds: dict) -> list[np.ndarray]:
-    from dqtool.kernel import reference_evaluator
-
-    return [np.asarray(o) for o in reference_evaluator(proto).run(None, feeds)]
-
-
-def _run_ort(proto: onnx.ModelProto, feeds: dict) -> list[np.ndarray]:
-    import onnxruntime as ort
-
-    so = ort.SessionOptions()
-    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    so.log_severity_level = 3
-    sess = ort.InferenceSession(proto.SerializeToString(), so,
-                                providers=["CPUExecutionProvider"])
-    return [np.asarray(o) for o in sess.run(None, feeds)]
+def to_proto(model: ir.Model | onnx.ModelProto, base_dir: str | Path | None = None
+             ) -> onnx.ModelProto:
+    """The model as the runtimes run it, its tensors read in (``checking.models.load``:
+    an ``onnx_ir`` model's external tensors come from the folder each was loaded from, so
+    ``base_dir`` is not needed)."""
+    del base_dir  # kept for callers that still pass it
+    return models.load(model).proto
 
 
 def _same(a: list[np.ndarray], b: list[np.ndarray]) -> str | None:
@@ -88,14 +59,10 @@ def with_qdq_outputs(original: onnx.ModelProto, converted: onnx.ModelProto
     names = [o for n in original.graph.node
              if n.op_type in ("DequantizeLinear", "QuantizeLinear") for o in n.output[:1]
              if o in produced and o not in {v.name for v in original.graph.output}]
-    out = []
-    for m in (original, converted):
-        m2 = onnx.ModelProto()
-        m2.CopyFrom(m)
-        for name in names:
-            m2.graph.output.append(onnx.ValueInfoProto(name=name))
-        out.append(m2)
-    return out[0], out[1], names
+    return models.with_outputs(original, names), models.with_outputs(converted, names), names
+
+
+Run = Callable[[onnx.ModelProto, Mapping[str, np.ndarray]], dict[str, np.ndarray]]
 
 
 def compare(original: onnx.ModelProto, converted: onnx.ModelProto, seed: int = 0
@@ -107,7 +74,7 @@ def compare(original: onnx.ModelProto, converted: onnx.ModelProto, seed: int = 0
     numpy's MatMul rounds differently on a transposed view, and onnxruntime's float16 MatMul
     was seen to differ by one ulp on identical inputs held in different buffers.
     """
-    feeds = random_inputs(original, seed)
+    feeds, _ = inputs.generate(original, seed=seed)
     checker = _checker(converted)
     if checker != "ok" and _checker(original) != "ok":
         checker = "skipped: the original fails onnx.checker too"
@@ -117,26 +84,36 @@ def compare(original: onnx.ModelProto, converted: onnx.ModelProto, seed: int = 0
     original, converted, extra = with_qdq_outputs(original, converted)
     n_final = len(original.graph.output) - len(extra)
     result: dict[str, Any] = {"ok": True, "runtimes": {}, "inputs_seed": seed}
+    # onnxruntime gets the models as every check hands them to it (IR version lowered to
+    # what their opsets need when it loads no higher; the graph untouched).
+    ort_original, note = models.for_ort(original)
+    ort_converted, note_converted = models.for_ort(converted)
+    notes = [f"{label}: {n}" for label, n in (("the original", note),
+                                               ("the converted model", note_converted)) if n]
+    if notes:
+        result["notes"] = notes
     compared = 0
     reference_agrees = False
-    for name, runner in (("dqtool.reference_evaluator", _run_reference),
-                         ("onnxruntime (CPU, ORT_DISABLE_ALL)", _run_ort)):
+    runs: list[tuple[str, Run, onnx.ModelProto, onnx.ModelProto]] = [
+        (REFERENCE, runners.run_reference, original, converted),
+        (ORT, runners.run_ort, ort_original, ort_converted)]
+    for name, run, model_a, model_b in runs:
         try:
-            a = runner(original, feeds)
-        except Exception as e:  # the original does not run there: skip this runtime
-            result["runtimes"][name] = f"skipped: original does not run ({_first(e)})"
+            a = list(run(model_a, feeds).values())
+        except runners.RuntimeFailure as e:  # the original does not run there: skip it
+            result["runtimes"][name] = f"skipped: original does not run ({e})"
             continue
         try:
-            b = runner(converted, feeds)
-        except Exception as e:
-            unsupported = _unsupported(e, converted) if runner is _run_ort else None
+            b = list(run(model_b, feeds).values())
+        except runners.RuntimeFailure as e:
+            unsupported = _unsupported(e, converted) if name == ORT else None
             if unsupported and reference_agrees:
                 # The runtime lacks the target opset / IR version / kernel: that says
                 # nothing about the conversion, which the reference evaluator checked.
                 result["runtimes"][name] = f"skipped ({unsupported})"
             else:
                 result["runtimes"][name] = ("FAILED: the converted model does not run "
-                                            f"({_first(e)})")
+                                            f"({e})")
                 result["ok"] = False
             continue
         compared += 1
@@ -156,7 +133,7 @@ def compare(original: onnx.ModelProto, converted: onnx.ModelProto, seed: int = 0
                         "rounding on identical inputs)"), True
         else:
             text, ok = "identical", True
-        if runner is _run_reference:
+        if name == REFERENCE:
             reference_agrees = ok
         result["runtimes"][name] = text
         result["ok"] = result["ok"] and ok
@@ -169,8 +146,9 @@ def compare(original: onnx.ModelProto, converted: onnx.ModelProto, seed: int = 0
 
 
 def describe(check: dict[str, Any]) -> list[str]:
-    """The check as lines a person reads: one per runtime, then onnx.checker."""
+    """The check as lines a person reads: one per runtime, the notes, then onnx.checker."""
     lines = [f"{name}: {text}" for name, text in check.get("runtimes", {}).items()]
+    lines += [f"note: {n}" for n in check.get("notes", ())]
     if check.get("error"):
         lines.append(check["error"])
     if "checker" in check:
@@ -199,9 +177,9 @@ _ORT_LIMITS = (
 )
 
 
-def _unsupported(e: Exception, model: onnx.ModelProto) -> str | None:
+def _unsupported(e: runners.RuntimeFailure, model: onnx.ModelProto) -> str | None:
     """What onnxruntime lacks, when that (not the model) is why it cannot run it."""
-    text = str(e)
+    text = e.detail
     for pattern, say in _ORT_LIMITS:
         m = pattern.search(text)
         if m:
@@ -220,8 +198,4 @@ def _checker(model: onnx.ModelProto) -> str:
         onnx.checker.check_model(model, full_check=True)
         return "ok"
     except Exception as e:
-        return f"FAILED: {_first(e)}"
-
-
-def _first(e: Exception) -> str:
-    return one_line(e)
+        return f"FAILED: {one_line(e)}"
