@@ -313,6 +313,21 @@ def test_check_gives_onnxruntime_the_ir_version_it_loads(tmp_path):
     assert "note: the original: IR version 14" in "\n".join(verify.describe(report.check))
 
 
+def test_check_refuses_inputs_it_cannot_generate_as_bad_input(tmp_path):
+    """An input type dqtool cannot generate is bad input (exit 2, one line), as in dqtool
+    check; it used to be a ValueError with a traceback."""
+    from dqtool.errors import InputError
+
+    src = _save(tmp_path, """<ir_version: 8, opset_import: ["" : 13]>
+        g (string[2] x) => (string[2] y) { y = Identity(x) }""")
+    with pytest.raises(InputError, match="input 'x' has an element type"):
+        dqtool.upgrade(src, 21, check=True)
+    r = CliRunner().invoke(cli, ["upgrade", str(src), "--opset", "21", "--check", "-o",
+                                 str(tmp_path / "o.onnx")], env=ENV)
+    assert r.exit_code == 2 and "Traceback" not in r.output, r.output
+    assert not (tmp_path / "o.onnx").exists()
+
+
 # --- messages ---------------------------------------------------------------------------
 
 def test_wrong_direction_names_the_file(tmp_path):
