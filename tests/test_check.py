@@ -256,3 +256,13 @@ def test_runtime_failure_is_one_line_and_keeps_the_whole_message():
     assert len(str(e)) <= 300 and "\n" not in str(e)
     assert "Opset 28" in e.detail and "is till opset" in e.detail
     assert runners.RuntimeFailure("short").detail == "short"
+
+
+def test_an_input_it_cannot_generate_names_the_file(tmp_path):
+    path = tmp_path / "strings.onnx"
+    onnx.save(onnx.parser.parse_model("""<ir_version: 8, opset_import: ["" : 13]>
+        g (string[2] x) => (string[2] y) { y = Identity(x) }"""), path)
+    r = CliRunner().invoke(cli, ["check", str(path)], env=ENV)
+    assert r.exit_code == 2, r.output
+    assert r.stderr == (f"dqtool: error: {path}: input 'x' is STRING, which dqtool cannot "
+                        "generate\n")

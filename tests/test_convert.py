@@ -215,3 +215,16 @@ def test_in_place(tmp_path):
     shutil.copy(MODELS / "dq13_int8_per_axis.onnx", tmp_path / "a.onnx")
     dqtool.upgrade(tmp_path / "a.onnx", 21, in_place=True)
     assert onnx.load(tmp_path / "a.onnx").opset_import[0].version == 21
+
+
+def test_check_on_a_path_loads_the_model_once(tmp_path, monkeypatch):
+    from dqtool import io
+
+    loads = []
+    real_load = io.load
+    monkeypatch.setattr(io, "load", lambda *a, **k: loads.append(a[0]) or real_load(*a, **k))
+    report = dqtool.upgrade(MODELS / "ort_qdq_contrib.onnx", 21, tmp_path / "out.onnx",
+                            check=True)
+    assert report.check["ok"]
+    assert report.source == str(MODELS / "ort_qdq_contrib.onnx")
+    assert loads == [MODELS / "ort_qdq_contrib.onnx"]

@@ -320,11 +320,12 @@ def test_check_refuses_inputs_it_cannot_generate_as_bad_input(tmp_path):
 
     src = _save(tmp_path, """<ir_version: 8, opset_import: ["" : 13]>
         g (string[2] x) => (string[2] y) { y = Identity(x) }""")
-    with pytest.raises(InputError, match="input 'x' has an element type"):
+    with pytest.raises(InputError, match="input 'x' is STRING, which dqtool cannot generate"):
         dqtool.upgrade(src, 21, check=True)
     r = CliRunner().invoke(cli, ["upgrade", str(src), "--opset", "21", "--check", "-o",
                                  str(tmp_path / "o.onnx")], env=ENV)
     assert r.exit_code == 2 and "Traceback" not in r.output, r.output
+    assert r.stderr.startswith(f"dqtool: error: {src}: --check: input 'x'"), r.stderr
     assert not (tmp_path / "o.onnx").exists()
 
 

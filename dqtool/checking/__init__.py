@@ -46,7 +46,10 @@ def check(
         raise UsageError(f"--seed must be a non-negative integer, got {seed!r}")
     loaded = load(model_or_path)
     name, proto = loaded.name, loaded.proto
-    feeds, defaulted = inputs_mod.generate(proto, seed=seed, shapes=shapes, given=inputs)
+    try:
+        feeds, defaulted = inputs_mod.generate(proto, seed=seed, shapes=shapes, given=inputs)
+    except InputError as e:
+        raise InputError(f"{name}: {e}") from None
     given = set(inputs or {})
     feed_info = {k: {"shape": list(v.shape), "dtype": str(v.dtype),
                      "source": "given" if k in given else "generated"}

@@ -45,8 +45,9 @@ def model_inputs(model: onnx.ModelProto) -> list[InputSpec]:
                              "only")
         et = types.from_onnx_int(tt.elem_type)
         if et is None:
-            raise InputError(f"input '{vi.name}' has an element type dqtool cannot generate "
-                             f"({tt.elem_type})")
+            kind = onnx.TensorProto.DataType.Name(tt.elem_type) if tt.elem_type in \
+                onnx.TensorProto.DataType.values() else str(tt.elem_type)
+            raise InputError(f"input '{vi.name}' is {kind}, which dqtool cannot generate")
         dims: list[int | str | None] = []
         if tt.HasField("shape"):
             for d in tt.shape.dim:

@@ -21,7 +21,7 @@ from dqtool.convert.context import Options
 from dqtool.convert.pipeline import default_output
 from dqtool.convert.registry import Registry, default_registry
 from dqtool.convert.report import CheckFailed, ConversionRefused, ConvertReport
-from dqtool.errors import UsageError
+from dqtool.errors import InputError, UsageError
 
 __all__ = ["CheckFailed", "ConversionRefused", "ConvertReport", "Registry", "default_output",
            "default_registry", "downgrade", "upgrade"]
@@ -65,13 +65,17 @@ def _convert(model_or_path: ModelArg, opset: int, out, direction: Literal["upgra
     if out is not None and is_path:
         io.no_overwrite_of_input(model_or_path, out, in_place)
     original = None
+    model, path = model_or_path, None
     if check:
-        base = Path(model_or_path).parent if is_path else None
-        original = verify.to_proto(io.load(model_or_path) if is_path else model_or_path, base)
-    report = pipeline.run(model_or_path, opset, direction, options)
+        if is_path:  # loaded once: the original's proto is taken before converting
+            model, path = io.load(model_or_path), model_or_path
+        original = verify.to_proto(model)
+    report = pipeline.run(model, opset, direction, options, path=path)
     if check:
-        base = Path(model_or_path).parent if is_path else None
-        report.check = verify.compare(original, verify.to_proto(report.model, base))
+        try:
+            report.check = verify.compare(original, verify.to_proto(report.model))
+        except InputError as e:
+            raise InputError(f"{report.source}: --check: {e}") from None
         if not report.check["ok"]:
             raise CheckFailed(report)
     if out is not None:

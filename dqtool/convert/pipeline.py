@@ -26,11 +26,13 @@ FOREIGN = ("com.microsoft", "opmx", "pmx")
 
 def run(model_or_path: ir.Model | str | os.PathLike, opset: int,
         direction: Literal["upgrade", "downgrade"], options: Options,
-        registry: Registry | None = None) -> ConvertReport:
+        registry: Registry | None = None, *, path: str | os.PathLike | None = None
+        ) -> ConvertReport:
     """Convert in memory; raises ``ConversionRefused`` (with the report) if any node is
-    refused. A model object is converted in place."""
+    refused. A model object is converted in place; ``path`` names the file it was loaded
+    from, if any (the report's source, and the value_info it declared)."""
     if isinstance(model_or_path, ir.Model):
-        model, source = model_or_path, "<model>"
+        model, source = model_or_path, "<model>" if path is None else str(path)
     else:
         model, source = io.load(model_or_path), str(model_or_path)
     src = graph.opset_of(dict(model.opset_imports), "")

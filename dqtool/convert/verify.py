@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Mapping
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -29,12 +28,9 @@ REFERENCE = "dqtool.reference_evaluator"
 ORT = f"onnxruntime (CPU, {runners.ORT_LEVEL})"
 
 
-def to_proto(model: ir.Model | onnx.ModelProto, base_dir: str | Path | None = None
-             ) -> onnx.ModelProto:
+def to_proto(model: ir.Model | onnx.ModelProto) -> onnx.ModelProto:
     """The model as the runtimes run it, its tensors read in (``checking.models.load``:
-    an ``onnx_ir`` model's external tensors come from the folder each was loaded from, so
-    ``base_dir`` is not needed)."""
-    del base_dir  # kept for callers that still pass it
+    an ``onnx_ir`` model's external tensors come from the folder each was loaded from)."""
     return models.load(model).proto
 
 
