@@ -142,24 +142,44 @@ def load(path: str | os.PathLike) -> ir.Model:
     return model
 
 
+# Element types newer than some opsets' IR: a value of one needs the IR that introduced it.
+_TYPE_IR = {"float8e4m3fn": 9, "float8e4m3fnuz": 9, "float8e5m2": 9, "float8e5m2fnuz": 9,
+            "int4": 10, "uint4": 10, "float4e2m1": 11, "float8e8m0": 12, "int2": 13,
+            "uint2": 13, "float6e2m3": 14, "float6e3m2": 14}
+
+
 def lowest_ir_version(model: ir.Model) -> int:
-    """The lowest IR version that the model's ai.onnx opset and element types need."""
-    opset = model.opset_imports.get("", model.opset_imports.get("ai.onnx", 1))
-    ir_version = 3
-    for _release, irv, ops, *_ in onnx.helper.VERSION_TABLE:
-        if ops >= opset:
-            ir_version = irv
-            break
-    else:
+    """The lowest IR version that the model's opsets (every domain onnx knows: ai.onnx,
+    ai.onnx.ml, training, preview) and element types need."""
+    opsets: dict[str, int] = {}
+    for imports in [model.opset_imports, *(f.opset_imports for f in model.functions.values())]:
+        for domain, version in imports.items():
+            domain = "" if domain == "ai.onnx" else domain
+            opsets[domain] = max(opsets.get(domain, 0), version)
+    try:
+        ir_version = onnx.helper.find_min_ir_version_for(
+            [onnx.helper.make_opsetid(d, v) for d, v in opsets.items()], ignore_unknown=True)
+    except ValueError:  # an opset newer than the installed onnx's table
         ir_version = onnx.IR_VERSION
-    # Element types newer than the opset's IR still need the IR that introduced them.
-    type_ir = {"int4": 10, "uint4": 10, "float4e2m1": 11, "float8e8m0": 12, "int2": 13,
-               "uint2": 13, "float6e2m3": 14, "float6e3m2": 14}
-    for g in model.graphs():
-        for v in [*g.initializers.values(), *g.inputs, *g.outputs]:
-            name = types.name_of(v.dtype)
-            ir_version = max(ir_version, type_ir.get(name or "", 0))
+    for dtype in _dtypes(model):
+        ir_version = max(ir_version, _TYPE_IR.get(types.name_of(dtype) or "", 0))
     return max(ir_version, 7 if model.functions else 3)
+
+
+def _dtypes(model: ir.Model) -> Iterator[ir.DataType]:
+    """The element type of every typed value and constant of every graph and function."""
+    for g in model.graphs():  # the main graph and its subgraphs
+        for v in [*g.inputs, *g.outputs, *g.initializers.values()]:
+            if v.dtype is not None:
+                yield v.dtype
+    for root in [model.graph, *model.functions.values()]:
+        for node in ir.traversal.RecursiveGraphIterator(root):
+            for v in node.outputs:
+                if v.dtype is not None:
+                    yield v.dtype
+            for attr in node.attributes.values():
+                if attr.type == ir.AttributeType.TENSOR:
+                    yield attr.value.dtype
 
 
 def tensor_bytes(model: ir.Model) -> int:

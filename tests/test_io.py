@@ -141,3 +141,36 @@ def test_written_data_matches_the_layout_the_model_names(tmp_path):
         got = value.const_value.numpy()
         assert got.dtype == expected[name].dtype
         assert got.tobytes() == expected[name].tobytes()
+
+
+@pytest.mark.parametrize(("imports", "expected"), [
+    ('"" : 13', 7),
+    ('"" : 13, "ai.onnx.ml" : 3', 8),   # ai.onnx.ml 3 came with IR 8
+    ('"" : 13, "com.microsoft" : 1', 7),  # a domain onnx does not know adds nothing
+    ('"" : 21', 10),
+    ('"ai.onnx" : 19', 9),
+])
+def test_lowest_ir_version_counts_every_known_domain(imports, expected):
+    import onnx
+    import onnx_ir as ir
+
+    proto = onnx.parser.parse_model(f"""<ir_version: 10, opset_import: [{imports}]>
+        g (float[2] x) => (float[2] y) {{ y = Identity(x) }}""")
+    assert io.lowest_ir_version(ir.serde.deserialize_model(proto)) == expected
+
+
+def test_lowest_ir_version_sees_types_inside_nodes_and_functions():
+    import onnx
+    import onnx_ir as ir
+
+    # float8 made by a Constant inside a function, at opset 13 + a function import:
+    # no graph input, output or initializer has it, yet the model needs IR 9.
+    proto = onnx.parser.parse_model("""<ir_version: 10, opset_import: ["" : 13, "local" : 1]>
+        g (float[2] x) => (float[2] y) { y = local.f(x) }
+        <domain: "local", opset_import: ["" : 13]>
+        f (a) => (b) {
+            c = Constant<value = float8e4m3fn[2] {56, 64}>()
+            d = Cast<to = 1>(c)
+            b = Add(a, d)
+        }""")
+    assert io.lowest_ir_version(ir.serde.deserialize_model(proto)) == 9
