@@ -422,3 +422,15 @@ def test_a_step_the_converter_leaves_alone_is_not_reported_as_changed(tmp_path):
                                 ir_version=7), path)
     report = dqtool.upgrade(path, 21, tmp_path / "rm21.onnx")
     assert report.to_json()["changed"] == []
+
+
+def test_a_model_at_ai_onnx_opset_0_is_bad_input(tmp_path):
+    src = _save(tmp_path, """<ir_version: 7, opset_import: ["" : 0]>
+        g (int8[4] x) => (float[4] y) <float s = {0.5}> { y = DequantizeLinear(x, s) }""",
+                "op0.onnx")
+    r = CliRunner().invoke(cli, ["upgrade", str(src), "--opset", "21", "-o",
+                                 str(tmp_path / "o.onnx")], env=ENV)
+    assert r.exit_code == 2, r.output
+    assert r.stderr == (f"dqtool: error: {src}: declares ai.onnx opset 0, which does not "
+                        "exist (opsets start at 1)\n")
+    assert not (tmp_path / "o.onnx").exists()

@@ -165,3 +165,20 @@ def test_op_types_no_dequantize_feeds_warn_but_exit_0(tmp_path: Path) -> None:
     assert res.exit_code == 0 and "Gemm" in res.stderr and "0 would fold" in res.stdout
     res = run("fold", str(src), "--op-types", "MatMul", "--dry-run")
     assert res.exit_code == 0 and res.stderr == ""
+
+
+def test_a_dq_at_an_opset_before_it_existed_is_refused_with_that_reason(tmp_path):
+    import onnx
+
+    proto = onnx.parser.parse_model("""<ir_version: 4, opset_import: ["" : 9]>
+        g (float[4] a) => (float[4] y) <int8[4] q = {1, 2, 3, 4}, float s = {0.5}> {
+            w = DequantizeLinear(q, s)
+            y = Add(a, w)
+        }""")
+    src = tmp_path / "op9.onnx"
+    onnx.save(proto, src)
+    r = CliRunner().invoke(cli, ["fold", str(src), "-o", str(tmp_path / "f.onnx")], env=ENV)
+    assert r.exit_code == 1, r.output
+    assert "refused" in r.stdout, r.stdout
+    assert "ai.onnx DequantizeLinear does not exist at opset 9" in r.stdout, r.stdout
+    assert "not constant" not in r.stdout

@@ -18,7 +18,7 @@ from dqtool.convert import adapters_dq, blocked, decompose, generic, value_info
 from dqtool.convert.context import Context, Options, Step
 from dqtool.convert.registry import Outcome, Registry, default_registry
 from dqtool.convert.report import ConversionRefused, ConvertReport, NodeChange, NodeRefusal
-from dqtool.errors import UsageError
+from dqtool.errors import InputError, UsageError
 
 QDQ = ("DequantizeLinear", "QuantizeLinear")
 FOREIGN = ("com.microsoft", "opmx", "pmx")
@@ -68,6 +68,9 @@ def _check_request(source: str, src: int | None, opset: int, direction: str) -> 
                          "installed onnx knows)")
     if src is None:
         return
+    if src < 1:
+        raise InputError(f"{source}: declares ai.onnx opset {src}, which does not exist "
+                         "(opsets start at 1)")
     if direction == "upgrade" and opset < src:
         raise UsageError(f"{source} is at ai.onnx opset {src}; upgrade goes up (use "
                          f"downgrade --opset {opset})")

@@ -83,6 +83,10 @@ class DequantizeFoldPass(ir.passes.InPlacePass):
         node = site.node
         spec = codecs.read_node(node, site.opsets)
         name = node.name or node.outputs[0].name
+        if spec.since_version == 0:  # no version of the op at this opset: nothing was read
+            reason = "; ".join(p.message for p in spec.errors)
+            self.left.append(LeftNode(name, site.graph, reason, refused=True))
+            return False
         if not spec.constant:
             reason = not_constant_reason(node, spec, site.function)
             self.left.append(LeftNode(name, site.graph, reason))
