@@ -266,3 +266,57 @@ def test_an_input_it_cannot_generate_names_the_file(tmp_path):
     assert r.exit_code == 2, r.output
     assert r.stderr == (f"dqtool: error: {path}: input 'x' is STRING, which dqtool cannot "
                         "generate\n")
+
+
+def _parsed(tmp_path, name: str, text: str):
+    path = tmp_path / name
+    onnx.save(onnx.parser.parse_model(text), path)
+    return path
+
+
+def test_against_same_weights_through_a_transpose_are_identical_on_both_runtimes(tmp_path):
+    """NumPy's MatMul sums in another order on a transposed view (2e-6 apart here); the
+    reference runtime computes on contiguous copies, so only values matter."""
+    rng = np.random.default_rng(0)
+    w = rng.standard_normal((64, 16)).astype(np.float32)
+    plain = onnx.parser.parse_model("""<ir_version: 7, opset_import: ["" : 13]>
+        g (float[2, 64] x) => (float[2, 16] y) { y = MatMul(x, w) }""")
+    plain.graph.initializer.append(onnx.numpy_helper.from_array(w, "w"))
+    moved = onnx.parser.parse_model("""<ir_version: 7, opset_import: ["" : 13]>
+        g (float[2, 64] x) => (float[2, 16] y) {
+            w = Transpose<perm = [1, 0]>(wt)
+            y = MatMul(x, w)
+        }""")
+    moved.graph.initializer.append(onnx.numpy_helper.from_array(np.ascontiguousarray(w.T),
+                                                                "wt"))
+    onnx.save(plain, tmp_path / "plain.onnx")
+    onnx.save(moved, tmp_path / "moved.onnx")
+    report = check(tmp_path / "moved.onnx", against=tmp_path / "plain.onnx")
+    assert report.passed
+    for comparison in report.comparisons:
+        assert comparison.skipped is None
+        assert [o.max_abs for o in comparison.outputs] == [0.0]
+
+
+def test_against_skips_a_runtime_that_cannot_run_a_model(tmp_path):
+    # com.microsoft Gelu: onnxruntime runs it, onnx's reference evaluator has no Gelu there.
+    text = """<ir_version: 7, opset_import: ["" : 13, "com.microsoft" : 1]>
+        g (float[2, 8] x) => (float[2, 8] y) { y = com.microsoft.Gelu(x) }"""
+    a, b = _parsed(tmp_path, "a.onnx", text), _parsed(tmp_path, "b.onnx", text)
+    result = run("check", str(a), "--against", str(b), "--json")
+    doc = json.loads(result.output)
+    assert result.exit_code == 0, result.output
+    by_runtime = {c["runtime"]: c for c in doc["comparisons"]}
+    assert by_runtime["onnxruntime"]["skipped"] is None
+    assert by_runtime["onnxruntime"]["outputs"][0]["passed"]
+    assert by_runtime["reference"]["skipped"].startswith("reference cannot run")
+
+
+def test_against_fails_when_no_runtime_could_compare(tmp_path):
+    text = """<ir_version: 7, opset_import: ["" : 13, "nowhere.known" : 1]>
+        g (float[2] x) => (float[2] y) { y = nowhere.known.Thing(x) }"""
+    a, b = _parsed(tmp_path, "a.onnx", text), _parsed(tmp_path, "b.onnx", text)
+    result = run("check", str(a), "--against", str(b))
+    assert result.exit_code == 1, result.output
+    assert "no runtime could run both models" in result.output
+    assert result.output.rstrip().endswith("FAILED")

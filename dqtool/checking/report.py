@@ -33,9 +33,14 @@ class CheckReport:
     @property
     def passed(self) -> bool:
         if self.against is not None:
-            return all(c.passed for c in self.comparisons)
+            return self.compared and all(c.passed for c in self.comparisons)
         return (self.structure is None or self.structure.passed) and all(
             n.passed for n in self.nodes)
+
+    @property
+    def compared(self) -> bool:
+        """With --against: at least one runtime ran both models."""
+        return any(c.skipped is None for c in self.comparisons)
 
     @property
     def exit_code(self) -> int:

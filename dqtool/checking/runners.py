@@ -88,6 +88,36 @@ def run_ort(model: onnx.ModelProto, feeds: Mapping[str, np.ndarray],
     return dict(zip(names, (np.asarray(v) for v in values), strict=True))
 
 
+def _layout_free_ops() -> list[type]:
+    """MatMul and Gemm on C-contiguous inputs. NumPy hands a transposed or reshaped view to
+    BLAS as is, and BLAS sums in another order for it: the same values gave outputs 2e-6
+    apart when a converted model made its weight through Reshape/Transpose. On contiguous
+    copies the result depends on the values alone, as a comparison between models needs."""
+    from onnx.reference.ops.op_gemm import Gemm_7
+    from onnx.reference.ops.op_matmul import MatMul
+
+    class _MatMul(MatMul):
+        def _run(self, a, b):  # type: ignore[override]
+            return super()._run(np.ascontiguousarray(a), np.ascontiguousarray(b))
+
+    class _Gemm(Gemm_7):
+        def _run(self, a, b, c=None, alpha=None, beta=None, transA=None,  # type: ignore[override]
+                 transB=None):
+            return super()._run(np.ascontiguousarray(a), np.ascontiguousarray(b), c, alpha,
+                                beta, transA, transB)
+
+    # ReferenceEvaluator keys new_ops by (op_domain, class name).
+    return [type("MatMul", (_MatMul,), {"op_domain": ""}),
+            type("Gemm", (_Gemm,), {"op_domain": ""})]
+
+
+def _new_ops(model: onnx.ModelProto) -> list[type]:
+    # Gemm before opset 7 has `broadcast`, which the Gemm-7 implementation lacks.
+    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
+    ops = _layout_free_ops()
+    return ops if opset >= 7 else ops[:1]
+
+
 def run_reference(model: onnx.ModelProto, feeds: Mapping[str, np.ndarray],
                   outputs: Sequence[str] | None = None,
                   external_dir: Path | None = None) -> dict[str, np.ndarray]:
@@ -97,7 +127,8 @@ def run_reference(model: onnx.ModelProto, feeds: Mapping[str, np.ndarray],
 
     try:
         sess = reference_evaluator(model if external_dir is None
-                                   else in_memory_container(model, external_dir))
+                                   else in_memory_container(model, external_dir),
+                                   new_ops=_new_ops(model))
     except Exception as e:  # a model the evaluator cannot load is a finding, not a crash
         raise _failure(e) from None
     names = list(outputs) if outputs is not None else [o.name for o in model.graph.output]

@@ -73,6 +73,8 @@ def render(app: App, doc: dict) -> None:
         _render_against(app, doc)
     for note in doc["notes"]:
         app.out.print(f"note: {note}")
+    if doc["mode"] == "against" and all(c["skipped"] for c in doc["comparisons"]):
+        app.out.print("nothing compared: no runtime could run both models")
     app.out.print("PASSED" if doc["passed"] else "FAILED")
 
 
