@@ -200,3 +200,41 @@ def stored_bytes(type_name: str | None, shape: tuple[int | str | None, ...] | No
     if n is None or type_name is None or type_name not in types.TYPES:
         return None
     return (n * types.TYPES[type_name].bits + 7) // 8
+
+
+def first_out_of_order(g: ir.Graph | ir.Function,
+                       outer: frozenset[ir.Value] = frozenset()) -> tuple[ir.Node, ir.Value] | None:
+    """The first node of ``g`` that reads (itself or in a subgraph) a value made by a node
+    after it, and that value; None when the graph is topologically sorted as onnx requires.
+    A subgraph may read what its parent graph made before the node that holds it."""
+    available = set(outer)
+    for node in g:
+        for v in node.inputs:
+            if v is not None and v.producer() is not None and v not in available:
+                return node, v
+        for attr in node.attributes.values():
+            subs = [attr.value] if attr.type == ir.AttributeType.GRAPH else (
+                list(attr.value) if attr.type == ir.AttributeType.GRAPHS else [])
+            for sub in subs:
+                found = first_out_of_order(sub, frozenset(available))
+                if found is not None:
+                    return node, found[1]  # the node of `g` that holds the subgraph
+        available.update(node.outputs)
+    return None
+
+
+def sort_if_needed(model: ir.Model) -> list[str]:
+    """Put the main graph and each function in topological order when they are not (onnx
+    requires it; onnxruntime's quantizer writes an If before the node that makes a value
+    its branches read). Sorted graphs are left exactly as they are. Returns what was done."""
+    done = []
+    for g, label in [(model.graph, "main graph"),
+                     *((f, f"function {f.name}") for f in model.functions.values())]:
+        found = first_out_of_order(g)
+        if found is None:
+            continue
+        node, value = found
+        g.sort()
+        done.append(f"{label}: nodes put in topological order ({node.op_type} "
+                    f"'{node.name}' read '{value.name}' before the node that makes it)")
+    return done

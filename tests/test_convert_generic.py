@@ -434,3 +434,43 @@ def test_a_model_at_ai_onnx_opset_0_is_bad_input(tmp_path):
     assert r.stderr == (f"dqtool: error: {src}: declares ai.onnx opset 0, which does not "
                         "exist (opsets start at 1)\n")
     assert not (tmp_path / "o.onnx").exists()
+
+
+def test_a_graph_out_of_topological_order_is_sorted_and_says_so(tmp_path):
+    """onnxruntime's quantizer writes an If before the node that makes what its branches
+    read; onnx's checker rejects that. The conversion puts the nodes in order."""
+    import numpy as np
+    from onnx import TensorProto, helper
+
+    branch = helper.make_graph(
+        [helper.make_node("Identity", ["h"], ["b_out"], name="then_id")], "branch", [],
+        [helper.make_tensor_value_info("b_out", TensorProto.FLOAT, [2])])
+    nodes = [
+        helper.make_node("If", ["c"], ["y"], name="if0", then_branch=branch,
+                         else_branch=branch),
+        helper.make_node("DequantizeLinear", ["q", "s"], ["h"], name="dq"),
+    ]
+    g = helper.make_graph(
+        nodes, "g", [helper.make_tensor_value_info("c", TensorProto.BOOL, [])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])],
+        [onnx.numpy_helper.from_array(np.array([3, -4], np.int8), "q"),
+         onnx.numpy_helper.from_array(np.array(0.5, np.float32), "s")])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)])
+    m.ir_version = 7
+    src = tmp_path / "unsorted.onnx"
+    onnx.save(m, src)
+    with pytest.raises(onnx.checker.ValidationError, match="topologically sorted"):
+        onnx.checker.check_model(m)
+    report = dqtool.upgrade(src, 21, tmp_path / "out.onnx")
+    assert report.warnings == ["main graph: nodes put in topological order (If 'if0' read "
+                               "'h' before the node that makes it)"]
+    out = onnx.load(tmp_path / "out.onnx")
+    onnx.checker.check_model(out, full_check=True)
+    assert [n.name for n in out.graph.node] == ["dq", "if0"]
+    import onnxruntime as ort
+
+    sess = ort.InferenceSession(out.SerializeToString(), providers=["CPUExecutionProvider"])
+    assert sess.run(None, {"c": np.array(True)})[0].tolist() == [1.5, -2.0]
+    # a sorted model keeps its order and gets no such warning
+    again = dqtool.upgrade(tmp_path / "out.onnx", 23, tmp_path / "out23.onnx")
+    assert again.warnings == []

@@ -51,6 +51,7 @@ def run(model_or_path: ir.Model | str | os.PathLike, opset: int,
     if report.refusals:
         raise ConversionRefused(report)
     _remove_orphans(ctx)
+    report.warnings.extend(graph.sort_if_needed(model))
     _set_opsets(model, opset)
     model.ir_version = io.lowest_ir_version(model)
     report.to_ir_version = model.ir_version
