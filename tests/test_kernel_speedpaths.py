@@ -192,8 +192,8 @@ def test_recycling_needs_the_same_size_and_can_be_disabled(recycle_small, monkey
     assert dequantize(x, np.float32(1)).base is None  # plain np.empty
 
 
-# Scales at the edges of the shifted-scale path (signed sub-byte codes times 2**shift, scale
-# divided by 2**shift): tiny ones whose quotient would round, signed zeros, infinities, NaN.
+# Edge scales for the signed sub-byte codes (converted by ml_dtypes' cast, see
+# dequantize._direct_cast): tiny and subnormal ones, signed zeros, infinities, NaN.
 EDGE_SCALES = np.array(
     [1.0, 0.75, -3.5, 0.0, -0.0, np.inf, -np.inf, np.nan, 2.0**-149, 3 * 2.0**-140,
      2.0**-126, 2.0**-120, 2.0**-119, 1.5 * 2.0**-122, 3.4e38],
@@ -203,8 +203,8 @@ EDGE_SCALES = np.array(
 
 @pytest.mark.parametrize("dtype", [ml_dtypes.int4, ml_dtypes.int2])
 @pytest.mark.parametrize("positive", [False, True], ids=["edges", "positive"])
-def test_signed_sub_byte_shifted_scale(small_chunks, dtype, positive) -> None:
-    """Every layout, with scales that allow the shifted path or force the shifting one."""
+def test_signed_sub_byte_edge_scales(small_chunks, dtype, positive) -> None:
+    """Every layout, with edge scales (and only normal positive ones): bit-exact."""
     rng = np.random.default_rng(7)
     scales = EDGE_SCALES[EDGE_SCALES > 2.0**-119] if positive else EDGE_SCALES
     for kind, axis, block in LAYOUTS:
@@ -212,7 +212,7 @@ def test_signed_sub_byte_shifted_scale(small_chunks, dtype, positive) -> None:
         scale = rng.choice(scales, size=scale.shape).astype(np.float32)
         got = dequantize(x, scale, axis=axis, block_size=block)
         assert_bits_equal(got, oracle(x, scale, None, axis, block), f"{kind} {axis} {block}")
-    for s in EDGE_SCALES:  # one tiny scale alone decides the path for the whole tensor
+    for s in EDGE_SCALES:  # per-tensor, one edge scale at a time
         x = codes(rng, dtype, (6, 40))
         got = dequantize(x, np.float32(s))
         assert_bits_equal(got, oracle(x, np.float32(s), None, 0, 0), f"scale {s}")
