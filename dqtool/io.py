@@ -223,8 +223,12 @@ def save(
     external: bool | None = None,
     shard_size: int | None = None,
     callback: Callable | None = None,
+    verify: Callable[[Path], None] | None = None,
 ) -> list[Path]:
     """Write ``model`` to ``out`` atomically; returns the files written.
+
+    ``verify(path)`` is called with the written model's temporary path before anything is
+    renamed into place; if it raises, nothing is written.
 
     ``external=None`` chooses: external data (``<name>.data`` next to ``out``) when the
     input used it or the tensors would pass protobuf's 2 GiB limit. Everything is written
@@ -255,6 +259,8 @@ def save(
         else:
             _internalize(model)
             ir.save(model, tmp / out.name)
+        if verify is not None:
+            verify(tmp / out.name)
         written = sorted(tmp.iterdir(), key=lambda f: f.name == out.name)  # model file last
         _refuse_overwriting_sources(model, out, [parent / f.name for f in written])
         final = []

@@ -228,3 +228,48 @@ def test_check_on_a_path_loads_the_model_once(tmp_path, monkeypatch):
     assert report.check["ok"]
     assert report.source == str(MODELS / "ort_qdq_contrib.onnx")
     assert loads == [MODELS / "ort_qdq_contrib.onnx"]
+
+
+def test_check_of_an_external_data_model_runs_from_its_files(tmp_path, monkeypatch):
+    """A model with external data is checked from its files, the converted one as written
+    (before it is renamed into place). Past the Q/DQ budget only the final outputs are
+    compared, strictly, and onnx's evaluator is skipped when it would hold too much."""
+    from dqtool.checking import models as check_models
+
+    folder = tmp_path / "in"
+    shutil.copytree(MODELS / "external_data", folder)
+    monkeypatch.setattr(verify, "QDQ_MAX_BYTES", 1)
+    monkeypatch.setattr(verify, "REFERENCE_MAX_BYTES", 1)
+    seen = []
+    real_load = check_models.load
+    monkeypatch.setattr(check_models, "load", lambda m, in_files=False: seen.append(
+        real_load(m, in_files)) or seen[-1])
+    out = tmp_path / "out" / "m.onnx"
+    out.parent.mkdir()
+    report = dqtool.upgrade(folder / "model.onnx", 21, out, check=True)
+    check = report.check
+    assert check["ok"], check
+    assert check["runtimes"][verify.ORT] == "identical"
+    assert check["runtimes"][verify.REFERENCE].startswith("skipped: it would hold about")
+    assert any(n.startswith("Q/DQ results not compared one by one") for n in check["notes"])
+    # both models ran from files: the input's folder, then the output's temporary folder
+    dirs = [entry.external_dir for entry in seen]
+    assert dirs[0] == folder and dirs[1].parent == out.parent and dirs[1] != out.parent
+    assert sorted(p.name for p in out.parent.iterdir()) == ["m.onnx", "m.onnx.data"]
+
+
+def test_check_past_the_qdq_budget_compares_final_outputs_strictly(monkeypatch):
+    # Y = MatMul(Relu(MatMul(X, W1)), W2) with W2's scale changed: Y differs.
+    original = onnx.load(MODELS / "external_data" / "model.onnx")
+    tampered = onnx.load(MODELS / "external_data" / "model.onnx")
+    scale = next(t for t in tampered.graph.initializer if t.name == "W2_scale")
+    values = onnx.numpy_helper.to_array(scale).copy()
+    values.flat[0] *= 2
+    scale.CopyFrom(onnx.numpy_helper.from_array(values, scale.name))
+    assert verify.compare(original, tampered)["runtimes"][verify.ORT].startswith(
+        "DIFFERENT Q/DQ result: W2:")
+    monkeypatch.setattr(verify, "QDQ_MAX_BYTES", 1)
+    result = verify.compare(original, tampered)
+    assert not result["ok"]
+    for runtime in (verify.REFERENCE, verify.ORT):
+        assert result["runtimes"][runtime].startswith("DIFFERENT: Y:"), result

@@ -266,17 +266,22 @@ def test_check_runs_like_dqtool_check(tmp_path, monkeypatch):
             [neg] z = Neg(x)
         }""")
     fed, options = [], []
-    real_ref, real_session = runners.run_reference, ort.InferenceSession
+    real_ref, real_session = runners.reference_session, ort.InferenceSession
 
-    def spy_ref(model, feeds, *a, **k):
-        fed.append(dict(feeds))
-        return real_ref(model, feeds, *a, **k)
+    def spy_ref(*args, **kwargs):
+        session = real_ref(*args, **kwargs)
+
+        def run(feeds, outputs=None):
+            fed.append(dict(feeds))
+            return session(feeds, outputs)
+
+        return run
 
     def spy_session(model, so, *a, **k):
         options.append((so.log_severity_level, so.graph_optimization_level))
         return real_session(model, so, *a, **k)
 
-    monkeypatch.setattr(runners, "run_reference", spy_ref)
+    monkeypatch.setattr(runners, "reference_session", spy_ref)
     monkeypatch.setattr(ort, "InferenceSession", spy_session)
     report = dqtool.upgrade(src, 21, check=True)
     assert all(report.check["runtimes"][name] == "identical" for name in BOTH), report.check

@@ -57,8 +57,9 @@ class Loaded:
                 "given the path)")
 
 
-def load(model: ModelLike) -> Loaded:
-    """The model as a check runs it. Bad files raise InputError."""
+def load(model: ModelLike, in_files: bool = False) -> Loaded:
+    """The model as a check runs it. Bad files raise InputError. ``in_files``: a model
+    file's external tensors stay in their files whatever their size."""
     if isinstance(model, onnx.ModelProto):
         return Loaded("<memory>", model)
     if isinstance(model, ir.Model):
@@ -71,7 +72,7 @@ def load(model: ModelLike) -> Loaded:
     # The safety checks (missing, truncated, escaping external data); tensors not read.
     proto = io.read_proto(path)
     size = external_size(proto, path.parent)
-    if size + proto.ByteSize() > MAX_IN_PROTO:
+    if size + proto.ByteSize() > MAX_IN_PROTO or (in_files and size):
         return Loaded(str(model), proto, path.parent, path, size)
     external_data_helper.load_external_data_for_model(proto, str(path.parent))
     return Loaded(str(model), proto, path=path)

@@ -53,6 +53,7 @@ def downgrade(model_or_path: ModelArg, opset: int, out: str | os.PathLike | None
 def _convert(model_or_path: ModelArg, opset: int, out, direction: Literal["upgrade", "downgrade"],
              options: Options, check: bool, in_place: bool) -> ConvertReport:
     from dqtool import io
+    from dqtool.checking.models import MAX_IN_PROTO
     from dqtool.convert import pipeline, verify
 
     is_path = not isinstance(model_or_path, ir.Model)
@@ -64,20 +65,32 @@ def _convert(model_or_path: ModelArg, opset: int, out, direction: Literal["upgra
         out = model_or_path
     if out is not None and is_path:
         io.no_overwrite_of_input(model_or_path, out, in_place)
-    original = None
     model, path = model_or_path, None
-    if check:
-        if is_path:  # loaded once: the original's proto is taken before converting
-            model, path = io.load(model_or_path), model_or_path
-        original = verify.to_proto(model)
+    if check and is_path:  # loaded once
+        model, path = io.load(model_or_path), model_or_path
+    # A model with external data is checked from its files, the converted one as written
+    # (before it is renamed into place): no tensor is copied into a protobuf, so any size
+    # works. Otherwise both are checked in memory, which protobuf limits to 2 GB.
+    from_files = check and out is not None and path is not None and \
+        io.uses_external_data(model)
+    if check and not from_files and io.tensor_bytes(model) > MAX_IN_PROTO:
+        raise UsageError("check on a model past protobuf's 2 GB limit needs the model's path "
+                         "and an output path (both models are then checked from their files)")
+    if check:  # the original as it is now, before the conversion changes it in place
+        original = verify.loaded(path if from_files else model)
     report = pipeline.run(model, opset, direction, options, path=path)
-    if check:
+
+    def run_check(converted: ir.Model | Path) -> None:
         try:
-            report.check = verify.compare(original, verify.to_proto(report.model))
+            report.check = verify.compare(original, verify.loaded(converted))
         except InputError as e:
             raise InputError(f"{report.source}: --check: {e}") from None
         if not report.check["ok"]:
             raise CheckFailed(report)
+
+    if check and not from_files:
+        run_check(report.model)
     if out is not None:
-        report.written = [str(p) for p in io.save(report.model, out)]
+        written = io.save(report.model, out, verify=run_check if from_files else None)
+        report.written = [str(p) for p in written]
     return report

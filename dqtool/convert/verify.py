@@ -13,8 +13,10 @@ opset / IR version / kernel is skipped only when the reference evaluator agreed.
 
 from __future__ import annotations
 
+import os
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -28,22 +30,11 @@ REFERENCE = "dqtool.reference_evaluator"
 ORT = f"onnxruntime (CPU, {runners.ORT_LEVEL})"
 
 
-def to_proto(model: ir.Model | onnx.ModelProto) -> onnx.ModelProto:
-    """The model as the runtimes run it, its tensors read in (``checking.models.load``:
-    an ``onnx_ir`` model's external tensors come from the folder each was loaded from)."""
-    return models.load(model).proto
-
-
-def _same(a: list[np.ndarray], b: list[np.ndarray]) -> str | None:
-    if len(a) != len(b):
-        return f"{len(a)} outputs against {len(b)}"
-    for i, (x, y) in enumerate(zip(a, b, strict=True)):
-        if x.dtype != y.dtype or x.shape != y.shape:
-            return f"output {i}: {x.dtype}{x.shape} against {y.dtype}{y.shape}"
-        if x.tobytes() != y.tobytes():
-            diff = np.count_nonzero(x.view(np.uint8) != y.view(np.uint8))
-            return f"output {i}: {diff} bytes differ"
-    return None
+def loaded(model: ir.Model | onnx.ModelProto | str | os.PathLike) -> models.Loaded:
+    """The model as the runtimes run it: an in-memory model with its tensors read into the
+    protobuf; a model file with its external tensors left in their files (onnxruntime reads
+    them from the folder, the reference evaluator memory-maps them)."""
+    return models.load(model, in_files=True)
 
 
 def with_qdq_outputs(original: onnx.ModelProto, converted: onnx.ModelProto
@@ -58,49 +49,109 @@ def with_qdq_outputs(original: onnx.ModelProto, converted: onnx.ModelProto
     return models.with_outputs(original, names), models.with_outputs(converted, names), names
 
 
-Run = Callable[[onnx.ModelProto, Mapping[str, np.ndarray]], dict[str, np.ndarray]]
+# Every Q/DQ result is an extra output of one run while they total at most this many bytes;
+# past it only the final outputs are compared (onnxruntime holds every graph output of a run
+# to its end: a 2.4 GB model's dequantized weights took 12 GB).
+QDQ_MAX_BYTES = 1 << 30
+# onnx's evaluator keeps every value of a run until it ends: past this many bytes of
+# dequantized values it is skipped.
+REFERENCE_MAX_BYTES = 4 << 30
 
 
-def compare(original: onnx.ModelProto, converted: onnx.ModelProto, seed: int = 0
+def _value_bytes(model: onnx.ModelProto, names: list[str]) -> int:
+    """An upper bound on the bytes of these Q/DQ results (4 per element) where their
+    input's shape is known from an initializer or value_info (activations: unknown, small)."""
+    shapes = {t.name: list(t.dims) for t in model.graph.initializer}
+    for vi in [*model.graph.input, *model.graph.value_info]:
+        dims = vi.type.tensor_type.shape.dim
+        if vi.type.tensor_type.HasField("shape") and all(d.HasField("dim_value") for d in dims):
+            shapes.setdefault(vi.name, [d.dim_value for d in dims])
+    made_from = {n.output[0]: n.input[0] for n in model.graph.node
+                 if n.op_type in ("DequantizeLinear", "QuantizeLinear") and n.input}
+    total = 0
+    for name in names:
+        dims = shapes.get(made_from.get(name, ""))
+        total += 4 * int(np.prod(dims, dtype=np.int64)) if dims is not None else 0
+    return total
+
+
+def _first_difference(names: list[str], a: dict[str, np.ndarray],
+                      b: dict[str, np.ndarray]) -> str | None:
+    for name in names:
+        x, y = a[name], b[name]
+        if x.dtype != y.dtype or x.shape != y.shape:
+            return f"{name}: {x.dtype}{x.shape} against {y.dtype}{y.shape}"
+        if x.tobytes() != y.tobytes():
+            diff = np.count_nonzero(x.view(np.uint8) != y.view(np.uint8))
+            return f"{name}: {diff} bytes differ"
+    return None
+
+
+Open = Callable[[onnx.ModelProto, Path | None], runners.Session]
+
+
+def compare(original_model: models.Loaded | onnx.ModelProto,
+            converted_model: models.Loaded | onnx.ModelProto, seed: int = 0
             ) -> dict[str, Any]:
     """Bitwise comparison of the outputs and of every Q/DQ result;
     ``{"ok": bool, "runtimes": {name: "identical" | reason}}``.
 
     A final-output difference with bit-identical Q/DQ results is reported but does not fail:
-    numpy's MatMul rounds differently on a transposed view, and onnxruntime's float16 MatMul
-    was seen to differ by one ulp on identical inputs held in different buffers.
+    onnxruntime's float16 MatMul was seen to differ by one ulp on identical inputs held in
+    different buffers. Models whose tensors stay in their files (``models.Loaded``) are run
+    from there, one session at a time.
     """
+    if isinstance(original_model, onnx.ModelProto):
+        original_model = models.Loaded("<memory>", original_model)
+    if isinstance(converted_model, onnx.ModelProto):
+        converted_model = models.Loaded("<memory>", converted_model)
+    original, converted = original_model.proto, converted_model.proto
     feeds, _ = inputs.generate(original, seed=seed)
-    checker = _checker(converted)
-    if checker != "ok" and _checker(original) != "ok":
+    checker = _checker(converted_model)
+    if checker != "ok" and _checker(original_model) != "ok":
         checker = "skipped: the original fails onnx.checker too"
-    qdq_made = {o for n in original.graph.node
-                if n.op_type in ("DequantizeLinear", "QuantizeLinear") for o in n.output[:1]}
-    qdq_final = [i for i, v in enumerate(original.graph.output) if v.name in qdq_made]
-    original, converted, extra = with_qdq_outputs(original, converted)
-    n_final = len(original.graph.output) - len(extra)
+    finals = [v.name for v in original.graph.output]
+    qdq_made = sorted(o for n in original.graph.node
+                      if n.op_type in ("DequantizeLinear", "QuantizeLinear")
+                      for o in n.output[:1])
+    held = _value_bytes(original, qdq_made)
+    notes = []
+    if held <= QDQ_MAX_BYTES:
+        original, converted, extra = with_qdq_outputs(original, converted)
+    else:
+        extra = []
+        notes.append(f"Q/DQ results not compared one by one (about {held / 2**30:.1f} GiB "
+                     "of values): the final outputs are compared, strictly")
+    qdq_names = extra + [name for name in finals if name in set(qdq_made)]
     result: dict[str, Any] = {"ok": True, "runtimes": {}, "inputs_seed": seed}
     # onnxruntime gets the models as every check hands them to it (IR version lowered to
     # what their opsets need when it loads no higher; the graph untouched).
     ort_original, note = models.for_ort(original)
     ort_converted, note_converted = models.for_ort(converted)
-    notes = [f"{label}: {n}" for label, n in (("the original", note),
-                                               ("the converted model", note_converted)) if n]
+    notes[:0] = [f"{label}: {n}" for label, n in (("the original", note),
+                                                   ("the converted model", note_converted))
+                 if n]
     if notes:
         result["notes"] = notes
     compared = 0
     reference_agrees = False
-    runs: list[tuple[str, Run, onnx.ModelProto, onnx.ModelProto]] = [
-        (REFERENCE, runners.run_reference, original, converted),
-        (ORT, runners.run_ort, ort_original, ort_converted)]
-    for name, run, model_a, model_b in runs:
+    runtimes: list[tuple[str, Open, onnx.ModelProto, onnx.ModelProto]] = [
+        (REFERENCE, runners.reference_session, original, converted),
+        (ORT, runners.ort_session, ort_original, ort_converted)]
+    for name, open_session, model_a, model_b in runtimes:
+        if name == REFERENCE and held > REFERENCE_MAX_BYTES:
+            result["runtimes"][name] = (
+                f"skipped: it would hold about {held / 2**30:.1f} GiB of dequantized values "
+                "at once (onnx's evaluator keeps every value of a run)")
+            continue
+        # One session at a time: a large model's weights are held once, not twice.
         try:
-            a = list(run(model_a, feeds).values())
+            got_a = open_session(model_a, original_model.external_dir)(feeds, None)
         except runners.RuntimeFailure as e:  # the original does not run there: skip it
             result["runtimes"][name] = f"skipped: original does not run ({e})"
             continue
         try:
-            b = list(run(model_b, feeds).values())
+            got_b = open_session(model_b, converted_model.external_dir)(feeds, None)
         except runners.RuntimeFailure as e:
             unsupported = _unsupported(e, converted) if name == ORT else None
             if unsupported and reference_agrees:
@@ -112,19 +163,19 @@ def compare(original: onnx.ModelProto, converted: onnx.ModelProto, seed: int = 0
                                             f"({e})")
                 result["ok"] = False
             continue
+        final_diff = _first_difference(finals, got_a, got_b)
+        qdq_diff = _first_difference(qdq_names, got_a, got_b)
+        del got_a, got_b
         compared += 1
-        qa, qb = a[n_final:] + [a[i] for i in qdq_final], b[n_final:] + [b[i] for i in qdq_final]
-        qdq_diff = _same(qa, qb)
-        final_diff = _same(a[:n_final], b[:n_final])
         if qdq_diff:
             text, ok = f"DIFFERENT Q/DQ result: {qdq_diff}", False
-        elif final_diff and not qa:
+        elif final_diff and not qdq_names:
             # No Q/DQ result vouches for the inputs of the ops that differ.
             text, ok = f"DIFFERENT: {final_diff}", False
         elif final_diff:
             # Identical Q/DQ results, so the ops after them differ on identical inputs
-            # (numpy's MatMul on a transposed view; onnxruntime's float16 MatMul on a
-            # differently placed buffer): not the conversion's doing.
+            # (onnxruntime's float16 MatMul on a differently placed buffer): not the
+            # conversion's doing.
             text, ok = (f"Q/DQ results identical; final {final_diff} (downstream op "
                         "rounding on identical inputs)"), True
         else:
@@ -189,9 +240,11 @@ def _unsupported(e: runners.RuntimeFailure, model: onnx.ModelProto) -> str | Non
     return None
 
 
-def _checker(model: onnx.ModelProto) -> str:
+def _checker(model: models.Loaded) -> str:
     try:
-        onnx.checker.check_model(model, full_check=True)
+        # Past 2 GB onnx's checker must read the file itself.
+        onnx.checker.check_model(model.proto if model.external_dir is None
+                                 else str(model.path), full_check=True)
         return "ok"
     except Exception as e:
         return f"FAILED: {one_line(e)}"
