@@ -320,3 +320,36 @@ def test_against_fails_when_no_runtime_could_compare(tmp_path):
     assert result.exit_code == 1, result.output
     assert "no runtime could run both models" in result.output
     assert result.output.rstrip().endswith("FAILED")
+
+
+def test_against_skips_the_reference_when_it_would_hold_too_much(tmp_path, monkeypatch):
+    from dqtool.checking import models as check_models
+
+    w, s = weights()
+    p = save(matmul_model(w, s), tmp_path / "m.onnx")
+    monkeypatch.setattr(check_models, "REFERENCE_MAX_BYTES", 1)
+    report = check(p, against=p)
+    assert report.passed
+    by_runtime = {c.runtime: c for c in report.comparisons}
+    assert by_runtime["onnxruntime"].skipped is None
+    assert by_runtime["reference"].skipped.startswith(
+        "reference skipped for the checked model: it would hold about")
+
+
+def test_check_alone_runs_a_weight_dq_by_itself(tmp_path, monkeypatch):
+    """A DQ of constants is not exposed from the whole-model run (a large model's weights
+    would all be held at once); it runs alone on both runtimes."""
+    from dqtool.checking import runners
+
+    w, s = weights()
+    p = save(matmul_model(w, s), tmp_path / "m.onnx")
+    exposed = []
+    real = runners.run_ort
+    monkeypatch.setattr(runners, "run_ort", lambda model, feeds, outputs=None, **k: (
+        exposed.append([o.name for o in model.graph.output]) or real(model, feeds, outputs,
+                                                                      **k)))
+    report = check(p)
+    assert report.passed and [n.status for n in report.nodes] == ["bit-exact"]
+    whole, alone = exposed
+    assert len(whole) == 1  # the model's own output only
+    assert alone == ["y"]

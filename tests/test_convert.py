@@ -239,7 +239,7 @@ def test_check_of_an_external_data_model_runs_from_its_files(tmp_path, monkeypat
     folder = tmp_path / "in"
     shutil.copytree(MODELS / "external_data", folder)
     monkeypatch.setattr(verify, "QDQ_MAX_BYTES", 1)
-    monkeypatch.setattr(verify, "REFERENCE_MAX_BYTES", 1)
+    monkeypatch.setattr(check_models, "REFERENCE_MAX_BYTES", 1)
     seen = []
     real_load = check_models.load
     monkeypatch.setattr(check_models, "load", lambda m, in_files=False: seen.append(

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import onnx
 
-from dqtool.checking import compare, runners
+from dqtool.checking import compare, models, runners
 from dqtool.checking.models import for_ort
 
 
@@ -79,6 +79,9 @@ def _on(runtime: str, run: Runner, model: tuple[onnx.ModelProto, Path | None],
         rtol: float, atol: float) -> RuntimeComparison:
     results = []
     for label, (m, d) in (("the checked model", model), ("the original", original)):
+        too_big = models.reference_too_big(m) if runtime == "reference" else None
+        if too_big:
+            return RuntimeComparison(runtime, (), f"{runtime} skipped for {label}: {too_big}")
         try:
             results.append(run(m, feeds, d))
         except runners.RuntimeFailure as e:

@@ -10,6 +10,7 @@ onnx's checker is given the path; the tensor data is never serialized into one p
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -31,6 +32,10 @@ MAX_IN_PROTO = onnx.checker.MAXIMUM_PROTOBUF
 EXTERNAL_FOLDER_KEY = "session.model_external_initializers_file_folder_path"
 
 ModelLike = str | os.PathLike | ir.Model | onnx.ModelProto
+
+# onnx's evaluator keeps every value of a run until the run ends: past this many bytes of
+# dequantized values a check skips it (onnxruntime frees values after their last use).
+REFERENCE_MAX_BYTES = 4 << 30
 
 
 @dataclass(frozen=True)
@@ -151,3 +156,30 @@ def for_ort(proto: onnx.ModelProto) -> tuple[onnx.ModelProto, str | None]:
     copy.ir_version = lowest
     return copy, (f"IR version {proto.ir_version} given to onnxruntime as {lowest} (the lowest "
                   f"the model needs; onnxruntime loads IR ≤ {ORT_MAX_IR})")
+
+
+def qdq_value_bytes(proto: onnx.ModelProto) -> int:
+    """An upper bound on the bytes the main graph's Q/DQ results take (4 per element)
+    where their input's shape is known from an initializer or value_info; activations,
+    whose shape is not known here, are small and not counted."""
+    shapes = {t.name: list(t.dims) for t in proto.graph.initializer}
+    for vi in [*proto.graph.input, *proto.graph.value_info]:
+        dims = vi.type.tensor_type.shape.dim
+        if vi.type.tensor_type.HasField("shape") and all(d.HasField("dim_value") for d in dims):
+            shapes.setdefault(vi.name, [d.dim_value for d in dims])
+    total = 0
+    for node in proto.graph.node:
+        if node.op_type in ("DequantizeLinear", "QuantizeLinear") and node.input:
+            dims = shapes.get(node.input[0])
+            if dims is not None:
+                total += 4 * math.prod(dims)
+    return total
+
+
+def reference_too_big(proto: onnx.ModelProto) -> str | None:
+    """Why onnx's evaluator should not run this model (the values it would hold), if so."""
+    held = qdq_value_bytes(proto)
+    if held <= REFERENCE_MAX_BYTES:
+        return None
+    return (f"it would hold about {held / 2**30:.1f} GiB of dequantized values at once "
+            "(onnx's evaluator keeps every value of a run)")

@@ -53,26 +53,6 @@ def with_qdq_outputs(original: onnx.ModelProto, converted: onnx.ModelProto
 # past it only the final outputs are compared (onnxruntime holds every graph output of a run
 # to its end: a 2.4 GB model's dequantized weights took 12 GB).
 QDQ_MAX_BYTES = 1 << 30
-# onnx's evaluator keeps every value of a run until it ends: past this many bytes of
-# dequantized values it is skipped.
-REFERENCE_MAX_BYTES = 4 << 30
-
-
-def _value_bytes(model: onnx.ModelProto, names: list[str]) -> int:
-    """An upper bound on the bytes of these Q/DQ results (4 per element) where their
-    input's shape is known from an initializer or value_info (activations: unknown, small)."""
-    shapes = {t.name: list(t.dims) for t in model.graph.initializer}
-    for vi in [*model.graph.input, *model.graph.value_info]:
-        dims = vi.type.tensor_type.shape.dim
-        if vi.type.tensor_type.HasField("shape") and all(d.HasField("dim_value") for d in dims):
-            shapes.setdefault(vi.name, [d.dim_value for d in dims])
-    made_from = {n.output[0]: n.input[0] for n in model.graph.node
-                 if n.op_type in ("DequantizeLinear", "QuantizeLinear") and n.input}
-    total = 0
-    for name in names:
-        dims = shapes.get(made_from.get(name, ""))
-        total += 4 * int(np.prod(dims, dtype=np.int64)) if dims is not None else 0
-    return total
 
 
 def _first_difference(names: list[str], a: dict[str, np.ndarray],
@@ -114,7 +94,7 @@ def compare(original_model: models.Loaded | onnx.ModelProto,
     qdq_made = sorted(o for n in original.graph.node
                       if n.op_type in ("DequantizeLinear", "QuantizeLinear")
                       for o in n.output[:1])
-    held = _value_bytes(original, qdq_made)
+    held = models.qdq_value_bytes(original)
     notes = []
     if held <= QDQ_MAX_BYTES:
         original, converted, extra = with_qdq_outputs(original, converted)
@@ -138,11 +118,10 @@ def compare(original_model: models.Loaded | onnx.ModelProto,
     runtimes: list[tuple[str, Open, onnx.ModelProto, onnx.ModelProto]] = [
         (REFERENCE, runners.reference_session, original, converted),
         (ORT, runners.ort_session, ort_original, ort_converted)]
+    too_big = models.reference_too_big(original)
     for name, open_session, model_a, model_b in runtimes:
-        if name == REFERENCE and held > REFERENCE_MAX_BYTES:
-            result["runtimes"][name] = (
-                f"skipped: it would hold about {held / 2**30:.1f} GiB of dequantized values "
-                "at once (onnx's evaluator keeps every value of a run)")
+        if name == REFERENCE and too_big:
+            result["runtimes"][name] = f"skipped: {too_big}"
             continue
         # One session at a time: a large model's weights are held once, not twice.
         try:
