@@ -20,15 +20,24 @@ import onnx
 from onnx.reference import ReferenceEvaluator
 from onnx.reference.op_run import OpRun
 
+from ..errors import KernelError
 from .dequantize import dequantize
 from .opmx import dequantize_opmx
 from .quantize import quantize
 
 
 def _np_dtype(code: int | None) -> np.dtype | None:
+    """The NumPy dtype of an ``output_dtype`` attribute (absent or 0: the default)."""
     if not code:
         return None
-    return np.dtype(onnx.helper.tensor_dtype_to_np_dtype(int(code)))
+    # Imported here, not at the top: dqtool.types loads onnx_ir (and sympy), ~0.35 s that a
+    # model without output_dtype attributes never needs.
+    from ..types import from_onnx_int
+
+    t = from_onnx_int(int(code))
+    if t is None:  # string, uint64, complex or no type at all: no (De)QuantizeLinear takes it
+        raise KernelError(f"output_dtype={code} is not an element type dqtool knows")
+    return t.dtype
 
 
 def _text(v: Any) -> str:

@@ -14,6 +14,9 @@ import ml_dtypes
 import numpy as np
 
 # x / zero-point types DequantizeLinear accepts (union over all versions and dialects).
+# The float sets below repeat dqtool.types.FLOAT8 / FLOAT_QUANT / OUTPUT_FLOATS on purpose:
+# dqtool.types imports onnx_ir (and with it sympy), which would make ``import dqtool.kernel``
+# ~0.35 s slower for nothing; tests/test_kernel_tables.py keeps the two in step.
 INT_TYPES: frozenset[np.dtype] = frozenset(
     np.dtype(t)
     for t in (
