@@ -12,6 +12,8 @@ import numpy as np
 import onnx_ir as ir
 
 from dqtool import types
+from dqtool.errors import InputError
+from dqtool.messages import one_line
 
 DEFAULT_DOMAINS = ("", "ai.onnx")
 
@@ -213,6 +215,8 @@ def first_out_of_order(g: ir.Graph | ir.Function,
             if v is not None and v.producer() is not None and v not in available:
                 return node, v
         for attr in node.attributes.values():
+            if attr.is_ref():  # a function's attribute reference: no graph of its own here
+                continue
             subs = [attr.value] if attr.type == ir.AttributeType.GRAPH else (
                 list(attr.value) if attr.type == ir.AttributeType.GRAPHS else [])
             for sub in subs:
@@ -234,7 +238,11 @@ def sort_if_needed(model: ir.Model) -> list[str]:
         if found is None:
             continue
         node, value = found
-        g.sort()
+        try:
+            g.sort()
+        except ValueError as e:  # onnx_ir: "Graph contains a cycle"
+            raise InputError(f"{label}: the nodes form a cycle, which no ONNX graph may "
+                             f"({one_line(e)})") from None
         done.append(f"{label}: nodes put in topological order ({node.op_type} "
                     f"'{node.name}' read '{value.name}' before the node that makes it)")
     return done

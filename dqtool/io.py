@@ -178,7 +178,7 @@ def _dtypes(model: ir.Model) -> Iterator[ir.DataType]:
                 if v.dtype is not None:
                     yield v.dtype
             for attr in node.attributes.values():
-                if attr.type == ir.AttributeType.TENSOR:
+                if attr.type == ir.AttributeType.TENSOR and not attr.is_ref():
                     yield attr.value.dtype
 
 

@@ -6,6 +6,7 @@ import json
 import shutil
 from pathlib import Path
 
+import numpy as np
 import onnx
 import onnx_ir as ir
 import pytest
@@ -273,3 +274,31 @@ def test_check_past_the_qdq_budget_compares_final_outputs_strictly(monkeypatch):
     assert not result["ok"]
     for runtime in (verify.REFERENCE, verify.ORT):
         assert result["runtimes"][runtime].startswith("DIFFERENT: Y:"), result
+
+
+def test_past_the_qdq_budget_a_q_dq_final_output_excuses_nothing(monkeypatch):
+    """A final output that is itself a DQ result (a bias) does not make the check lenient
+    when the other Q/DQ results were not compared: a changed weight scale must fail."""
+    from onnx import TensorProto, helper
+
+    def model(scale: float) -> onnx.ModelProto:
+        inits = [onnx.numpy_helper.from_array(np.arange(-8, 8, dtype=np.int8).reshape(4, 4),
+                                              "w"),
+                 onnx.numpy_helper.from_array(np.array(scale, np.float32), "s"),
+                 onnx.numpy_helper.from_array(np.arange(4, dtype=np.int8), "b"),
+                 onnx.numpy_helper.from_array(np.array(0.25, np.float32), "bs")]
+        g = helper.make_graph(
+            [helper.make_node("DequantizeLinear", ["w", "s"], ["wf"]),
+             helper.make_node("MatMul", ["x", "wf"], ["y"]),
+             helper.make_node("DequantizeLinear", ["b", "bs"], ["bias"])], "g",
+            [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
+            [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4]),
+             helper.make_tensor_value_info("bias", TensorProto.FLOAT, [4])], inits)
+        return helper.make_model(g, opset_imports=[helper.make_opsetid("", 21)],
+                                 ir_version=10)
+
+    monkeypatch.setattr(verify, "QDQ_MAX_BYTES", 0)
+    result = verify.compare(model(0.5), model(0.75))
+    assert not result["ok"]
+    for runtime in (verify.REFERENCE, verify.ORT):
+        assert result["runtimes"][runtime].startswith("DIFFERENT: y:"), result

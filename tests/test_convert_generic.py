@@ -479,3 +479,52 @@ def test_a_graph_out_of_topological_order_is_sorted_and_says_so(tmp_path):
     # a sorted model keeps its order and gets no such warning
     again = dqtool.upgrade(tmp_path / "out.onnx", 23, tmp_path / "out23.onnx")
     assert again.warnings == []
+
+
+def test_a_graph_with_a_cycle_is_bad_input(tmp_path):
+    from onnx import TensorProto, helper
+
+    g = helper.make_graph(
+        [helper.make_node("Relu", ["b"], ["a"], name="n1"),
+         helper.make_node("Relu", ["a"], ["b"], name="n2"),
+         helper.make_node("Add", ["a", "x"], ["y"], name="add")], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])])
+    src = tmp_path / "cycle.onnx"
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)],
+                                ir_version=7), src)
+    r = CliRunner().invoke(cli, ["upgrade", str(src), "--opset", "21", "-o",
+                                 str(tmp_path / "o.onnx")], env=ENV)
+    assert r.exit_code == 2, r.output
+    assert r.stderr.startswith(f"dqtool: error: {src}: main graph: the nodes form a cycle")
+    assert not (tmp_path / "o.onnx").exists()
+
+
+def test_a_function_constant_taking_its_tensor_from_the_caller(tmp_path):
+    """A Constant whose value is a reference to the calling node's attribute has no
+    tensor of its own: IR version and order checks pass over it."""
+    import numpy as np
+    from onnx import TensorProto, helper
+
+    const = helper.make_node("Constant", [], ["k"])
+    const.attribute.append(onnx.AttributeProto(name="value", ref_attr_name="kval",
+                                               type=onnx.AttributeProto.TENSOR))
+    fn = helper.make_function("local", "AddK", ["a"], ["o"],
+                              [const, helper.make_node("Add", ["a", "k"], ["o"])],
+                              [helper.make_opsetid("", 21)], attributes=["kval"])
+    call = helper.make_node("AddK", ["wf"], ["y"], domain="local",
+                            kval=onnx.numpy_helper.from_array(np.ones(4, np.float32)))
+    g = helper.make_graph(
+        [helper.make_node("DequantizeLinear", ["w", "s"], ["wf"], name="dq"), call], "g", [],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4])],
+        [onnx.numpy_helper.from_array(np.array([-2, 0, 1, 3], np.int8), "w"),
+         onnx.numpy_helper.from_array(np.array(0.5, np.float32), "s")])
+    src = tmp_path / "refattr.onnx"
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 21),
+                                                  helper.make_opsetid("local", 1)],
+                                functions=[fn], ir_version=10), src)
+    report = dqtool.upgrade(src, 23, tmp_path / "up.onnx", check=True)
+    assert report.check["ok"], report.check
+    assert report.to_ir_version == 11
+    r = CliRunner().invoke(cli, ["fold", str(src), "-o", str(tmp_path / "f.onnx")], env=ENV)
+    assert r.exit_code == 0, r.output

@@ -51,7 +51,10 @@ def run(model_or_path: ir.Model | str | os.PathLike, opset: int,
     if report.refusals:
         raise ConversionRefused(report)
     _remove_orphans(ctx)
-    report.warnings.extend(graph.sort_if_needed(model))
+    try:
+        report.warnings.extend(graph.sort_if_needed(model))
+    except InputError as e:
+        raise InputError(f"{source}: {e}") from None
     _set_opsets(model, opset)
     model.ir_version = io.lowest_ir_version(model)
     report.to_ir_version = model.ir_version
