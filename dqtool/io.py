@@ -11,12 +11,13 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
 import onnx
 import onnx_ir as ir
 from google.protobuf.message import DecodeError
+from onnx import external_data_helper
 
 from dqtool import external_data, types
 from dqtool.errors import InputError, UsageError
@@ -129,9 +130,45 @@ def _read_proto(path: str | os.PathLike) -> tuple[onnx.ModelProto, set[Path]]:
     return proto, _check_external(p, proto)
 
 
+def inline_external(proto: onnx.ModelProto, base: Path, *,
+                    subgraph_initializers: bool = False) -> None:
+    """Read into the protobuf the external data of every tensor held by a node attribute (a
+    Constant's value; in subgraphs and functions too) and, if asked, of subgraph
+    initializers. Saving writes only initializers to external data, and the runtimes
+    resolve only main-graph initializers from a folder; these tensors are small."""
+
+    def tensor(t: onnx.TensorProto) -> None:
+        if external_data_helper.uses_external_data(t):
+            external_data_helper.load_external_data_for_tensor(t, str(base))
+            t.data_location = onnx.TensorProto.DEFAULT
+            del t.external_data[:]
+
+    def nodes(node_list: Iterable[onnx.NodeProto]) -> None:
+        for node in node_list:
+            for attr in node.attribute:
+                if attr.HasField("t"):
+                    tensor(attr.t)
+                for t in attr.tensors:
+                    tensor(t)
+                for g in [attr.g] if attr.HasField("g") else list(attr.graphs):
+                    graph(g)
+
+    def graph(g: onnx.GraphProto) -> None:
+        if subgraph_initializers:
+            for t in g.initializer:
+                tensor(t)
+        nodes(g.node)
+
+    nodes(proto.graph.node)
+    for fn in proto.functions:
+        nodes(fn.node)
+
+
 def load(path: str | os.PathLike) -> ir.Model:
-    """Load a model with external data memory-mapped (read lazily)."""
+    """Load a model with external data memory-mapped (read lazily); tensors held by node
+    attributes are read in (see ``inline_external``)."""
     proto, data_files = _read_proto(path)
+    inline_external(proto, Path(path).parent)
     try:
         model = ir.serde.deserialize_model(proto)
     except Exception as e:  # onnx_ir raises many types on malformed protos

@@ -302,3 +302,77 @@ def test_past_the_qdq_budget_a_q_dq_final_output_excuses_nothing(monkeypatch):
     assert not result["ok"]
     for runtime in (verify.REFERENCE, verify.ORT):
         assert result["runtimes"][runtime].startswith("DIFFERENT: y:"), result
+
+
+def _weight(name: str, rng: np.random.Generator) -> tuple[list, onnx.NodeProto]:
+    from onnx import helper
+
+    inits = [onnx.numpy_helper.from_array(rng.integers(-128, 127, (64, 64)).astype(np.int8),
+                                          name),
+             onnx.numpy_helper.from_array(np.array(0.01, np.float32), f"{name}_s"),
+             onnx.numpy_helper.from_array(np.array(3, np.int8), f"{name}_z")]
+    return inits, helper.make_node("DequantizeLinear", [name, f"{name}_s", f"{name}_z"],
+                                   [f"{name}_f"], name=f"{name}_dq")
+
+
+def test_check_of_external_data_inside_an_if_branch(tmp_path):
+    """Initializers inside a branch in external data: the reference evaluator maps only
+    main-graph ones, so the check reads the branch's in; both runtimes compare."""
+    from onnx import TensorProto, helper
+
+    rng = np.random.default_rng(0)
+    main_inits, main_dq = _weight("wm", rng)
+    branch_inits, branch_dq = _weight("ws", rng)
+    then_g = helper.make_graph(
+        [branch_dq, helper.make_node("MatMul", ["h", "ws_f"], ["t"])], "then", [],
+        [helper.make_tensor_value_info("t", TensorProto.FLOAT, [1, 64])], branch_inits)
+    else_g = helper.make_graph([helper.make_node("Identity", ["h"], ["e"])], "else", [],
+                               [helper.make_tensor_value_info("e", TensorProto.FLOAT, [1, 64])])
+    g = helper.make_graph(
+        [main_dq, helper.make_node("MatMul", ["x", "wm_f"], ["h"]),
+         helper.make_node("If", ["c"], ["y"], then_branch=then_g, else_branch=else_g,
+                          name="if0")], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 64]),
+         helper.make_tensor_value_info("c", TensorProto.BOOL, [])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 64])], main_inits)
+    src = tmp_path / "in" / "model.onnx"
+    src.parent.mkdir()
+    onnx.save_model(helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)],
+                                      ir_version=7), src, save_as_external_data=True,
+                    location="model.onnx.data", size_threshold=256)
+    branch = next(a.g for a in onnx.load(src, load_external_data=False).graph.node[2].attribute
+                  if a.name == "then_branch")
+    assert branch.initializer[0].data_location == TensorProto.EXTERNAL
+    report = dqtool.upgrade(src, 21, tmp_path / "up.onnx", check=True)
+    assert report.check["runtimes"] == {verify.REFERENCE: "identical", verify.ORT: "identical"}
+
+
+def test_a_constant_held_in_external_data_is_written_with_the_output(tmp_path):
+    from onnx import TensorProto, helper
+
+    folder = tmp_path / "in"
+    folder.mkdir()
+    w = np.random.default_rng(0).integers(-128, 127, (64, 64)).astype(np.int8)
+    (folder / "model.onnx.data").write_bytes(w.tobytes())
+    t = onnx.TensorProto(name="wv", data_type=TensorProto.INT8, dims=[64, 64],
+                         data_location=TensorProto.EXTERNAL)
+    for key, value in (("location", "model.onnx.data"), ("offset", "0"),
+                       ("length", str(w.nbytes))):
+        t.external_data.add(key=key, value=value)
+    g = helper.make_graph(
+        [helper.make_node("Constant", [], ["w"], value=t),
+         helper.make_node("DequantizeLinear", ["w", "s", "z"], ["wf"], name="dq"),
+         helper.make_node("MatMul", ["x", "wf"], ["y"])], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 64])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 64])],
+        [onnx.numpy_helper.from_array(np.array(0.01, np.float32), "s"),
+         onnx.numpy_helper.from_array(np.array(3, np.int8), "z")])
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)],
+                                ir_version=7), folder / "model.onnx")
+    out = tmp_path / "out" / "up.onnx"
+    out.parent.mkdir()
+    report = dqtool.upgrade(folder / "model.onnx", 21, out, check=True)
+    assert report.check["ok"], report.check
+    written = onnx.load(out)  # loads with no data file beside it: the constant is inline
+    (const,) = [n for n in written.graph.node if n.op_type == "Constant"]
+    assert onnx.numpy_helper.to_array(const.attribute[0].t).tobytes() == w.tobytes()

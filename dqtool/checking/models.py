@@ -78,6 +78,8 @@ def load(model: ModelLike, in_files: bool = False) -> Loaded:
     proto = io.read_proto(path)
     size = external_size(proto, path.parent)
     if size + proto.ByteSize() > MAX_IN_PROTO or (in_files and size):
+        # Only main-graph initializers stay in files: the runtimes resolve no others.
+        io.inline_external(proto, path.parent, subgraph_initializers=True)
         return Loaded(str(model), proto, path.parent, path, size)
     external_data_helper.load_external_data_for_model(proto, str(path.parent))
     return Loaded(str(model), proto, path=path)
@@ -101,7 +103,7 @@ def external_size(proto: onnx.ModelProto, base: Path) -> int:
 def in_memory_container(proto: onnx.ModelProto, base: Path) -> ModelContainer:
     """The model for onnx's ReferenceEvaluator with its external initializers
     memory-mapped (onnx's ModelContainer): nothing is serialized or read ahead. Only
-    main-graph initializers are mapped; the evaluator reads no others this way."""
+    main-graph initializers are mapped: ``load`` reads every other external tensor in."""
     copy = onnx.ModelProto()
     copy.CopyFrom(proto)
     large = {}
