@@ -9,9 +9,13 @@ code that uses them, which only sees a module load a little later.
 
 The standard library's ``importlib.util.LazyLoader`` cannot do this on Python 3.11: its
 module loads on *any* attribute read, and the import statement itself reads ``__spec__``.
-A deferred module here keeps its import metadata and loads on the first *missing*
-attribute. ``__path__`` is held back until then, so importing a submodule (``sympy.core``)
-first runs the package itself, as an ordinary import would.
+A deferred module here keeps its import metadata (``__spec__``, ``__path__`` …) and runs on
+the first read of an attribute it lacks, under a lock: another thread reading one meanwhile
+waits for the finished module. A submodule imported first (``import sympy.core``) runs on
+its own, once, and the package later reuses it, as with any package whose ``__init__`` has
+not run yet. If running the module fails, the error is raised and the next read tries
+again. Known limit: ``onnx_ir._symbolic_shapes`` is not set as an attribute of ``onnx_ir``
+(``from onnx_ir import _symbolic_shapes`` and ``sys.modules`` work).
 """
 
 from __future__ import annotations
@@ -23,23 +27,25 @@ import threading
 import types
 
 _LOCK = threading.RLock()
+_RUNNING: set[str] = set()  # modules whose code is running now (in the lock's owner)
 
 
 class _Deferred(types.ModuleType):
     """A module whose code runs when an attribute it does not have yet is first read."""
 
     def __getattr__(self, attr: str) -> object:
-        with _LOCK:
-            if type(self) is _Deferred:
-                spec = self.__spec__
-                self.__class__ = types.ModuleType
-                if spec.submodule_search_locations is not None:
-                    self.__path__ = spec.submodule_search_locations
+        name = self.__spec__.name
+        with _LOCK:  # another thread running this module: wait for it to finish
+            if type(self) is _Deferred and name not in _RUNNING:
+                _RUNNING.add(name)
                 try:
-                    spec.loader.exec_module(self)
-                except BaseException:
-                    sys.modules.pop(spec.name, None)  # as a failed import leaves it
-                    raise
+                    self.__spec__.loader.exec_module(self)
+                    self.__class__ = types.ModuleType  # only once it ran to the end
+                finally:
+                    _RUNNING.discard(name)
+        if type(self) is _Deferred:  # read while its own code runs: partly initialized
+            raise AttributeError(f"partially initialized module {name!r} has no attribute "
+                                 f"{attr!r} (its code is still running)")
         return getattr(self, attr)
 
 
@@ -47,8 +53,6 @@ def _defer(name: str, spec: importlib.machinery.ModuleSpec | None) -> None:
     if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
         return
     module = importlib.util.module_from_spec(spec)
-    if spec.submodule_search_locations is not None:
-        del module.__path__
     module.__class__ = _Deferred
     sys.modules[name] = module
 

@@ -47,15 +47,59 @@ def test_sympy_still_works_when_used() -> None:
     assert out == "2*N + 1 module Max(3, a)"
 
 
-def test_a_submodule_import_runs_the_package_first() -> None:
+def test_a_submodule_imported_first_runs_once_and_the_package_reuses_it() -> None:
     out = _run("""
         from dqtool.deferred_imports import defer_sympy
         defer_sympy()
         import sympy
-        from sympy.core.numbers import Integer   # needs sympy.__path__: loads sympy first
-        print(type(sympy).__name__, Integer(2) + sympy.Integer(3))
+        from sympy.core.numbers import Integer   # the submodule runs; the package not yet
+        before = type(sympy).__name__
+        print(before, Integer(2) + sympy.Integer(3), sympy.Integer is Integer,
+              type(sympy).__name__)
     """)
-    assert out == "module 5"
+    assert out == "_Deferred 5 True module"
+
+
+def test_threads_reading_sympy_first_at_once_all_get_the_finished_module() -> None:
+    out = _run("""
+        import threading
+        from dqtool.deferred_imports import defer_sympy
+        defer_sympy()
+        import sympy
+        barrier, errors = threading.Barrier(4), []
+        def use(i):
+            barrier.wait()
+            try:
+                if i % 2:
+                    sympy.Symbol("x")
+                else:
+                    from sympy import Symbol
+                    Symbol("y")
+            except BaseException as e:
+                errors.append(repr(e))
+        threads = [threading.Thread(target=use, args=(i,)) for i in range(4)]
+        [t.start() for t in threads]
+        [t.join() for t in threads]
+        print(errors or "ok")
+    """)
+    assert out == "ok"
+
+
+def test_a_failed_first_run_is_raised_and_retried_on_the_next_read() -> None:
+    out = _run("""
+        import sys
+        sys.modules["mpmath"] = None   # sympy's import of mpmath fails
+        from dqtool.deferred_imports import defer_sympy
+        defer_sympy()
+        import onnx_ir as ir
+        try:
+            ir.SymbolicDim("N") + 1
+        except ImportError:
+            print("ImportError")
+        del sys.modules["mpmath"]
+        print(ir.SymbolicDim("N") + 1)
+    """)
+    assert out.splitlines() == ["ImportError", "N + 1"]
 
 
 def test_nothing_is_deferred_once_onnx_ir_is_loaded() -> None:
