@@ -37,6 +37,11 @@ def run(model_or_path: ir.Model | str | os.PathLike, opset: int,
         model, source = io.load(model_or_path), str(model_or_path)
     src = graph.opset_of(dict(model.opset_imports), "")
     _check_request(source, src, opset, direction)
+    for fn in model.functions.values():
+        version = graph.opset_of(dict(fn.opset_imports), "")
+        if version is not None and version < 1:
+            raise InputError(f"{source}: function {fn.name} declares ai.onnx opset {version}, "
+                             "which does not exist (opsets start at 1)")
     declared = None if source == "<model>" else value_info.declared(source)
     report = ConvertReport(source=source, direction=direction, from_opset=src, to_opset=opset,
                            from_ir_version=model.ir_version)
