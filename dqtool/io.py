@@ -193,14 +193,31 @@ def lowest_ir_version(model: ir.Model) -> int:
         for domain, version in imports.items():
             domain = "" if domain == "ai.onnx" else domain
             opsets[domain] = max(opsets.get(domain, 0), version)
-    try:
+    table = onnx.helper.OP_SET_ID_VERSION_MAP
+    known = {d or "ai.onnx" for d, _ in table}
+    if any((d or "ai.onnx") in known and (d or "ai.onnx", v) not in table
+           for d, v in opsets.items()):
+        ir_version = onnx.IR_VERSION  # an opset newer than the installed onnx's table
+    else:
         ir_version = onnx.helper.find_min_ir_version_for(
             [onnx.helper.make_opsetid(d, v) for d, v in opsets.items()], ignore_unknown=True)
-    except ValueError:  # an opset newer than the installed onnx's table
-        ir_version = onnx.IR_VERSION
     for dtype in _dtypes(model):
         ir_version = max(ir_version, _TYPE_IR.get(types.name_of(dtype) or "", 0))
-    return max(ir_version, 7 if model.functions else 3)
+    # Fields newer than the opsets may need: function overloads and node metadata came with
+    # IR 10, model-local functions with IR 7; before IR 4 every initializer had to be a
+    # graph input.
+    if any(f.overload for f in model.functions.values()) or _any_node_metadata(model):
+        ir_version = max(ir_version, 10)
+    if model.functions:
+        ir_version = max(ir_version, 7)
+    if any(v not in set(g.inputs) for g in model.graphs() for v in g.initializers.values()):
+        ir_version = max(ir_version, 4)
+    return ir_version
+
+
+def _any_node_metadata(model: ir.Model) -> bool:
+    return any(node.metadata_props for root in [model.graph, *model.functions.values()]
+               for node in ir.traversal.RecursiveGraphIterator(root))
 
 
 def _dtypes(model: ir.Model) -> Iterator[ir.DataType]:

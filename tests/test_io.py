@@ -174,3 +174,23 @@ def test_lowest_ir_version_sees_types_inside_nodes_and_functions():
             b = Add(a, d)
         }""")
     assert io.lowest_ir_version(ir.serde.deserialize_model(proto)) == 9
+
+
+def test_lowest_ir_version_counts_what_opsets_do_not_say():
+    import onnx
+    import onnx_ir as ir
+
+    def lowest(text: str) -> int:
+        return io.lowest_ir_version(ir.serde.deserialize_model(onnx.parser.parse_model(text)))
+
+    # opset 8 alone would allow IR 3, where every initializer had to be a graph input
+    assert lowest("""<ir_version: 4, opset_import: ["" : 8]>
+        g (float[2] x) => (float[2] y) <float[2] w = {1.0, 2.0}> { y = Add(x, w) }""") == 4
+    # an ai.onnx.ml version newer than the installed onnx's table: its own IR version
+    assert lowest("""<ir_version: 10, opset_import: ["" : 13, "ai.onnx.ml" : 99]>
+        g (float[2] x) => (float[2] y) { y = Identity(x) }""") == onnx.IR_VERSION
+    # node metadata came with IR 10
+    proto = onnx.parser.parse_model("""<ir_version: 10, opset_import: ["" : 13]>
+        g (float[2] x) => (float[2] y) { y = Identity(x) }""")
+    proto.graph.node[0].metadata_props.add(key="origin", value="exporter")
+    assert io.lowest_ir_version(ir.serde.deserialize_model(proto)) == 10
