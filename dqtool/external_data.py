@@ -118,7 +118,9 @@ def externalized(model: ir.Model, folder: Path, data_name: str,
     kernel and NumPy without the GIL. The context waits for the data before it exits and
     raises the writer's error, if any."""
     values = _initializers(model)
-    big = [v for v in values if v.const_value.nbytes > SIZE_THRESHOLD]
+    # Strings have no external-data form (ONNX stores them as string_data): they stay inline.
+    big = [v for v in values if v.const_value.nbytes > SIZE_THRESHOLD
+           and v.const_value.dtype != ir.DataType.STRING]
     originals = {id(v): v.const_value for v in values}
     try:
         for v in values:

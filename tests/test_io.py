@@ -194,3 +194,19 @@ def test_lowest_ir_version_counts_what_opsets_do_not_say():
         g (float[2] x) => (float[2] y) { y = Identity(x) }""")
     proto.graph.node[0].metadata_props.add(key="origin", value="exporter")
     assert io.lowest_ir_version(ir.serde.deserialize_model(proto)) == 10
+
+
+def test_a_string_initializer_stays_inline_in_an_external_data_save(tmp_path):
+    import onnx
+    from onnx import TensorProto, helper
+
+    strings = [b"abcdefgh"] * 100  # 800 bytes: past the external-data threshold
+    g = helper.make_graph(
+        [helper.make_node("Identity", ["s"], ["y"])], "g", [],
+        [helper.make_tensor_value_info("y", TensorProto.STRING, [100])],
+        [helper.make_tensor("s", TensorProto.STRING, [100], strings)])
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)],
+                                ir_version=7), tmp_path / "m.onnx")
+    io.save(io.load(tmp_path / "m.onnx"), tmp_path / "o.onnx", external=True)
+    (init,) = onnx.load(tmp_path / "o.onnx").graph.initializer
+    assert list(init.string_data) == strings
