@@ -140,10 +140,10 @@ def externalized(model: ir.Model, folder: Path, data_name: str,
         writer.start()
         try:
             yield
-        except BaseException:
+            writer.finish()
+        except BaseException:  # also Ctrl-C while waiting: stop the writer before leaving
             writer.finish(cancel=True)
             raise
-        writer.finish()
     finally:
         for v in values:
             v.const_value = originals[id(v)]
