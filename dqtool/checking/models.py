@@ -162,9 +162,14 @@ def for_ort(proto: onnx.ModelProto) -> tuple[onnx.ModelProto, str | None]:
 
 def qdq_value_bytes(proto: onnx.ModelProto) -> int:
     """An upper bound on the bytes the main graph's Q/DQ results take (4 per element)
-    where their input's shape is known from an initializer or value_info; activations,
-    whose shape is not known here, are small and not counted."""
+    where their input's shape is known from an initializer, a Constant or value_info;
+    activations, whose shape is not known here, are small and not counted."""
     shapes = {t.name: list(t.dims) for t in proto.graph.initializer}
+    for node in proto.graph.node:  # Constant nodes hold weights too
+        if node.op_type == "Constant" and node.domain in ("", "ai.onnx"):
+            for attr in node.attribute:
+                if attr.name == "value" and attr.HasField("t"):
+                    shapes[node.output[0]] = list(attr.t.dims)
     for vi in [*proto.graph.input, *proto.graph.value_info]:
         dims = vi.type.tensor_type.shape.dim
         if vi.type.tensor_type.HasField("shape") and all(d.HasField("dim_value") for d in dims):
