@@ -353,3 +353,14 @@ def test_check_alone_runs_a_weight_dq_by_itself(tmp_path, monkeypatch):
     whole, alone = exposed
     assert len(whole) == 1  # the model's own output only
     assert alone == ["y"]
+
+
+def test_dequantized_bytes_count_initializer_and_constant_weights():
+    from pathlib import Path
+
+    from dqtool.checking import models as check_models
+
+    model = onnx.load(Path(__file__).resolve().parent.parent / "models" /
+                      "dq21_constant_nodes.onnx")
+    # W1 from a Constant (8 x 6), W2 from an initializer (6 x 4): 4 bytes per element
+    assert check_models.qdq_value_bytes(model) == 4 * (8 * 6 + 6 * 4)
