@@ -86,6 +86,21 @@ def test_external_data_and_shards(tmp_path: Path) -> None:
     assert (tmp_path / "e.onnx.data").is_file()
 
 
+def test_an_external_data_input_gives_an_external_data_output(tmp_path: Path) -> None:
+    """Even when every external tensor of the input is folded away."""
+    src = big_model(tmp_path, external=True)
+    before = ir.load(src)
+    assert any(isinstance(v.const_value, ir.ExternalTensor)
+               for v in before.graph.initializers.values())
+    res = run("fold", str(src), "-o", str(tmp_path / "o.onnx"), "--json")
+    assert res.exit_code == 0, res.output
+    doc = json.loads(res.stdout)
+    assert doc["external_data"] and (tmp_path / "o.onnx.data").is_file()
+    out = ir.load(tmp_path / "o.onnx")
+    assert all(isinstance(v.const_value, ir.ExternalTensor)
+               for v in out.graph.initializers.values() if v.const_value.nbytes > 256)
+
+
 def test_dry_run_writes_nothing(tmp_path: Path) -> None:
     src = big_model(tmp_path)
     before = sorted(p.name for p in tmp_path.iterdir())
