@@ -65,6 +65,22 @@ def reference_runtime() -> Runtime:
 Session = Callable[[Mapping[str, np.ndarray], Sequence[str] | None], dict[str, np.ndarray]]
 
 
+def _session(sess: Any, all_outputs: list[str]) -> Session:
+    """``session(feeds, outputs)`` over either runtime's session object (both have
+    ``run(names, feeds)``); a failure becomes a RuntimeFailure."""
+
+    def run(feeds: Mapping[str, np.ndarray], outputs: Sequence[str] | None = None
+            ) -> dict[str, np.ndarray]:
+        names = list(outputs) if outputs is not None else all_outputs
+        try:
+            values = sess.run(names, dict(feeds))
+        except Exception as e:
+            raise _failure(e) from None
+        return dict(zip(names, (np.asarray(v) for v in values), strict=True))
+
+    return run
+
+
 def ort_session(model: onnx.ModelProto, external_dir: Path | None = None) -> Session:
     """An onnxruntime session for several runs, ``session(feeds, outputs)`` (a large model
     loads once); with ``external_dir`` the model's external tensors are left in their files
@@ -90,16 +106,7 @@ def ort_session(model: onnx.ModelProto, external_dir: Path | None = None) -> Ses
     except Exception as e:  # onnxruntime raises its own exception types
         raise _failure(e) from None
 
-    def run(feeds: Mapping[str, np.ndarray], outputs: Sequence[str] | None = None
-            ) -> dict[str, np.ndarray]:
-        names = list(outputs) if outputs is not None else [o.name for o in sess.get_outputs()]
-        try:
-            values = sess.run(names, dict(feeds))
-        except Exception as e:
-            raise _failure(e) from None
-        return dict(zip(names, (np.asarray(v) for v in values), strict=True))
-
-    return run
+    return _session(sess, [o.name for o in sess.get_outputs()])
 
 
 def run_ort(model: onnx.ModelProto, feeds: Mapping[str, np.ndarray],
@@ -152,16 +159,7 @@ def reference_session(model: onnx.ModelProto, external_dir: Path | None = None) 
     except Exception as e:  # a model the evaluator cannot load is a finding, not a crash
         raise _failure(e) from None
 
-    def run(feeds: Mapping[str, np.ndarray], outputs: Sequence[str] | None = None
-            ) -> dict[str, np.ndarray]:
-        names = list(outputs) if outputs is not None else [o.name for o in model.graph.output]
-        try:
-            values = sess.run(names, dict(feeds))
-        except Exception as e:
-            raise _failure(e) from None
-        return dict(zip(names, (np.asarray(v) for v in values), strict=True))
-
-    return run
+    return _session(sess, [o.name for o in model.graph.output])
 
 
 def run_reference(model: onnx.ModelProto, feeds: Mapping[str, np.ndarray],
