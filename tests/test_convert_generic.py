@@ -429,15 +429,22 @@ def test_a_step_the_converter_leaves_alone_is_not_reported_as_changed(tmp_path):
     assert report.to_json()["changed"] == []
 
 
-def test_a_model_at_ai_onnx_opset_0_is_bad_input(tmp_path):
-    src = _save(tmp_path, """<ir_version: 7, opset_import: ["" : 0]>
+@pytest.mark.parametrize(("text", "where"), [
+    ("""<ir_version: 7, opset_import: ["" : 0]>
         g (int8[4] x) => (float[4] y) <float s = {0.5}> { y = DequantizeLinear(x, s) }""",
-                "op0.onnx")
+     ""),
+    ("""<ir_version: 8, opset_import: ["" : 13, "local" : 1]>
+        g (float[2] x) => (float[2] y) { y = local.F(x) }
+        <domain: "local", opset_import: ["" : 0]>
+        F (a) => (b) { b = Relu(a) }""", "function F "),
+])
+def test_ai_onnx_opset_0_is_bad_input(tmp_path, text, where):
+    src = _save(tmp_path, text, "op0.onnx")
     r = CliRunner().invoke(cli, ["upgrade", str(src), "--opset", "21", "-o",
                                  str(tmp_path / "o.onnx")], env=ENV)
     assert r.exit_code == 2, r.output
-    assert r.stderr == (f"dqtool: error: {src}: declares ai.onnx opset 0, which does not "
-                        "exist (opsets start at 1)\n")
+    assert r.stderr == (f"dqtool: error: {src}: {where}declares ai.onnx opset 0, which does "
+                        "not exist (opsets start at 1)\n")
     assert not (tmp_path / "o.onnx").exists()
 
 
@@ -528,16 +535,3 @@ def test_a_function_constant_taking_its_tensor_from_the_caller(tmp_path):
     assert report.to_ir_version == 11
     r = CliRunner().invoke(cli, ["fold", str(src), "-o", str(tmp_path / "f.onnx")], env=ENV)
     assert r.exit_code == 0, r.output
-
-
-def test_a_function_at_ai_onnx_opset_0_is_bad_input(tmp_path):
-    src = _save(tmp_path, """<ir_version: 8, opset_import: ["" : 13, "local" : 1]>
-        g (float[2] x) => (float[2] y) { y = local.F(x) }
-        <domain: "local", opset_import: ["" : 0]>
-        F (a) => (b) { b = Relu(a) }""", "f0.onnx")
-    r = CliRunner().invoke(cli, ["upgrade", str(src), "--opset", "21", "-o",
-                                 str(tmp_path / "o.onnx")], env=ENV)
-    assert r.exit_code == 2, r.output
-    assert r.stderr == (f"dqtool: error: {src}: function F declares ai.onnx opset 0, which "
-                        "does not exist (opsets start at 1)\n")
-    assert not (tmp_path / "o.onnx").exists()
