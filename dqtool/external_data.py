@@ -67,6 +67,10 @@ def _length(tensor: ir.TensorProtocol) -> int:
     return tensor.nbytes
 
 
+def _align(offset: int) -> int:
+    return -(-offset // ALIGNMENT) * ALIGNMENT
+
+
 def _initializers(model: ir.Model) -> list[ir.Value]:
     return [v for g in model.graphs() for v in g.initializers.values()
             if v.const_value is not None]
@@ -76,15 +80,16 @@ class _Writer(threading.Thread):
     """Writes the planned tensors in order; the error, if any, is raised by ``finish``."""
 
     def __init__(self, path: Path, plan: list[tuple[ir.TensorProtocol, int, int]],
-                 callback: Callable | None) -> None:
+                 callback: Callable | None, append: bool = False) -> None:
         super().__init__(name="dqtool-external-data", daemon=True)
         self.path, self.plan, self.callback = path, plan, callback
+        self.mode = "r+b" if append else "wb"  # append: past a prefill's bytes
         self.error: BaseException | None = None
         self.cancelled = threading.Event()
 
     def run(self) -> None:
         try:
-            with open(self.path, "wb") as f:
+            with open(self.path, self.mode) as f:
                 for index, (t, offset, length) in enumerate(self.plan):
                     if self.cancelled.is_set():
                         return
@@ -106,9 +111,54 @@ class _Writer(threading.Thread):
             raise self.error
 
 
+class Prefill(threading.Thread):
+    """Copies an input model's data file, whole, to become the output's data file while
+    the model is still being converted: the copy (most of a large conversion's time) then
+    overlaps the conversion. The save keeps every unchanged tensor at its input offset and
+    appends the others; if most of the data changed it cancels the copy and lays the file
+    out compactly instead. ``folder`` is the save's temporary folder."""
+
+    CHUNK = 64 << 20  # cancellation is checked between chunks
+
+    def __init__(self, src: Path, folder: Path, data_name: str) -> None:
+        super().__init__(name="dqtool-prefill", daemon=True)
+        self.src, self.folder, self.path = src, folder, folder / data_name
+        self.size = src.stat().st_size
+        self.error: BaseException | None = None
+        self.cancelled = threading.Event()
+        self.path.touch()
+
+    def run(self) -> None:
+        try:
+            with open(self.src, "rb") as fin, open(self.path, "r+b") as fout:
+                done = 0
+                while done < self.size and not self.cancelled.is_set():
+                    n = os.copy_file_range(fin.fileno(), fout.fileno(),
+                                           min(self.CHUNK, self.size - done), done, done)
+                    if n == 0:
+                        raise OSError(f"{self.src}: ended before {self.size} bytes")
+                    done += n
+        except BaseException as e:  # handed to the caller's thread
+            self.error = e
+
+    def finish(self, cancel: bool = False) -> None:
+        if cancel:
+            self.cancelled.set()
+        if self.is_alive() or self.ident is not None:
+            self.join()
+        if self.error is not None and not cancel:
+            raise self.error
+
+
+def _reusable(t: ir.TensorProtocol, prefill: Prefill | None) -> bool:
+    return (prefill is not None and isinstance(t, ir.ExternalTensor)
+            and Path(t.path).resolve() == prefill.src)
+
+
 @contextmanager
 def externalized(model: ir.Model, folder: Path, data_name: str,
-                 callback: Callable | None = None) -> Iterator[None]:
+                 callback: Callable | None = None,
+                 prefill: Prefill | None = None) -> Iterator[None]:
     """Write the model's large tensors to ``folder/data_name`` and, while the context is
     open, point its initializers there (saving the model then writes references only).
     Small external tensors are read into memory. The model is restored on exit.
@@ -127,22 +177,38 @@ def externalized(model: ir.Model, folder: Path, data_name: str,
             if v.const_value.nbytes <= SIZE_THRESHOLD and isinstance(v.const_value,
                                                                       ir.ExternalTensor):
                 v.const_value = ir.Tensor(v.const_value.numpy(), name=v.const_value.name)
-        plan, offset = [], 0
+        if prefill is not None:
+            kept = sum(_length(v.const_value) for v in big
+                       if _reusable(v.const_value, prefill))
+            if 2 * kept < prefill.size:  # most of it changed: a compact file instead
+                prefill.finish(cancel=True)
+                prefill = None
+        # With a prefill, unchanged tensors stay where the copy puts them (their input
+        # offsets) and the others follow the copied bytes; else all are packed in order.
+        plan, offset = [], _align(prefill.size) if prefill is not None else 0
         for v in big:
             t = v.const_value
             length = _length(t)
-            plan.append((t, offset, length))
+            if _reusable(t, prefill):
+                place = t.offset or 0  # the copy already holds its bytes there
+            else:
+                place = offset
+                plan.append((t, offset, length))
+                offset = _align(offset + length)
             v.const_value = ir.ExternalTensor(
-                data_name, offset, length, t.dtype, shape=t.shape, name=t.name,
+                data_name, place, length, t.dtype, shape=t.shape, name=t.name,
                 doc_string=t.doc_string, base_dir=folder)
-            offset = -(-(offset + length) // ALIGNMENT) * ALIGNMENT
-        writer = _Writer(folder / data_name, plan, callback)
+        writer = _Writer(folder / data_name, plan, callback, append=prefill is not None)
         writer.start()
         try:
             yield
             writer.finish()
-        except BaseException:  # also Ctrl-C while waiting: stop the writer before leaving
+            if prefill is not None:
+                prefill.finish()
+        except BaseException:  # also Ctrl-C while waiting: stop the writers before leaving
             writer.finish(cancel=True)
+            if prefill is not None:
+                prefill.finish(cancel=True)
             raise
     finally:
         for v in values:

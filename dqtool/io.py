@@ -278,6 +278,7 @@ def save(
     shard_size: int | None = None,
     callback: Callable | None = None,
     verify: Callable[[Path], None] | None = None,
+    prefill: external_data.Prefill | None = None,
 ) -> list[Path]:
     """Write ``model`` to ``out`` atomically; returns the files written.
 
@@ -287,24 +288,29 @@ def save(
     ``external=None`` chooses: external data (``<name>.data`` next to ``out``) when the
     input used it or the tensors would pass protobuf's 2 GiB limit. Everything is written
     into a temporary folder beside ``out`` and renamed into place, so a failure leaves no
-    half-written output.
+    half-written output. ``prefill`` (from ``start_prefill``, before the model was changed)
+    is that folder with the input's data already being copied in.
     """
     out = Path(out)
     external = external_choice(model, external)
-    parent = out.parent.resolve()
-    if not parent.is_dir():
-        raise InputError(f"{out}: output folder {out.parent} does not exist")
-    if out.is_dir():
-        raise UsageError(f"{out}: is a directory; give an output file name")
-    # Refused before a byte is written (the names of shards are checked once known).
-    _refuse_overwriting_sources(model, out, [parent / out.name, parent / f"{out.name}.data"])
+    if prefill is not None:
+        tmp = prefill.folder
+    else:
+        parent = _output_folder(model, out)
+        try:
+            tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=parent))
+        except OSError as e:
+            raise InputError(f"{out}: cannot create a file in {out.parent} "
+                             f"({e.strerror})") from None
+    parent = tmp.parent
     try:
-        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=parent))
-    except OSError as e:
-        raise InputError(f"{out}: cannot create a file in {out.parent} ({e.strerror})") from None
-    try:
+        if not (external and shard_size is None) and prefill is not None:
+            prefill.finish(cancel=True)
+            prefill.path.unlink()
+            prefill = None
         if external and shard_size is None:
-            with external_data.externalized(model, tmp, f"{out.name}.data", callback):
+            with external_data.externalized(model, tmp, f"{out.name}.data", callback,
+                                            prefill):
                 ir.save(model, tmp / out.name)
         elif external:
             ir.save(model, tmp / out.name, external_data=f"{out.name}.data",
@@ -323,7 +329,53 @@ def save(
             final.append(parent / f.name)
         return final
     finally:
+        if prefill is not None:
+            prefill.finish(cancel=True)
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _output_folder(model: ir.Model, out: Path) -> Path:
+    """The folder ``out`` goes in, once the request is known to be sound: refused before a
+    byte is written (the names of shards are checked once known)."""
+    parent = out.parent.resolve()
+    if not parent.is_dir():
+        raise InputError(f"{out}: output folder {out.parent} does not exist")
+    if out.is_dir():
+        raise UsageError(f"{out}: is a directory; give an output file name")
+    _refuse_overwriting_sources(model, out, [parent / out.name, parent / f"{out.name}.data"])
+    return parent
+
+
+def start_prefill(model: ir.Model, out: str | os.PathLike) -> external_data.Prefill | None:
+    """Start copying the model's external data file to where ``save(model, out)`` will
+    write it, before the model is changed (see ``external_data.Prefill``); None when the
+    model's large tensors are not all in one data file. The caller passes the result to
+    ``save``, or calls ``discard_prefill`` if it will not save."""
+    sources = {Path(v.const_value.path).resolve() for g in model.graphs()
+               for v in g.initializers.values()
+               if isinstance(v.const_value, ir.ExternalTensor)
+               and v.const_value.nbytes > external_data.SIZE_THRESHOLD}
+    if len(sources) != 1:
+        return None
+    out = Path(out)
+    parent = _output_folder(model, out)
+    try:
+        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=parent))
+    except OSError as e:
+        raise InputError(f"{out}: cannot create a file in {out.parent} ({e.strerror})") from None
+    try:
+        prefill = external_data.Prefill(sources.pop(), tmp, f"{out.name}.data")
+        prefill.start()
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return prefill
+
+
+def discard_prefill(prefill: external_data.Prefill | None) -> None:
+    if prefill is not None:
+        prefill.finish(cancel=True)
+        shutil.rmtree(prefill.folder, ignore_errors=True)
 
 
 def _refuse_overwriting_sources(model: ir.Model, out: Path, targets: list[Path]) -> None:

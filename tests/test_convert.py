@@ -376,3 +376,121 @@ def test_a_constant_held_in_external_data_is_written_with_the_output(tmp_path):
     written = onnx.load(out)  # loads with no data file beside it: the constant is inline
     (const,) = [n for n in written.graph.node if n.op_type == "Constant"]
     assert onnx.numpy_helper.to_array(const.attribute[0].t).tobytes() == w.tobytes()
+
+
+def _external_copy(src: Path, folder: Path) -> Path:
+    folder.mkdir()
+    onnx.save_model(onnx.load(src), folder / "model.onnx", save_as_external_data=True,
+                    location="model.onnx.data", size_threshold=0)
+    return folder / "model.onnx"
+
+
+def _values(path: Path) -> dict[str, bytes]:
+    return {t.name: onnx.numpy_helper.to_array(t).tobytes()
+            for t in onnx.load(path).graph.initializer}
+
+
+def _chain(folder: Path, nodes: int = 4, k: int = 64) -> Path:
+    """X @ DQ(W0) @ DQ(W1) ...: int8 per-axis weights in external data, as exporters
+    write them (scales inline)."""
+    from onnx import TensorProto, helper
+
+    rng = np.random.default_rng(0)
+    inits, graph_nodes, prev = [], [], "X"
+    for i in range(nodes):
+        inits += [onnx.numpy_helper.from_array(rng.integers(-128, 128, (k, k), np.int8),
+                                               f"W{i}"),
+                  onnx.numpy_helper.from_array(np.full(k, 0.01, np.float32), f"S{i}")]
+        graph_nodes += [helper.make_node("DequantizeLinear", [f"W{i}", f"S{i}"], [f"D{i}"],
+                                         name=f"dq{i}", axis=1),
+                        helper.make_node("MatMul", [prev, f"D{i}"], [f"H{i}"], name=f"mm{i}")]
+        prev = f"H{i}"
+    g = helper.make_graph(graph_nodes, "chain",
+                          [helper.make_tensor_value_info("X", TensorProto.FLOAT, [1, k])],
+                          [helper.make_tensor_value_info(prev, TensorProto.FLOAT, [1, k])],
+                          inits)
+    folder.mkdir()
+    onnx.save_model(helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)],
+                                      ir_version=7), folder / "model.onnx",
+                    save_as_external_data=True, location="model.onnx.data",
+                    size_threshold=1024)
+    return folder / "model.onnx"
+
+
+def test_unchanged_data_keeps_its_offsets_and_the_copy_overlaps_the_conversion(tmp_path):
+    src = _chain(tmp_path / "in")
+    data = (src.parent / "model.onnx.data").read_bytes()
+    out = tmp_path / "out" / "up.onnx"
+    out.parent.mkdir()
+    dqtool.upgrade(src, 21, out)
+    written = (out.parent / "up.onnx.data").read_bytes()
+    assert written[: len(data)] == data  # the input's file, then what it did not hold
+    assert _values(out) == _values(src)
+    inputs = {t.name: (dict((e.key, e.value) for e in t.external_data))
+              for t in onnx.load(src, load_external_data=False).graph.initializer}
+    for t in onnx.load(out, load_external_data=False).graph.initializer:
+        if t.name in inputs and "offset" in inputs[t.name] and t.external_data:
+            offset = dict((e.key, e.value) for e in t.external_data).get("offset", "0")
+            assert offset == inputs[t.name]["offset"], t.name
+    again = tmp_path / "out" / "again.onnx"
+    dqtool.upgrade(src, 21, again)
+    assert (out.parent / "again.onnx.data").read_bytes() == written
+    assert sorted(p.name for p in out.parent.iterdir()) == [
+        "again.onnx", "again.onnx.data", "up.onnx", "up.onnx.data"]
+
+
+def test_when_most_data_changes_the_copy_is_dropped_and_the_output_packed(tmp_path,
+                                                                            monkeypatch):
+    import ml_dtypes
+    from onnx import TensorProto, helper
+
+    from dqtool import external_data
+
+    rng = np.random.default_rng(0)
+    w = rng.integers(-8, 8, (64, 64)).astype(ml_dtypes.int4)  # 2 KiB packed
+    g = helper.make_graph(
+        [helper.make_node("DequantizeLinear", ["W", "S"], ["D"], name="dq", axis=1,
+                          block_size=32),
+         helper.make_node("MatMul", ["X", "D"], ["Y"], name="mm")], "g",
+        [helper.make_tensor_value_info("X", TensorProto.FLOAT, [1, 64])],
+        [helper.make_tensor_value_info("Y", TensorProto.FLOAT, [1, 64])],
+        [onnx.numpy_helper.from_array(w, "W"),
+         onnx.numpy_helper.from_array(np.full((64, 2), 0.01, np.float32), "S")])
+    folder = tmp_path / "in"
+    folder.mkdir()
+    src = folder / "model.onnx"
+    onnx.save_model(helper.make_model(g, opset_imports=[helper.make_opsetid("", 21)],
+                                      ir_version=10), src, save_as_external_data=True,
+                    location="model.onnx.data", size_threshold=1024)
+    cancelled = []
+    real_finish = external_data.Prefill.finish
+    monkeypatch.setattr(external_data.Prefill, "finish", lambda self, cancel=False: (
+        cancelled.append(cancel) or real_finish(self, cancel)))
+    out = tmp_path / "out" / "down.onnx"
+    out.parent.mkdir()
+    report = dqtool.downgrade(src, 19, out)
+    assert [c for c in report.changes if c.status != "kept"]
+    assert cancelled and cancelled[0] is True  # the copy was started, then dropped
+    # packed: the data file holds the rewritten weight (64 x 64 int8) and little else
+    size = (out.parent / "down.onnx.data").stat().st_size
+    assert 64 * 64 <= size < 64 * 64 + 2048
+    result = verify.compare(onnx.load(src), onnx.load(out))
+    assert result["ok"], result
+
+
+def test_a_refused_conversion_leaves_no_copy_behind(tmp_path):
+    src = _external_copy(MODELS / "dq19_float8e4m3fn_fp16_scale.onnx", tmp_path / "in")
+    out = tmp_path / "out" / "down.onnx"
+    out.parent.mkdir()
+    with pytest.raises(ConversionRefused):
+        dqtool.downgrade(src, 13, out)
+    assert list(out.parent.iterdir()) == []
+
+
+def test_in_place_with_external_data_keeps_the_values(tmp_path):
+    src = _chain(tmp_path / "in")
+    before = _values(src)
+    dqtool.upgrade(src, 21, in_place=True)
+    assert _values(src) == before
+    assert onnx.load(src).opset_import[0].version == 21
+    assert sorted(p.name for p in src.parent.iterdir()) == ["model.onnx", "model.onnx.data"]

@@ -66,7 +66,7 @@ def _convert(model_or_path: ModelArg, opset: int, out, direction: Literal["upgra
     if out is not None and is_path:
         io.no_overwrite_of_input(model_or_path, out, in_place)
     model, path = model_or_path, None
-    if check and is_path:  # loaded once
+    if is_path:  # loaded here, once
         model, path = io.load(model_or_path), model_or_path
     # A model with external data is checked from its files, the converted one as written
     # (before it is renamed into place): no tensor is copied into a protobuf, so any size
@@ -78,7 +78,15 @@ def _convert(model_or_path: ModelArg, opset: int, out, direction: Literal["upgra
                          "and an output path (both models are then checked from their files)")
     if check:  # the original as it is now, before the conversion changes it in place
         original = verify.loaded(path if from_files else model)
-    report = pipeline.run(model, opset, direction, options, path=path)
+    # An input with external data gives an output with external data, whatever changed.
+    external = True if path is not None and io.uses_external_data(model) else None
+    # The input's data file starts copying to the output now, overlapping the conversion.
+    prefill = io.start_prefill(model, out) if out is not None and not check else None
+    try:
+        report = pipeline.run(model, opset, direction, options, path=path)
+    except BaseException:
+        io.discard_prefill(prefill)
+        raise
 
     def run_check(converted: ir.Model | Path) -> None:
         try:
@@ -91,6 +99,7 @@ def _convert(model_or_path: ModelArg, opset: int, out, direction: Literal["upgra
     if check and not from_files:
         run_check(report.model)
     if out is not None:
-        written = io.save(report.model, out, verify=run_check if from_files else None)
+        written = io.save(report.model, out, external=external,
+                          verify=run_check if from_files else None, prefill=prefill)
         report.written = [str(p) for p in written]
     return report
