@@ -130,13 +130,12 @@ class Prefill(threading.Thread):
 
     def run(self) -> None:
         try:
-            with open(self.src, "rb") as fin, open(self.path, "r+b") as fout:
+            with open(self.path, "r+b") as fout:
                 done = 0
                 while done < self.size and not self.cancelled.is_set():
-                    n = os.copy_file_range(fin.fileno(), fout.fileno(),
-                                           min(self.CHUNK, self.size - done), done, done)
-                    if n == 0:
-                        raise OSError(f"{self.src}: ended before {self.size} bytes")
+                    n = min(self.CHUNK, self.size - done)
+                    # in the kernel where it can; across file systems, through user space
+                    _copy_range(str(self.src), done, n, fout, done)
                     done += n
         except BaseException as e:  # handed to the caller's thread
             self.error = e

@@ -494,3 +494,24 @@ def test_in_place_with_external_data_keeps_the_values(tmp_path):
     assert _values(src) == before
     assert onnx.load(src).opset_import[0].version == 21
     assert sorted(p.name for p in src.parent.iterdir()) == ["model.onnx", "model.onnx.data"]
+
+
+def test_the_copy_falls_back_to_user_space_across_file_systems(tmp_path, monkeypatch):
+    import errno
+    import os
+
+    src = _chain(tmp_path / "in")
+    calls = []
+
+    def no_cross_device(*args, **kwargs):
+        calls.append(args)
+        raise OSError(errno.EXDEV, "Invalid cross-device link")
+
+    monkeypatch.setattr(os, "copy_file_range", no_cross_device)
+    out = tmp_path / "out" / "up.onnx"
+    out.parent.mkdir()
+    dqtool.upgrade(src, 21, out)
+    assert calls  # the kernel copy was tried
+    assert _values(out) == _values(src)
+    data = (src.parent / "model.onnx.data").read_bytes()
+    assert (out.parent / "up.onnx.data").read_bytes()[: len(data)] == data
