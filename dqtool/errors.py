@@ -21,6 +21,14 @@ class UsageError(DqtoolError):
     """Options that do not fit together or name something unknown."""
 
 
+class OutputError(DqtoolError, OSError):
+    """The output cannot be written (disk full, permissions …); nothing was written. Also an
+    ``OSError``, as the failure it reports."""
+
+    def __str__(self) -> str:  # the message alone, without OSError's "[Errno N]"
+        return self.strerror or super().__str__()
+
+
 class RefusedError(DqtoolError):
     """A conversion or fold that would not be exact, or that cannot be expressed."""
 

@@ -20,7 +20,7 @@ from google.protobuf.message import DecodeError
 from onnx import external_data_helper
 
 from dqtool import external_data, types
-from dqtool.errors import InputError, UsageError
+from dqtool.errors import DqtoolError, InputError, OutputError, UsageError
 
 MAX_ONNX_OPSET = onnx.defs.onnx_opset_version()
 # A protobuf message cannot pass 2 GiB; leave room for the graph itself.
@@ -328,6 +328,11 @@ def save(
             os.replace(f, parent / f.name)
             final.append(parent / f.name)
         return final
+    except OSError as e:
+        if isinstance(e, DqtoolError):
+            raise
+        raise OutputError(e.errno, f"{out}: cannot write it ({e.strerror or e}); nothing "
+                          "was written") from None
     finally:
         if prefill is not None:
             prefill.finish(cancel=True)

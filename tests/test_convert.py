@@ -515,3 +515,24 @@ def test_the_copy_falls_back_to_user_space_across_file_systems(tmp_path, monkeyp
     assert _values(out) == _values(src)
     data = (src.parent / "model.onnx.data").read_bytes()
     assert (out.parent / "up.onnx.data").read_bytes()[: len(data)] == data
+
+
+def test_a_full_disk_is_one_line_and_nothing_written(tmp_path, monkeypatch):
+    import errno
+
+    from dqtool import external_data
+
+    src = _chain(tmp_path / "in")
+
+    def disk_full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(external_data, "_copy_range", disk_full)  # the early copy
+    out = tmp_path / "out" / "up.onnx"
+    out.parent.mkdir()
+    r = CliRunner().invoke(cli, ["upgrade", str(src), "--opset", "21", "-o", str(out)],
+                           env={"NO_COLOR": "1"})
+    assert r.exit_code == 2, r.output
+    assert r.stderr == (f"dqtool: error: {out}: cannot write it (No space left on device); "
+                        "nothing was written\n")
+    assert list(out.parent.iterdir()) == []

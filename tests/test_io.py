@@ -121,8 +121,11 @@ def test_a_failed_data_write_leaves_nothing_behind(tmp_path, monkeypatch):
         return real_write(tensor, f, offset)
 
     monkeypatch.setattr(external_data, "_write", failing_write)
-    with pytest.raises(OSError, match="No space left"):
+    with pytest.raises(OSError, match="No space left") as raised:
         io.save(model, out_dir / "m.onnx", external=True)
+    # one line for the command line: the output, why, and that nothing was written
+    assert str(raised.value) == (f"{out_dir / 'm.onnx'}: cannot write it (No space left on "
+                                 "device); nothing was written")
     assert calls == ["W1_q"]
     assert list(out_dir.iterdir()) == []  # no output, no temporary folder
     # the model is left as it was: its tensors still read the input's data
