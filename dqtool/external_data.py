@@ -172,10 +172,15 @@ def externalized(model: ir.Model, folder: Path, data_name: str,
            and v.const_value.dtype != ir.DataType.STRING]
     originals = {id(v): v.const_value for v in values}
     try:
+        # Small tensors stay in the protobuf. Those read from a file or computed on demand
+        # are materialized now, before the writer starts: a lazy tensor may read the same
+        # input tensor as one the writer computes, and onnx_ir's loading of an external
+        # tensor is not thread-safe ("The array should be loaded only once").
         for v in values:
-            if v.const_value.nbytes <= SIZE_THRESHOLD and isinstance(v.const_value,
-                                                                      ir.ExternalTensor):
-                v.const_value = ir.Tensor(v.const_value.numpy(), name=v.const_value.name)
+            t = v.const_value
+            if t.nbytes <= SIZE_THRESHOLD and isinstance(t, (ir.ExternalTensor,
+                                                             ir.LazyTensor)):
+                v.const_value = ir.Tensor(t.numpy(), name=t.name, doc_string=t.doc_string)
         if prefill is not None:
             kept = sum(_length(v.const_value) for v in big
                        if _reusable(v.const_value, prefill))

@@ -213,3 +213,33 @@ def test_a_string_initializer_stays_inline_in_an_external_data_save(tmp_path):
     io.save(io.load(tmp_path / "m.onnx"), tmp_path / "o.onnx", external=True)
     (init,) = onnx.load(tmp_path / "o.onnx").graph.initializer
     assert list(init.string_data) == strings
+
+
+def test_the_data_writer_starts_with_no_small_lazy_tensor_left(tmp_path, monkeypatch):
+    """The writer thread computes large lazy tensors while the caller serializes the small
+    ones; onnx_ir's loading of an external tensor is not thread-safe, so every small
+    tensor that could load one is materialized before the writer starts."""
+    import numpy as np
+    import onnx_ir as ir
+
+    src = _copy_external(tmp_path)
+    model = io.load(src)
+    external = next(v.const_value for v in model.graph.initializers.values()
+                    if isinstance(v.const_value, ir.ExternalTensor))
+    small = ir.LazyTensor(lambda: ir.Tensor(external.numpy().ravel()[:4].copy()),
+                          dtype=external.dtype, shape=ir.Shape([4]), name="small_lazy")
+    model.graph.initializers["small_lazy"] = ir.Value(name="small_lazy", const_value=small)
+    seen = []
+    real_start = external_data._Writer.start
+
+    def start(writer):
+        seen.extend(type(v.const_value).__name__ for v in model.graph.initializers.values()
+                    if v.const_value.nbytes <= external_data.SIZE_THRESHOLD)
+        real_start(writer)
+
+    monkeypatch.setattr(external_data._Writer, "start", start)
+    io.save(model, tmp_path / "o.onnx", external=True)
+    assert seen and "LazyTensor" not in seen and "ExternalTensor" not in seen
+    again = io.load(tmp_path / "o.onnx")
+    got = again.graph.initializers["small_lazy"].const_value.numpy()
+    assert np.array_equal(got, external.numpy().ravel()[:4])
