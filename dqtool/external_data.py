@@ -149,9 +149,18 @@ class Prefill(threading.Thread):
             raise self.error
 
 
-def _reusable(t: ir.TensorProtocol, prefill: Prefill | None) -> bool:
+class Resolver(dict):
+    """``Path(path).resolve()`` once per path for one save: a model's thousands of external
+    tensors name one or two files (each resolve is a system call per path component)."""
+
+    def __missing__(self, path: str) -> Path:
+        self[path] = Path(path).resolve()
+        return self[path]
+
+
+def _reusable(t: ir.TensorProtocol, prefill: Prefill | None, paths: Resolver) -> bool:
     return (prefill is not None and isinstance(t, ir.ExternalTensor)
-            and Path(t.path).resolve() == prefill.src)
+            and paths[str(t.path)] == prefill.src)
 
 
 @contextmanager
@@ -181,9 +190,10 @@ def externalized(model: ir.Model, folder: Path, data_name: str,
             if t.nbytes <= SIZE_THRESHOLD and isinstance(t, (ir.ExternalTensor,
                                                              ir.LazyTensor)):
                 v.const_value = ir.Tensor(t.numpy(), name=t.name, doc_string=t.doc_string)
+        paths = Resolver()
         if prefill is not None:
             kept = sum(_length(v.const_value) for v in big
-                       if _reusable(v.const_value, prefill))
+                       if _reusable(v.const_value, prefill, paths))
             if 2 * kept < prefill.size:  # most of it changed: a compact file instead
                 prefill.finish(cancel=True)
                 prefill = None
@@ -193,7 +203,7 @@ def externalized(model: ir.Model, folder: Path, data_name: str,
         for v in big:
             t = v.const_value
             length = _length(t)
-            if _reusable(t, prefill):
+            if _reusable(t, prefill, paths):
                 place = t.offset or 0  # the copy already holds its bytes there
             else:
                 place = offset

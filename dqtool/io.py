@@ -356,7 +356,8 @@ def start_prefill(model: ir.Model, out: str | os.PathLike) -> external_data.Pref
     write it, before the model is changed (see ``external_data.Prefill``); None when the
     model's large tensors are not all in one data file. The caller passes the result to
     ``save``, or calls ``discard_prefill`` if it will not save."""
-    sources = {Path(v.const_value.path).resolve() for g in model.graphs()
+    paths = external_data.Resolver()
+    sources = {paths[str(v.const_value.path)] for g in model.graphs()
                for v in g.initializers.values()
                if isinstance(v.const_value, ir.ExternalTensor)
                and v.const_value.nbytes > external_data.SIZE_THRESHOLD}
