@@ -210,7 +210,7 @@ def lowest_ir_version(model: ir.Model) -> int:
         ir_version = max(ir_version, 10)
     if model.functions:
         ir_version = max(ir_version, 7)
-    if any(v not in set(g.inputs) for g in model.graphs() for v in g.initializers.values()):
+    if any(not set(g.initializers.values()) <= set(g.inputs) for g in model.graphs()):
         ir_version = max(ir_version, 4)
     return ir_version
 

@@ -71,15 +71,15 @@ def _convert(model_or_path: ModelArg, opset: int, out, direction: Literal["upgra
     # A model with external data is checked from its files, the converted one as written
     # (before it is renamed into place): no tensor is copied into a protobuf, so any size
     # works. Otherwise both are checked in memory, which protobuf limits to 2 GB.
-    from_files = check and out is not None and path is not None and \
-        io.uses_external_data(model)
+    input_external = path is not None and io.uses_external_data(model)
+    from_files = check and out is not None and input_external
     if check and not from_files and io.tensor_bytes(model) > MAX_IN_PROTO:
         raise UsageError("check on a model past protobuf's 2 GB limit needs the model's path "
                          "and an output path (both models are then checked from their files)")
     if check:  # the original as it is now, before the conversion changes it in place
         original = verify.loaded(path if from_files else model)
     # An input with external data gives an output with external data, whatever changed.
-    external = True if path is not None and io.uses_external_data(model) else None
+    external = True if input_external else None
     # The input's data file starts copying to the output now, overlapping the conversion.
     prefill = io.start_prefill(model, out) if out is not None and not check else None
     try:
