@@ -255,10 +255,13 @@ def uses_external_data(model: ir.Model) -> bool:
 
 def external_choice(model: ir.Model, external: bool | None) -> bool:
     """Whether ``save(model, external=external)`` writes external data: as asked, or else
-    when the input used it or the tensors would pass protobuf's 2 GiB limit."""
+    when the input used it (the file it was loaded from read data files, even if every
+    such tensor has since been replaced) or the tensors would pass protobuf's 2 GiB limit."""
     if external is not None:
         return external
-    return uses_external_data(model) or tensor_bytes(model) > INLINE_LIMIT
+    sources = model.meta.get(SOURCES)
+    loaded_external = sources is not None and bool(sources[1])
+    return loaded_external or uses_external_data(model) or tensor_bytes(model) > INLINE_LIMIT
 
 
 def _internalize(model: ir.Model) -> None:

@@ -78,8 +78,6 @@ def _convert(model_or_path: ModelArg, opset: int, out, direction: Literal["upgra
                          "and an output path (both models are then checked from their files)")
     if check:  # the original as it is now, before the conversion changes it in place
         original = verify.loaded(path if from_files else model)
-    # An input with external data gives an output with external data, whatever changed.
-    external = True if input_external else None
     # The input's data file starts copying to the output now, overlapping the conversion.
     prefill = io.start_prefill(model, out) if out is not None and not check else None
     try:
@@ -99,7 +97,7 @@ def _convert(model_or_path: ModelArg, opset: int, out, direction: Literal["upgra
     if check and not from_files:
         run_check(report.model)
     if out is not None:
-        written = io.save(report.model, out, external=external,
-                          verify=run_check if from_files else None, prefill=prefill)
+        written = io.save(report.model, out, verify=run_check if from_files else None,
+                          prefill=prefill)
         report.written = [str(p) for p in written]
     return report

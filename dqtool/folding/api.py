@@ -75,7 +75,6 @@ def fold(
         model = io.load(src)
     target = _output(src, out, dry_run=dry_run, in_place=in_place)
     before = io.tensor_bytes(model)
-    input_external = io.uses_external_data(model)  # before folding replaces those tensors
     fold_pass = DequantizeFoldPass(selection, _DTYPE_NAMES[dtype], prepack_guard)
     fold_pass(model)
     model.ir_version = io.lowest_ir_version(model)
@@ -89,8 +88,7 @@ def fold(
         opset_imports=dict(model.opset_imports), result=None if dry_run else model,
     )
     if target is not None:
-        external = True if shard_size is not None or input_external else (
-            external_data or None)
+        external = True if shard_size is not None else (external_data or None)
         report.external_data = io.external_choice(model, external)
         written = io.save(model, target, external=external, shard_size=shard_size,
                           callback=progress)
