@@ -43,9 +43,10 @@ def with_qdq_outputs(original: onnx.ModelProto, converted: onnx.ModelProto
     (conversion keeps those names), so the Q/DQ values themselves are compared, not only
     what a MatMul made of them."""
     produced = {o for n in converted.graph.node for o in n.output}
+    outputs = {v.name for v in original.graph.output}
     names = [o for n in original.graph.node
              if n.op_type in ("DequantizeLinear", "QuantizeLinear") for o in n.output[:1]
-             if o in produced and o not in {v.name for v in original.graph.output}]
+             if o in produced and o not in outputs]
     return models.with_outputs(original, names), models.with_outputs(converted, names), names
 
 
@@ -82,9 +83,9 @@ def compare(original_model: models.Loaded | onnx.ModelProto,
     from there, one session at a time.
     """
     if isinstance(original_model, onnx.ModelProto):
-        original_model = models.Loaded("<memory>", original_model)
+        original_model = models.load(original_model)
     if isinstance(converted_model, onnx.ModelProto):
-        converted_model = models.Loaded("<memory>", converted_model)
+        converted_model = models.load(converted_model)
     original, converted = original_model.proto, converted_model.proto
     feeds, _ = inputs.generate(original, seed=seed)
     checker = _checker(converted_model)
