@@ -1,19 +1,35 @@
 # Two commands on a fresh machine: `make run` and `make test`. Both create the virtualenv
-# and install dqtool into it first.
+# and install dqtool into it first, from requirements.lock: the exact versions (with hashes)
+# the suite has passed with. pyproject.toml keeps the ranges a library user installs with.
+#   make lock         refresh requirements.lock from the newest releases in those ranges
+#   make test-latest  the suite against the newest releases, in .venv-latest, with a report
+#                     of what differs from the lock (drift shows up here, not in a fresh clone)
+#   make test-ort ORT=1.31.1   the suite on the locked set with another onnxruntime
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 OUT    := out
+LOCK   := requirements.lock
+PIP    := -m pip install --quiet --disable-pip-version-check
+PYTEST := -m pytest -n 2 -q -p no:cacheprovider
+UV     := uv==0.13.9
+ORT    ?= 1.31.1
 # Hypothesis and size tests run small by default; `make test DQTOOL_SLOW=1` runs them bigger.
 export DQTOOL_SLOW ?=
 
-.PHONY: run test lint models bench bench-quick clean
+.PHONY: run test lint models bench bench-quick clean lock test-latest test-ort
 
-$(STAMP): pyproject.toml
-	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet --disable-pip-version-check --upgrade pip
-	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[dev]'
+# $(1): the virtualenv folder. Installs the lock (hash-checked), then dqtool itself, built
+# with the locked hatchling (no build isolation: nothing unpinned is fetched).
+define install_locked
+	@test -x $(1)/bin/python || $(PYTHON) -m venv $(1)
+	$(1)/bin/python $(PIP) --require-hashes -r $(LOCK)
+	$(1)/bin/python $(PIP) --no-deps --no-build-isolation -e .
+endef
+
+$(STAMP): pyproject.toml $(LOCK)
+	$(call install_locked,$(VENV))
 	@# An editable install leaves dqtool's own bytecode to the first run, which may not write
 	@# it (PYTHONDONTWRITEBYTECODE): compiled here, every command starts ~0.1 s sooner.
 	$(BIN)/python -m compileall -q dqtool
@@ -29,7 +45,26 @@ run: $(STAMP)
 	$(BIN)/dqtool lint models/ort_qdq_per_channel.onnx --target onnxruntime
 
 test: $(STAMP)
-	$(BIN)/python -m pytest -n 2 -q -p no:cacheprovider
+	$(BIN)/python $(PYTEST)
+
+lock: $(STAMP)
+	$(BIN)/python $(PIP) $(UV)
+	$(BIN)/uv pip compile pyproject.toml --extra dev --group build --generate-hashes \
+	  --python-version 3.11 --python-platform x86_64-manylinux_2_28 --no-header --quiet \
+	  --upgrade -o $(LOCK)
+	@echo "requirements.lock refreshed: run 'make test' (it reinstalls from the lock) before committing it"
+
+test-latest:
+	@test -x .venv-latest/bin/python || $(PYTHON) -m venv .venv-latest
+	.venv-latest/bin/python $(PIP) --upgrade --upgrade-strategy eager -e '.[dev]'
+	@.venv-latest/bin/python tools/lock_drift.py $(LOCK)
+	.venv-latest/bin/python $(PYTEST)
+
+test-ort:
+	$(call install_locked,.venv-ort-$(ORT))
+	.venv-ort-$(ORT)/bin/python $(PIP) onnxruntime==$(ORT)
+	@.venv-ort-$(ORT)/bin/python tools/lock_drift.py $(LOCK)
+	.venv-ort-$(ORT)/bin/python $(PYTEST)
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

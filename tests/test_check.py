@@ -243,19 +243,41 @@ def test_raw_byte_npz_arrays_read_as_the_input_type(tmp_path):
 
 def test_runtime_failure_is_one_line_and_keeps_the_whole_message():
     """The message is one line of at most 300 characters; ``detail`` keeps onnxruntime's
-    whole text, where --check finds the opset it supports (at the end of a long one)."""
-    import onnx_ir as ir
+    whole text. The model: a DequantizeLinear one opset above what the installed
+    onnxruntime runs (probed), a CPU kernel that is missing (float4e2m1 x) if it runs every
+    opset onnx knows."""
+    import onnx
 
     from dqtool.checking import runners
+    from dqtool.runtimes import onnxruntime as ort_facts
 
-    model = ir.to_proto(ir.from_onnx_text("""<ir_version: 10, opset_import: ["" : 28]>
-        g (float[2] x) => (float[2] y) { y = Neg(x) }"""))
+    facts = ort_facts.probe()
+    if facts.max_opset < onnx.defs.onnx_opset_version():
+        model = ort_facts._dq_model(facts.max_opset + 1)
+    else:
+        model = ort_facts._dq_model(facts.max_opset, x_type="float4e2m1")
     with pytest.raises(runners.RuntimeFailure) as info:
-        runners.run_ort(model, {"x": np.zeros(2, np.float32)})
+        runners.run_ort(model, {})
     e = info.value
     assert len(str(e)) <= 300 and "\n" not in str(e)
-    assert "Opset 28" in e.detail and "is till opset" in e.detail
+    assert len(e.detail) >= len(str(e).rstrip(".…")) and e.detail.split()[0] in str(e)
     assert runners.RuntimeFailure("short").detail == "short"
+
+
+def test_why_onnxruntime_cannot_run_comes_from_the_profile():
+    from dqtool.runtimes import onnxruntime as ort_facts
+
+    old, new = ort_facts.FIXED["1.31"], ort_facts.FIXED["1.32"]
+    at27 = ort_facts._dq_model(27)
+    assert ort_facts.why_cannot_run(at27, old) == (
+        "onnxruntime 1.31 CPU runs DequantizeLinear up to ai.onnx opset 26 (measured on "
+        "onnxruntime 1.31.1); the model is opset 27")
+    assert ort_facts.why_cannot_run(at27, new) is None
+    ir14 = ort_facts._dq_model(21, ir_version=14)
+    assert ort_facts.why_cannot_run(ir14, old) == (
+        "onnxruntime 1.31 CPU loads IR versions up to 13 (measured on onnxruntime 1.31.1); "
+        "the model is IR 14")
+    assert ort_facts.why_cannot_run(ir14, new) is None
 
 
 def test_an_input_it_cannot_generate_names_the_file(tmp_path):

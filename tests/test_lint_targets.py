@@ -91,20 +91,41 @@ def test_onednn_exact_division_code(tmp_path):
     assert codes(tmp_path, m, "onednn-graph") == {"DQ107"}
 
 
-def test_onnxruntime_profile(tmp_path):
-    assert codes(tmp_path, "models/dq23_float4e2m1_output_dtype.onnx", "onnxruntime") == \
-        {"DQ101"}
-    assert codes(tmp_path, "models/dq19_uint8_bfloat16_scale.onnx", "onnxruntime") == {"DQ102"}
-    assert codes(tmp_path, "models/dq24_float8e8m0_scale.onnx", "onnxruntime") >= {"DQ102"}
-    assert "DQ100" in codes(tmp_path, "models/dq28_float6e2m3.onnx", "onnxruntime")
-    assert codes(tmp_path, "models/opmx_int8.onnx", "onnxruntime") == {"DQ106"}
+@pytest.mark.parametrize("target", ["onnxruntime", "onnxruntime-1.31", "onnxruntime-1.32"])
+def test_onnxruntime_profile(tmp_path, target):
+    """What every measured release lacks alike (the installed one is probed)."""
+    assert codes(tmp_path, "models/dq23_float4e2m1_output_dtype.onnx", target) == {"DQ101"}
+    assert codes(tmp_path, "models/dq19_uint8_bfloat16_scale.onnx", target) == {"DQ102"}
+    assert codes(tmp_path, "models/dq24_float8e8m0_scale.onnx", target) >= {"DQ102"}
+    assert "DQ100" in codes(tmp_path, "models/dq28_float6e2m3.onnx", target)
+    assert codes(tmp_path, "models/opmx_int8.onnx", target) == {"DQ106"}
     for healthy in ("models/qdq_conv_int8.onnx", "models/ort_qdq_per_channel.onnx",
                     "models/ms_qdq_contrib.onnx"):
-        assert lint(healthy, target="onnxruntime").exit_code == 0
-    ms_f16 = dq_model(np.zeros(4, np.int8), np.array(1, F16), domain="com.microsoft",
+        assert lint(healthy, target=target).exit_code == 0
+    # com.microsoft DequantizeLinear: float16 scales run (measured on both releases),
+    # bfloat16 ones do not.
+    for dtype, elem, want in ((F16, TensorProto.FLOAT16, set()),
+                              (ml_dtypes.bfloat16, TensorProto.BFLOAT16, {"DQ102"})):
+        ms = dq_model(np.zeros(4, np.int8), np.array(1, dtype), domain="com.microsoft",
                       opset=17, extra_opsets={"com.microsoft": 1}, ir_version=8,
-                      out_type=TensorProto.FLOAT16)
-    assert codes(tmp_path, ms_f16, "onnxruntime") == {"DQ102"}
+                      out_type=elem)
+        assert codes(tmp_path, ms, target) == want
+
+
+def test_onnxruntime_releases_differ_where_the_runtimes_do(tmp_path):
+    """1.31 runs DequantizeLinear up to opset 26, 1.32 up to 27 (both measured)."""
+    at27 = dq_model(np.zeros(4, np.int8), np.array(1, np.float32), opset=27, ir_version=10)
+    found = {t: lint(str(save(at27, tmp_path / "m.onnx")), target=t,
+                     select="DQ1").findings
+             for t in ("onnxruntime-1.31", "onnxruntime-1.32")}
+    (f,) = found["onnxruntime-1.31"]
+    assert f.code == "DQ100"
+    assert "opset 27 is above the target's 26 (onnxruntime 1.31 CPU)" in f.message
+    assert f.fix == "`dqtool downgrade --opset 26` would lower it"
+    assert not found["onnxruntime-1.32"]
+    (f,) = lint("models/dq28_float6e2m3.onnx", target="onnxruntime-1.32",
+                select="DQ100").findings
+    assert "opset 28 is above the target's 27 (onnxruntime 1.32 CPU)" in f.message
 
 
 def test_onnx_opset_profile(tmp_path):
@@ -171,5 +192,6 @@ def test_target_opset_message_reads_as_a_sentence():
     assert "the model's ai.onnx opset 21 is above the target's 13" in f.message
     assert "`dqtool downgrade --opset 13` would lower it" in f.message
     assert "opset 13's 13" not in f.message
-    (f,) = lint("models/dq28_float6e2m3.onnx", target="onnxruntime", select="DQ100").findings
+    (f,) = lint("models/dq28_float6e2m3.onnx", target="onnxruntime-1.31",
+                select="DQ100").findings
     assert "opset 28 is above the target's 26 (onnxruntime 1.31 CPU)" in f.message

@@ -14,8 +14,9 @@ from dqtool.cli.app import App, user_errors
 @click.command("lint")
 @click.argument("models", nargs=-1, required=True, type=str)
 @click.option("--target", default=None, metavar="T",
-              help="onnx-opset-N, onnxruntime, directml-fl1.0|2.1|3.0|6.0|6.2|6.3, "
-              "onednn-graph, opmx.")
+              help="onnx-opset-N, onnxruntime (the installed one, probed), "
+              "onnxruntime-1.31|1.32 (a release's fixed profile), "
+              "directml-fl1.0|2.1|3.0|6.0|6.2|6.3, onednn-graph, opmx.")
 @click.option("--select", default=None, metavar="CODES",
               help="Comma-separated rule codes or prefixes to run (default: all).")
 @click.option("--ignore", default=None, metavar="CODES",

@@ -208,7 +208,13 @@ _ORT_LIMITS = (
 
 
 def _unsupported(e: runners.RuntimeFailure, model: onnx.ModelProto) -> str | None:
-    """What onnxruntime lacks, when that (not the model) is why it cannot run it."""
+    """What onnxruntime lacks, when that (not the model) is why it cannot run it: from the
+    installed runtime's probed profile, else from its message."""
+    from dqtool.runtimes import onnxruntime as ort_facts
+
+    why = ort_facts.why_cannot_run(model)
+    if why:
+        return why
     text = e.detail
     for pattern, say in _ORT_LIMITS:
         m = pattern.search(text)

@@ -2,7 +2,7 @@
 
 onnxruntime rounds to nearest even like ml_dtypes, and differs only at the edges, which are
 patched here (transcribed from onnxruntime's ``core/framework/float8.h``, and verified over
-every float32 exponent against onnxruntime 1.31 in ``tests/test_kernel_quantize.py``):
+every float32 exponent against onnxruntime 1.31.1 and 1.32.0 in ``tests/test_kernel_quantize.py``):
 
 * NaN -> the type's NaN; ±inf -> ±max when saturating, else the type's inf or NaN;
 * finite overflow -> ±max when saturating, else inf (e5m2) or NaN;

@@ -16,9 +16,11 @@ from dqtool.linting.context import ModelContext
 from dqtool.linting.finding import Finding
 from dqtool.linting.targets import directml, onednn, onnx_opset, onnxruntime, opmx
 from dqtool.linting.targets.base import Profile, best
+from dqtool.runtimes import onnxruntime as ort_facts
 
-NAMES = ("onnx-opset-N", "onnxruntime", *(f"directml-fl{lv}" for lv in directml.LEVELS),
-         "onednn-graph", "opmx")
+NAMES = ("onnx-opset-N", "onnxruntime",
+         *(f"onnxruntime-{release}" for release in ort_facts.FIXED),
+         *(f"directml-fl{lv}" for lv in directml.LEVELS), "onednn-graph", "opmx")
 
 
 def parse(target: str) -> Profile:
@@ -31,8 +33,12 @@ def parse(target: str) -> Profile:
     m = re.fullmatch(r"directml-fl(\d\.\d)", target)
     if m and m.group(1) in directml.LEVELS:
         return directml.profile(m.group(1))
-    fixed = {"onnxruntime": onnxruntime.PROFILE, "onednn-graph": onednn.PROFILE,
-             "opmx": opmx.PROFILE}
+    if target == "onnxruntime":
+        return onnxruntime.profile(None)  # the installed runtime, probed
+    m = re.fullmatch(r"onnxruntime-(\d+\.\d+)", target)
+    if m and m.group(1) in ort_facts.FIXED:
+        return onnxruntime.profile(m.group(1))
+    fixed = {"onednn-graph": onednn.PROFILE, "opmx": opmx.PROFILE}
     if target in fixed:
         return fixed[target]
     raise UsageError(f"unknown --target {target!r} (known: {', '.join(NAMES)})")

@@ -1,39 +1,53 @@
-"""``onnxruntime``: the CPU execution provider of onnxruntime 1.31 (measured here): no
-bfloat16 scale, float4e2m1, float8e8m0 or float6, ai.onnx opsets up to 26, no opmx; its
-com.microsoft DequantizeLinear takes float scales only (SEMANTICS.md §1–2)."""
+"""``onnxruntime`` (the installed runtime, probed) and ``onnxruntime-X.Y`` (the fixed profile
+of a release a user deploys): the CPU execution provider's DequantizeLinear, from the facts
+in ``dqtool.runtimes.onnxruntime`` — the ai.onnx opset it still runs a DequantizeLinear at,
+the quantized and scale types it takes, the scale types of its com.microsoft
+DequantizeLinear, and the custom domains it has (no opmx)."""
 
 from __future__ import annotations
 
 from dqtool.linting.targets.base import Candidate, Profile, or_fold, to_ai_onnx_fix
+from dqtool.runtimes import onnxruntime as ort_facts
 from dqtool.spec import QuantSpec
 
-MAX_OPSET = 26
+# Exact ways out for the types onnxruntime lacks (dqtool's downgrade lowerings).
+_QUANT_FIX = {"float4e2m1": "`dqtool downgrade --opset 22` (float4e2m1 → float8e4m3fn, exact)"}
+_SCALE_FIX = {
+    "bfloat16": "`dqtool downgrade --opset 18` (float32 scale, Cast of the output)",
+    "float8e8m0": "`dqtool downgrade --opset 23` (float8e8m0 scale → float32, exact)",
+}
 
 
-def candidates(spec: QuantSpec, opset: int) -> list[Candidate]:
-    c = Candidate("onnxruntime CPU DequantizeLinear")
-    if spec.domain in ("opmx", "pmx"):
-        c.add("DQ106", f"onnxruntime has no {spec.domain} domain", to_ai_onnx_fix(spec, opset))
+def _candidates(facts: ort_facts.OrtProfile):
+    def candidates(spec: QuantSpec, opset: int) -> list[Candidate]:
+        c = Candidate(f"{facts.name} DequantizeLinear")
+        if spec.domain != "ai.onnx" and spec.domain not in facts.domains:
+            c.add("DQ106", f"onnxruntime has no {spec.domain} domain",
+                  to_ai_onnx_fix(spec, opset))
+            return [c]
+        if spec.domain == "com.microsoft":
+            st = spec.scale_type
+            if st is not None and st not in facts.microsoft_scale_types:
+                c.add("DQ102", f"a {st} scale: onnxruntime's CPU com.microsoft "
+                      "DequantizeLinear takes "
+                      f"{' or '.join(sorted(facts.microsoft_scale_types))} scales only",
+                      to_ai_onnx_fix(spec, opset))
+            return [c]
+        qt, st = spec.quant_type, spec.scale_type
+        if qt is not None and qt not in facts.quant_types:
+            needs = " (and needs opset 28)" if qt.startswith("float6") else ""
+            c.add("DQ101", f"{qt} has no CPU kernel{needs}", or_fold(spec, _QUANT_FIX.get(qt)))
+        if st is not None and st not in facts.scale_types:
+            c.add("DQ102", f"a {st} scale has no CPU kernel", or_fold(spec, _SCALE_FIX.get(st)))
         return [c]
-    if spec.domain == "com.microsoft":
-        if spec.scale_type not in (None, "float"):
-            c.add("DQ102", f"a {spec.scale_type} scale: onnxruntime's CPU com.microsoft "
-                  "DequantizeLinear takes float scales only", to_ai_onnx_fix(spec, opset))
-        return [c]
-    qt, st = spec.quant_type, spec.scale_type
-    if qt == "float4e2m1":
-        c.add("DQ101", "float4e2m1 has no CPU kernel",
-              or_fold(spec, "`dqtool downgrade --opset 22` (float4e2m1 → float8e4m3fn, exact)"))
-    elif qt in ("float6e2m3", "float6e3m2"):
-        c.add("DQ101", f"{qt} has no CPU kernel (and needs opset 28)", or_fold(spec, None))
-    if st == "bfloat16":
-        c.add("DQ102", "a bfloat16 scale has no CPU kernel",
-              or_fold(spec, "`dqtool downgrade --opset 18` (float32 scale, Cast of the output)"))
-    elif st == "float8e8m0":
-        c.add("DQ102", "a float8e8m0 scale has no CPU kernel",
-              or_fold(spec, "`dqtool downgrade --opset 23` (float8e8m0 scale → float32, exact)"))
-    return [c]
+
+    return candidates
 
 
-PROFILE = Profile("onnxruntime", "onnxruntime 1.31 CPU", candidates, max_opset=MAX_OPSET,
-                  opset_fix=f"`dqtool downgrade --opset {MAX_OPSET}`")
+def profile(release: str | None = None) -> Profile:
+    """``None``: the installed onnxruntime, probed; else a fixed release ("1.31")."""
+    facts = ort_facts.profile_for(release)
+    name = "onnxruntime" if release is None else f"onnxruntime-{release}"
+    return Profile(name, facts.name if release else f"{facts.name}, probed", _candidates(facts),
+                   max_opset=facts.max_opset,
+                   opset_fix=f"`dqtool downgrade --opset {facts.max_opset}`")
