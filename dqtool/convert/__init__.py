@@ -30,28 +30,30 @@ ModelArg = ir.Model | str | os.PathLike
 
 
 def upgrade(model_or_path: ModelArg, opset: int, out: str | os.PathLike | None = None, *,
-            per_axis: bool = False, check: bool = False, in_place: bool = False
-            ) -> ConvertReport:
+            per_axis: bool = False, check: bool = False, in_place: bool = False,
+            registry: Registry | None = None) -> ConvertReport:
     """Move the model's ai.onnx opset up to ``opset``; com.microsoft / opmx Q/DQ become
     ai.onnx where ``opset`` expresses them; invalid Q/DQ that ``opset`` accepts are repaired.
-    ``per_axis`` also rewrites every blocked DequantizeLinear to per-axis."""
+    ``per_axis`` also rewrites every blocked DequantizeLinear to per-axis. ``registry``:
+    the adapters to use (default: every registered family's)."""
     return _convert(model_or_path, opset, out, "upgrade", Options(per_axis=per_axis),
-                    check, in_place)
+                    check, in_place, registry)
 
 
 def downgrade(model_or_path: ModelArg, opset: int, out: str | os.PathLike | None = None, *,
               per_axis: bool = False, allow_decompose: bool = False, check: bool = False,
-              in_place: bool = False) -> ConvertReport:
+              in_place: bool = False, registry: Registry | None = None) -> ConvertReport:
     """Lower the model to ``opset`` by exact rewrites, or refuse with the reason;
     ``allow_decompose`` turns a DequantizeLinear no version at ``opset`` expresses into
     Cast/Sub/Mul (exact, but no longer a QDQ pattern)."""
     return _convert(model_or_path, opset, out, "downgrade",
                     Options(per_axis=per_axis, allow_decompose=allow_decompose), check,
-                    in_place)
+                    in_place, registry)
 
 
 def _convert(model_or_path: ModelArg, opset: int, out, direction: Literal["upgrade", "downgrade"],
-             options: Options, check: bool, in_place: bool) -> ConvertReport:
+             options: Options, check: bool, in_place: bool,
+             registry: Registry | None = None) -> ConvertReport:
     from dqtool import io
     from dqtool.checking.models import MAX_IN_PROTO
     from dqtool.convert import pipeline, verify
@@ -81,7 +83,7 @@ def _convert(model_or_path: ModelArg, opset: int, out, direction: Literal["upgra
     # The input's data file starts copying to the output now, overlapping the conversion.
     prefill = io.start_prefill(model, out) if out is not None and not check else None
     try:
-        report = pipeline.run(model, opset, direction, options, path=path)
+        report = pipeline.run(model, opset, direction, options, registry, path=path)
     except BaseException:
         io.discard_prefill(prefill)
         raise

@@ -13,15 +13,12 @@ from typing import Literal
 
 import onnx_ir as ir
 
-from dqtool import codecs, graph, io, versions
-from dqtool.convert import adapters_dq, blocked, decompose, generic, value_info
+from dqtool import codecs, families, graph, io, versions
+from dqtool.convert import blocked, decompose, generic, value_info
 from dqtool.convert.context import Context, Options, Step
 from dqtool.convert.registry import Outcome, Registry, default_registry
 from dqtool.convert.report import ConversionRefused, ConvertReport, NodeChange, NodeRefusal
 from dqtool.errors import InputError, UsageError
-
-QDQ = ("DequantizeLinear", "QuantizeLinear")
-FOREIGN = ("com.microsoft", "opmx", "pmx")
 
 
 def run(model_or_path: ir.Model | str | os.PathLike, opset: int,
@@ -106,16 +103,17 @@ def _convert_site(site: graph.Site, ctx: Context, reg: Registry) -> Outcome:
     domain = graph.domain_name(node.domain)
     src = graph.opset_of(site.opsets, "") or ctx.target
     step = Step(node, site.graph, site.function is not None, src, ctx.target, ctx)
-    if domain == "ai.onnx" and node.op_type in QDQ:
+    family = families.owner(domain, node.op_type)
+    if domain == "ai.onnx" and family is not None:
         out = _walk_versions(node, step, src, reg)
     elif domain == "ai.onnx":
         return generic.convert(node, step, src)
-    elif domain in FOREIGN and node.op_type in QDQ:
-        out = _from_foreign(node, step, domain, reg)
-    else:
-        return Outcome.unchanged()
-    if out.status == "refused" or node.graph is None or node.domain not in ("", "ai.onnx"):
-        return out
+    else:  # any other domain: its family's adapter to ai.onnx, if the registry has one
+        version = graph.opset_of(site.opsets, node.domain) or 1
+        out = _from_foreign(node, step, domain, version, reg)
+    if out.status == "refused" or node.graph is None or node.domain not in ("", "ai.onnx") \
+            or families.owner("", node.op_type) is None:
+        return out  # gone, still foreign, or an ai.onnx op no family reads (nothing to check)
     return _finish(node, step, out)
 
 
@@ -140,8 +138,8 @@ def _walk_versions(node: ir.Node, step: Step, src_opset: int, reg: Registry,
         pairs = [(b, a, b, "down") for a, b in reversed(list(itertools.pairwise(vs)))
                  if dst <= a < src]
     adapters = [reg.get("ai.onnx", op, key, direction) for _, _, key, direction in pairs]
-    if pairs and all(a is adapters_dq.lift for a in adapters) and \
-            not adapters_dq.read(node, src).errors:
+    if pairs and all(reg.widening("ai.onnx", op, key, d) for _, _, key, d in pairs) and \
+            not codecs.read_node(node, {"": src}).errors:
         # Every later version allows what an earlier one did: a node valid at the source
         # needs no step up (reading it at each step cost 4 reads per node on big models).
         return Outcome.unchanged()
@@ -158,22 +156,29 @@ def _walk_versions(node: ir.Node, step: Step, src_opset: int, reg: Registry,
     return Outcome.merge(outcomes)
 
 
-def _from_foreign(node: ir.Node, step: Step, domain: str, reg: Registry) -> Outcome:
-    adapter = reg.get(domain, node.op_type, 1, "onnx")
+def _from_foreign(node: ir.Node, step: Step, domain: str, version: int,
+                  reg: Registry) -> Outcome:
+    """A node of another domain, through its family's adapter to ai.onnx (if the registry
+    has one for the version in force). The adapter sees ``step.src`` = that version and
+    ``step.dst`` = the since-version of the same-named ai.onnx op at the target, or the
+    target opset when ai.onnx has no op of that name (MatMulNBits → DequantizeLinear +
+    MatMul is the adapter's to choose)."""
+    adapter = reg.find(domain, node.op_type, version, "onnx")
     if adapter is None:
         return Outcome.unchanged()
     dst = generic.since_at(node.op_type, step.target)
-    if dst is None:
+    if dst is None and generic.since_versions(node.op_type):
         return Outcome("kept", f"left as {domain}", f"{node.op_type} does not exist at opset "
                        f"{step.target}")
-    step.src, step.dst = 1, dst
+    step.src, step.dst = version, step.target if dst is None else dst
     out = adapter(node, step)
-    if out.status != "changed" or node.domain not in ("", "ai.onnx"):
+    if out.status != "changed" or node.domain not in ("", "ai.onnx") or \
+            families.owner("", node.op_type) is None:
         return out
     # The ai.onnx form may need a newer version than the target (opmx int4 → 21): lower it.
     spec = codecs.read_node(node, {"": generic.since_versions(node.op_type)[-1]})
     lowest = versions.lowest_version(spec)
-    if lowest is None or lowest <= dst:
+    if lowest is None or lowest <= step.dst:
         return out
     lowered = _walk_versions(node, step, step.target, reg, src_since=lowest)
     return lowered if lowered.status == "refused" else Outcome.merge([out, lowered])
@@ -219,7 +224,7 @@ def _set_opsets(model: ir.Model, opset: int) -> None:
             imports[key] = opset
     used = {site.node.domain for site in graph.walk(model)}
     for holder in (model, *model.functions.values()):
-        for domain in FOREIGN:
+        for domain in families.prunable_domains():
             if domain in holder.opset_imports and domain not in used:
                 del holder.opset_imports[domain]
     # New ai.onnx nodes (an opmx DequantizeLinear became one) need the ai.onnx import.

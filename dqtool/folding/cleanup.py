@@ -6,10 +6,7 @@ from collections.abc import Iterable
 
 import onnx_ir as ir
 
-from dqtool import graph
-
-# Domains a fold can empty; any other import (a function's domain, ...) is left alone.
-PRUNABLE = frozenset({"com.microsoft", "opmx", "pmx"})
+from dqtool import families, graph
 
 
 def _used(v: ir.Value) -> bool:
@@ -75,11 +72,13 @@ def prune_opsets(model: ir.Model, before: dict[str | None, set[str]]) -> None:
     """Drop imports of domains whose nodes the fold removed, scope by scope; the model
     keeps an import while any node anywhere (functions included) uses it."""
     after = used_domains(model)
-    for domain in PRUNABLE:
+    # Only domains a family lets go of; any other import (a function's domain, ...) stays.
+    prunable = families.prunable_domains()
+    for domain in prunable:
         if domain in before[None] and domain not in after[None]:
             model.opset_imports.pop(domain, None)
     for key, fn in model.functions.items():
-        for domain in PRUNABLE:
+        for domain in prunable:
             if domain in before.get(str(key), set()) and domain not in after[str(key)]:
                 fn.opset_imports.pop(domain, None)
 

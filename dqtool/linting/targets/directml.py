@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from dqtool import families
 from dqtool.linting.targets.base import Candidate, Profile, or_fold, ragged, rank_of
 from dqtool.spec import QuantSpec
 
@@ -78,9 +79,10 @@ def profile(level: str) -> Profile:
     lv = LEVELS[level]
 
     def candidates(spec: QuantSpec, opset: int) -> list[Candidate]:
-        if spec.domain not in ("ai.onnx", "com.microsoft"):
+        foreign = families.lint_fact(spec.domain, "directml")
+        if foreign:
             c = Candidate("DML_ELEMENT_WISE_DEQUANTIZE_LINEAR")
-            c.add("DQ106", f"DirectML has no {spec.domain} operator",
+            c.add("DQ106", foreign,
                   f"`dqtool upgrade --opset {max(opset, 21)}` (to ai.onnx)")
             return [c]
         ew = Candidate("DML_ELEMENT_WISE_DEQUANTIZE_LINEAR")

@@ -4,6 +4,7 @@ com.microsoft DequantizeLinear takes float scales only (SEMANTICS.md §1–2).""
 
 from __future__ import annotations
 
+from dqtool import families
 from dqtool.linting.targets.base import Candidate, Profile, or_fold, to_ai_onnx_fix
 from dqtool.spec import QuantSpec
 
@@ -12,8 +13,9 @@ MAX_OPSET = 26
 
 def candidates(spec: QuantSpec, opset: int) -> list[Candidate]:
     c = Candidate("onnxruntime CPU DequantizeLinear")
-    if spec.domain in ("opmx", "pmx"):
-        c.add("DQ106", f"onnxruntime has no {spec.domain} domain", to_ai_onnx_fix(spec, opset))
+    foreign = families.lint_fact(spec.domain, "onnxruntime")
+    if foreign:
+        c.add("DQ106", foreign, to_ai_onnx_fix(spec, opset))
         return [c]
     if spec.domain == "com.microsoft":
         if spec.scale_type not in (None, "float"):
