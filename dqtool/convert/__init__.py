@@ -5,8 +5,9 @@
     report = dqtool.downgrade("m.onnx", 13, "m13.onnx", allow_decompose=True)
 
 Raises ``ConversionRefused`` (a ``RefusedError``, exit 1; ``.report`` says which nodes and
-why) when any node cannot be converted exactly, and writes nothing then. A model object
-passed in is converted in place.
+why) when any node cannot be converted exactly, and writes nothing then. All or nothing: a
+model object passed in is never changed (``report.model`` is the converted copy, sharing
+the input's tensors), whether the conversion succeeds or is refused.
 """
 
 from __future__ import annotations
@@ -78,12 +79,14 @@ def _convert(model_or_path: ModelArg, opset: int, out, direction: Literal["upgra
     if check and not from_files and io.tensor_bytes(model) > MAX_IN_PROTO:
         raise UsageError("check on a model past protobuf's 2 GB limit needs the model's path "
                          "and an output path (both models are then checked from their files)")
-    if check:  # the original as it is now, before the conversion changes it in place
+    if check:
         original = verify.loaded(path if from_files else model)
     # The input's data file starts copying to the output now, overlapping the conversion.
     prefill = io.start_prefill(model, out) if out is not None and not check else None
     try:
-        report = pipeline.run(model, opset, direction, options, registry, path=path)
+        # A model loaded here has no other reference: converted in place, dropped on refusal.
+        report = pipeline.run(model, opset, direction, options, registry, path=path,
+                              copy=not is_path)
     except BaseException:
         io.discard_prefill(prefill)
         raise

@@ -23,15 +23,18 @@ from dqtool.errors import InputError, UsageError
 
 def run(model_or_path: ir.Model | str | os.PathLike, opset: int,
         direction: Literal["upgrade", "downgrade"], options: Options,
-        registry: Registry | None = None, *, path: str | os.PathLike | None = None
-        ) -> ConvertReport:
+        registry: Registry | None = None, *, path: str | os.PathLike | None = None,
+        copy: bool = True) -> ConvertReport:
     """Convert in memory; raises ``ConversionRefused`` (with the report) if any node is
-    refused. A model object is converted in place; ``path`` names the file it was loaded
-    from, if any (the report's source, and the value_info it declared)."""
+    refused. All or nothing: a model object is converted as a copy (``report.model``; its
+    tensors are the input's, not copied), so the caller's model is never changed, refused
+    or not. ``copy=False`` converts it in place, for a caller that owns the only reference
+    and drops it on refusal. ``path`` names the file it was loaded from, if any (the
+    report's source, and the value_info it declared)."""
     if isinstance(model_or_path, ir.Model):
         model, source = model_or_path, "<model>" if path is None else str(path)
     else:
-        model, source = io.load(model_or_path), str(model_or_path)
+        model, source, copy = io.load(model_or_path), str(model_or_path), False
     src = graph.opset_of(dict(model.opset_imports), "")
     _check_request(source, src, opset, direction)
     for fn in model.functions.values():
@@ -42,6 +45,8 @@ def run(model_or_path: ir.Model | str | os.PathLike, opset: int,
     declared = None if source == "<model>" else value_info.declared(source)
     report = ConvertReport(source=source, direction=direction, from_opset=src, to_opset=opset,
                            from_ir_version=model.ir_version)
+    if copy:
+        model = working_copy(model)
     ctx = Context(model, opset, options, report)
     reg = registry or default_registry()
     for site in list(graph.walk(model)):
@@ -66,6 +71,15 @@ def run(model_or_path: ir.Model | str | os.PathLike, opset: int,
     report.warnings.extend(ctx.warnings)
     report.model = model
     return report
+
+
+def working_copy(model: ir.Model) -> ir.Model:
+    """A copy to rewrite: new graphs, nodes and values (O(nodes)); the tensors are shared,
+    and a rewrite never changes a tensor, it makes a new value. ``meta`` (what io.load
+    recorded about the files read) goes along."""
+    copy = model.clone()
+    copy.meta.update(model.meta)
+    return copy
 
 
 def _check_request(source: str, src: int | None, opset: int, direction: str) -> None:
