@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from dqtool import families
-from dqtool.linting.targets.base import Candidate, Profile, or_fold, ragged, rank_of
+from dqtool.linting.targets.base import Candidate, Profile, Target, or_fold, ragged, rank_of
 from dqtool.spec import QuantSpec
 
 _INTS = frozenset({"int8", "int16", "int32", "uint8", "uint16", "uint32"})
@@ -106,3 +106,9 @@ def profile(level: str) -> Profile:
         return out
 
     return Profile(f"directml-fl{level}", f"DirectML feature level {level}", candidates)
+
+
+TARGETS = [Target(f"directml-fl{lv}", f"DirectML feature level {lv}",
+                  lambda value, lv=lv: profile(lv) if value == f"directml-fl{lv}" else None,
+                  order=20)
+           for lv in LEVELS]

@@ -5,7 +5,7 @@ com.microsoft DequantizeLinear takes float scales only (SEMANTICS.md §1–2).""
 from __future__ import annotations
 
 from dqtool import families
-from dqtool.linting.targets.base import Candidate, Profile, or_fold, to_ai_onnx_fix
+from dqtool.linting.targets.base import Candidate, Profile, fixed, or_fold, to_ai_onnx_fix
 from dqtool.spec import QuantSpec
 
 MAX_OPSET = 26
@@ -39,3 +39,5 @@ def candidates(spec: QuantSpec, opset: int) -> list[Candidate]:
 
 PROFILE = Profile("onnxruntime", "onnxruntime 1.31 CPU", candidates, max_opset=MAX_OPSET,
                   opset_fix=f"`dqtool downgrade --opset {MAX_OPSET}`")
+
+TARGETS = [fixed(PROFILE, order=10)]

@@ -6,7 +6,7 @@ exactly. dqtool converts opmx to ai.onnx, not back, so most fixes are "none"."""
 from __future__ import annotations
 
 from dqtool import families
-from dqtool.linting.targets.base import Candidate, Profile, ragged, rank_of
+from dqtool.linting.targets.base import Candidate, Profile, fixed, ragged, rank_of
 from dqtool.spec import QuantSpec
 
 _X = frozenset({"int8", "int4", "uint4"})
@@ -44,3 +44,5 @@ def candidates(spec: QuantSpec, opset: int) -> list[Candidate]:
 
 
 PROFILE = Profile("opmx", "OpenPPL opmx DequantizeLinear", candidates)
+
+TARGETS = [fixed(PROFILE, order=40)]
