@@ -56,8 +56,9 @@ def _convert(model_or_path: ModelArg, opset: int, out, direction: Literal["upgra
              options: Options, check: bool, in_place: bool,
              registry: Registry | None = None) -> ConvertReport:
     from dqtool import io
+    from dqtool.checking import conversion
     from dqtool.checking.models import MAX_IN_PROTO
-    from dqtool.convert import pipeline, verify
+    from dqtool.convert import pipeline
 
     is_path = not isinstance(model_or_path, ir.Model)
     if in_place:
@@ -80,7 +81,7 @@ def _convert(model_or_path: ModelArg, opset: int, out, direction: Literal["upgra
         raise UsageError("check on a model past protobuf's 2 GB limit needs the model's path "
                          "and an output path (both models are then checked from their files)")
     if check:
-        original = verify.loaded(path if from_files else model)
+        original = conversion.loaded(path if from_files else model)
     # The input's data file starts copying to the output now, overlapping the conversion.
     prefill = io.start_prefill(model, out) if out is not None and not check else None
     try:
@@ -93,10 +94,10 @@ def _convert(model_or_path: ModelArg, opset: int, out, direction: Literal["upgra
 
     def run_check(converted: ir.Model | Path) -> None:
         try:
-            report.check = verify.compare(original, verify.loaded(converted))
+            report.check = conversion.compare(original, conversion.loaded(converted))
         except InputError as e:
             raise InputError(f"{report.source}: --check: {e}") from None
-        if not report.check["ok"]:
+        if not report.check.ok:
             raise CheckFailed(report)
 
     if check and not from_files:
