@@ -6,10 +6,9 @@ import onnx_ir as ir
 import pytest
 
 import dqtool
-from dqtool import codecs, families
+from dqtool import cleanup, codecs, families
 from dqtool.convert.registry import Outcome, Registry, default_registry
 from dqtool.families.base import Family
-from dqtool.folding import cleanup
 
 
 def test_the_qdq_families_are_registered_and_own_their_operators():

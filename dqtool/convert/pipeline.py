@@ -13,7 +13,7 @@ from typing import Literal
 
 import onnx_ir as ir
 
-from dqtool import codecs, families, graph, io, versions
+from dqtool import cleanup, codecs, families, graph, io, versions
 from dqtool.convert import blocked, decompose, generic, value_info
 from dqtool.convert.context import Context, Options, Step
 from dqtool.convert.registry import Outcome, Registry, default_registry
@@ -57,7 +57,9 @@ def run(model_or_path: ir.Model | str | os.PathLike, opset: int,
         _record(report, site, op, outcome)
     if report.refusals:
         raise ConversionRefused(report)
-    _remove_orphans(ctx)
+    # What the rewrites replaced, if nothing else uses it (a scale shared by a Q and a DQ
+    # stays); Q nodes stay: a conversion removes no computation.
+    cleanup.remove_unused(ctx.replaced, producers=frozenset({"Constant"}))
     try:
         report.warnings.extend(graph.sort_if_needed(model))
     except InputError as e:
@@ -215,32 +217,14 @@ def _finish(node: ir.Node, step: Step, out: Outcome) -> Outcome:
     return out
 
 
-def _remove_orphans(ctx: Context) -> None:
-    seen: set[int] = set()
-    for v in ctx.replaced:
-        if id(v) in seen or v.uses() or v.is_graph_output() or v.is_graph_input():
-            continue
-        seen.add(id(v))
-        if v.is_initializer() and v.graph is not None:
-            v.graph.initializers.pop(v.name, None)
-            continue
-        producer = v.producer()
-        if producer is not None and producer.op_type == "Constant" and \
-                producer.graph is not None:
-            producer.graph.remove(producer, safe=True)
-
-
 def _set_opsets(model: ir.Model, opset: int) -> None:
     for holder in (model, *model.functions.values()):
         imports = holder.opset_imports
         key = "" if "" in imports else "ai.onnx" if "ai.onnx" in imports else None
         if key is not None:
             imports[key] = opset
+    cleanup.prune_opsets(model)
     used = {site.node.domain for site in graph.walk(model)}
-    for holder in (model, *model.functions.values()):
-        for domain in families.prunable_domains():
-            if domain in holder.opset_imports and domain not in used:
-                del holder.opset_imports[domain]
     # New ai.onnx nodes (an opmx DequantizeLinear became one) need the ai.onnx import.
     if "" not in model.opset_imports and "ai.onnx" not in model.opset_imports and \
             ("" in used or "ai.onnx" in used):

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import onnx_ir as ir
 
-from dqtool import codecs, families, graph, types
-from dqtool.folding import cleanup
+from dqtool import cleanup, codecs, families, graph, types
 from dqtool.folding.compute import FoldedTensor, Folding
 from dqtool.folding.plan import not_constant_reason, plan
 from dqtool.folding.report import FoldedNode, LeftNode
