@@ -23,7 +23,7 @@ _API = {
     "dequantize_ms": "dqtool.kernel",
     "quantize_ms": "dqtool.kernel",
     "unpack_opmx_int4": "dqtool.kernel",
-    "reference_evaluator": "dqtool.kernel.evaluator",
+    "reference_evaluator": "dqtool.families.evaluator",
     "QuantSpec": "dqtool.spec",
     "read_node": "dqtool.codecs",
     "load": "dqtool.io",

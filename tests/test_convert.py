@@ -13,9 +13,10 @@ import pytest
 from click.testing import CliRunner
 
 import dqtool
+from dqtool.checking import conversion
 from dqtool.cli import cli
 from dqtool.codecs import onnx_std
-from dqtool.convert import ConversionRefused, default_registry, verify
+from dqtool.convert import ConversionRefused, default_registry
 from dqtool.convert.registry import Outcome, Registry
 
 MODELS = Path(__file__).resolve().parent.parent / "models"
@@ -62,9 +63,9 @@ def _convert(path: Path, target: int, direction: str, **kw):
 @pytest.mark.parametrize(("name", "target", "direction"), EXACT)
 def test_models_convert_exactly(name, target, direction):
     report = _convert(MODELS / name, target, direction, check=True)
-    assert report.check["ok"], report.check
+    assert report.check.ok, report.check
     assert all(v == "identical" or v.startswith(("skipped", "Q/DQ results identical"))
-               for v in report.check["runtimes"].values()), report.check
+               for v in report.check.runtimes.values()), report.check
     assert report.model.opset_imports[""] == target
 
 
@@ -105,7 +106,7 @@ def test_op_missing_at_target_is_refused_by_name():
 def test_decompose_per_axis_at_10():
     report = dqtool.downgrade(MODELS / "dq13_int8_per_axis.onnx", 10, allow_decompose=True,
                               check=True)
-    assert report.check["ok"]
+    assert report.check.ok
     assert report.warnings
     ops = {n.op_type for n in report.model.graph}
     assert "Mul" in ops and "Sub" in ops
@@ -114,7 +115,7 @@ def test_decompose_per_axis_at_10():
 def test_per_axis_option_removes_blocks():
     report = dqtool.upgrade(MODELS / "ort_int4_blocked_qdq.onnx", 21, per_axis=True,
                             check=True)
-    assert report.check["ok"]
+    assert report.check.ok
     assert not any("block_size" in n.attributes for n in report.model.graph)
 
 
@@ -124,8 +125,8 @@ def test_round_trip_13_21_13(tmp_path):
     down = dqtool.downgrade(tmp_path / "up.onnx", 13, tmp_path / "down.onnx")
     assert up.ok and down.ok
     a, b = onnx.load(src), onnx.load(tmp_path / "down.onnx")
-    res = verify.compare(a, b)
-    assert res["ok"], res
+    res = conversion.compare(a, b)
+    assert res.ok, res
 
 
 def test_same_command_twice_is_byte_identical(tmp_path):
@@ -226,7 +227,7 @@ def test_check_on_a_path_loads_the_model_once(tmp_path, monkeypatch):
     monkeypatch.setattr(io, "load", lambda *a, **k: loads.append(a[0]) or real_load(*a, **k))
     report = dqtool.upgrade(MODELS / "ort_qdq_contrib.onnx", 21, tmp_path / "out.onnx",
                             check=True)
-    assert report.check["ok"]
+    assert report.check.ok
     assert report.source == str(MODELS / "ort_qdq_contrib.onnx")
     assert loads == [MODELS / "ort_qdq_contrib.onnx"]
 
@@ -239,7 +240,7 @@ def test_check_of_an_external_data_model_runs_from_its_files(tmp_path, monkeypat
 
     folder = tmp_path / "in"
     shutil.copytree(MODELS / "external_data", folder)
-    monkeypatch.setattr(verify, "QDQ_MAX_BYTES", 1)
+    monkeypatch.setattr(conversion, "QDQ_MAX_BYTES", 1)
     monkeypatch.setattr(check_models, "REFERENCE_MAX_BYTES", 1)
     seen = []
     real_load = check_models.load
@@ -249,10 +250,10 @@ def test_check_of_an_external_data_model_runs_from_its_files(tmp_path, monkeypat
     out.parent.mkdir()
     report = dqtool.upgrade(folder / "model.onnx", 21, out, check=True)
     check = report.check
-    assert check["ok"], check
-    assert check["runtimes"][verify.ORT] == "identical"
-    assert check["runtimes"][verify.REFERENCE].startswith("skipped: it would hold about")
-    assert any(n.startswith("Q/DQ results not compared one by one") for n in check["notes"])
+    assert check.ok, check
+    assert check.runtimes[conversion.ORT] == "identical"
+    assert check.runtimes[conversion.REFERENCE].startswith("skipped: it would hold about")
+    assert any(n.startswith("Q/DQ results not compared one by one") for n in check.notes)
     # both models ran from files: the input's folder, then the output's temporary folder
     dirs = [entry.external_dir for entry in seen]
     assert dirs[0] == folder and dirs[1].parent == out.parent and dirs[1] != out.parent
@@ -267,13 +268,13 @@ def test_check_past_the_qdq_budget_compares_final_outputs_strictly(monkeypatch):
     values = onnx.numpy_helper.to_array(scale).copy()
     values.flat[0] *= 2
     scale.CopyFrom(onnx.numpy_helper.from_array(values, scale.name))
-    assert verify.compare(original, tampered)["runtimes"][verify.ORT].startswith(
+    assert conversion.compare(original, tampered).runtimes[conversion.ORT].startswith(
         "DIFFERENT Q/DQ result: W2:")
-    monkeypatch.setattr(verify, "QDQ_MAX_BYTES", 1)
-    result = verify.compare(original, tampered)
-    assert not result["ok"]
-    for runtime in (verify.REFERENCE, verify.ORT):
-        assert result["runtimes"][runtime].startswith("DIFFERENT: Y:"), result
+    monkeypatch.setattr(conversion, "QDQ_MAX_BYTES", 1)
+    result = conversion.compare(original, tampered)
+    assert not result.ok
+    for runtime in (conversion.REFERENCE, conversion.ORT):
+        assert result.runtimes[runtime].startswith("DIFFERENT: Y:"), result
 
 
 def test_past_the_qdq_budget_a_q_dq_final_output_excuses_nothing(monkeypatch):
@@ -297,11 +298,11 @@ def test_past_the_qdq_budget_a_q_dq_final_output_excuses_nothing(monkeypatch):
         return helper.make_model(g, opset_imports=[helper.make_opsetid("", 21)],
                                  ir_version=10)
 
-    monkeypatch.setattr(verify, "QDQ_MAX_BYTES", 0)
-    result = verify.compare(model(0.5), model(0.75))
-    assert not result["ok"]
-    for runtime in (verify.REFERENCE, verify.ORT):
-        assert result["runtimes"][runtime].startswith("DIFFERENT: y:"), result
+    monkeypatch.setattr(conversion, "QDQ_MAX_BYTES", 0)
+    result = conversion.compare(model(0.5), model(0.75))
+    assert not result.ok
+    for runtime in (conversion.REFERENCE, conversion.ORT):
+        assert result.runtimes[runtime].startswith("DIFFERENT: y:"), result
 
 
 def _weight(name: str, rng: np.random.Generator) -> tuple[list, onnx.NodeProto]:
@@ -344,7 +345,7 @@ def test_check_of_external_data_inside_an_if_branch(tmp_path):
                   if a.name == "then_branch")
     assert branch.initializer[0].data_location == TensorProto.EXTERNAL
     report = dqtool.upgrade(src, 21, tmp_path / "up.onnx", check=True)
-    assert report.check["runtimes"] == {verify.REFERENCE: "identical", verify.ORT: "identical"}
+    assert report.check.runtimes == {conversion.REFERENCE: "identical", conversion.ORT: "identical"}
 
 
 def test_a_constant_held_in_external_data_is_written_with_the_output(tmp_path):
@@ -372,7 +373,7 @@ def test_a_constant_held_in_external_data_is_written_with_the_output(tmp_path):
     out = tmp_path / "out" / "up.onnx"
     out.parent.mkdir()
     report = dqtool.upgrade(folder / "model.onnx", 21, out, check=True)
-    assert report.check["ok"], report.check
+    assert report.check.ok, report.check
     written = onnx.load(out)  # loads with no data file beside it: the constant is inline
     (const,) = [n for n in written.graph.node if n.op_type == "Constant"]
     assert onnx.numpy_helper.to_array(const.attribute[0].t).tobytes() == w.tobytes()
@@ -474,8 +475,8 @@ def test_when_most_data_changes_the_copy_is_dropped_and_the_output_packed(tmp_pa
     # packed: the data file holds the rewritten weight (64 x 64 int8) and little else
     size = (out.parent / "down.onnx.data").stat().st_size
     assert 64 * 64 <= size < 64 * 64 + 2048
-    result = verify.compare(onnx.load(src), onnx.load(out))
-    assert result["ok"], result
+    result = conversion.compare(onnx.load(src), onnx.load(out))
+    assert result.ok, result
 
 
 def test_a_refused_conversion_leaves_no_copy_behind(tmp_path):

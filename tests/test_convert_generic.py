@@ -12,8 +12,9 @@ import pytest
 from click.testing import CliRunner
 
 import dqtool
+from dqtool.checking import conversion
 from dqtool.cli import cli
-from dqtool.convert import CheckFailed, ConversionRefused, verify
+from dqtool.convert import CheckFailed, ConversionRefused
 
 ENV = {"NO_COLOR": "1", "COLUMNS": "200"}
 BOTH = ("dqtool.reference_evaluator", "onnxruntime (CPU, ORT_DISABLE_ALL)")
@@ -56,11 +57,11 @@ def _save(tmp_path, text: str, name: str = "m.onnx"):
 
 
 def _bit_identical(a, b) -> dict:
-    """Every output byte-equal in both runtimes (verify.compare alone tolerates final
+    """Every output byte-equal in both runtimes (conversion.compare alone tolerates final
     outputs that differ after identical Q/DQ results; these models have no Q/DQ)."""
-    res = verify.compare(onnx.load(a), onnx.load(b))
-    assert res["ok"], res
-    assert all(res["runtimes"][name] == "identical" for name in BOTH), res
+    res = conversion.compare(onnx.load(a), onnx.load(b))
+    assert res.ok, res
+    assert all(res.runtimes[name] == "identical" for name in BOTH), res
     return res
 
 
@@ -75,7 +76,7 @@ def test_decomposed_layernorm_upgrades_bit_identical(tmp_path, target):
     out = tmp_path / "o.onnx"
     report = dqtool.upgrade(src, target, out, check=True)
     for name in BOTH:
-        assert report.check["runtimes"][name] == "identical", report.check
+        assert report.check.runtimes[name] == "identical", report.check
     _bit_identical(src, out)
     m = onnx.load(out)
     assert m.opset_import[0].version == target
@@ -131,7 +132,7 @@ def test_downgrade_split_18_without_num_outputs_and_constant_axes(tmp_path):
     out = tmp_path / "o.onnx"
     report = dqtool.downgrade(src, 13, out, check=True)
     for name in BOTH:
-        assert report.check["runtimes"][name] == "identical", report.check
+        assert report.check.runtimes[name] == "identical", report.check
     m = onnx.load(out)
     # The axes Constant is gone; Split (which takes 'split' as an input at 13 too) is as it was.
     assert [n.op_type for n in m.graph.node] == ["Constant", "Split", "ReduceMean"]
@@ -244,9 +245,9 @@ def test_check_failure_is_readable(tmp_path):
         }}"""
     a = ir.to_proto(ir.from_onnx_text(text.format(s=0.5)))
     b = ir.to_proto(ir.from_onnx_text(text.format(s=0.25)))
-    res = verify.compare(a, b)
-    assert not res["ok"]
-    lines = verify.describe(res)
+    res = conversion.compare(a, b)
+    assert not res.ok
+    lines = res.describe()
     assert any(line.startswith("dqtool.reference_evaluator: DIFFERENT") for line in lines)
     assert "onnx.checker: ok" in lines
 
@@ -260,9 +261,9 @@ def test_check_failure_is_readable(tmp_path):
 def test_check_fails_when_nothing_compared():
     a = ir.to_proto(ir.from_onnx_text("""<ir_version: 8, opset_import: ["" : 13, "x": 1]>
         g (float[2,3] x) => (float[2,3] y) { y = x.Unknown(x) }"""))
-    res = verify.compare(a, a)
-    assert not res["ok"]
-    assert "nothing was compared" in res["error"]
+    res = conversion.compare(a, a)
+    assert not res.ok
+    assert "nothing was compared" in res.error
 
 
 def test_check_runs_like_dqtool_check(tmp_path, monkeypatch):
@@ -296,7 +297,7 @@ def test_check_runs_like_dqtool_check(tmp_path, monkeypatch):
     monkeypatch.setattr(runners, "reference_session", spy_ref)
     monkeypatch.setattr(ort, "InferenceSession", spy_session)
     report = dqtool.upgrade(src, 21, check=True)
-    assert all(report.check["runtimes"][name] == "identical" for name in BOTH), report.check
+    assert all(report.check.runtimes[name] == "identical" for name in BOTH), report.check
     want, _ = inputs.generate(onnx.load(src), seed=0)
     assert want["x"].shape == (1, 3) and want["q"].shape == (2, 3)
     assert len(fed) == 2 and all(f.keys() == want.keys() for f in fed)
@@ -314,9 +315,9 @@ def test_check_of_a_model_object_reads_its_external_data():
 
     model = ir.load(MODELS / "external_data" / "model.onnx")
     report = dqtool.downgrade(model, 19, check=True)
-    assert report.check["ok"], report.check
+    assert report.check.ok, report.check
     assert all(not v.startswith(("skipped", "FAILED")) for v in
-               report.check["runtimes"].values()), report.check
+               report.check.runtimes.values()), report.check
 
 
 def test_check_gives_onnxruntime_the_ir_version_it_loads(tmp_path):
@@ -324,10 +325,10 @@ def test_check_gives_onnxruntime_the_ir_version_it_loads(tmp_path):
     the lowest IR version its opsets need, as in dqtool check; the check says so."""
     src = _save(tmp_path, LAYERNORM.format(opset=13).replace("ir_version: 8", "ir_version: 14"))
     report = dqtool.upgrade(src, 18, check=True)
-    assert report.check["runtimes"][BOTH[1]] == "identical", report.check
-    assert report.check["notes"] == ["the original: IR version 14 given to onnxruntime as 7 "
+    assert report.check.runtimes[BOTH[1]] == "identical", report.check
+    assert list(report.check.notes) == ["the original: IR version 14 given to onnxruntime as 7 "
                                      "(the lowest the model needs; onnxruntime loads IR ≤ 13)"]
-    assert "note: the original: IR version 14" in "\n".join(verify.describe(report.check))
+    assert "note: the original: IR version 14" in "\n".join(report.check.describe())
 
 
 def test_check_refuses_inputs_it_cannot_generate_as_bad_input(tmp_path):
@@ -401,7 +402,7 @@ def test_dq_in_function_downgrades(tmp_path):
     out = tmp_path / "o.onnx"
     report = dqtool.downgrade(MODELS / "dq_in_function.onnx", 19, out, check=True)
     for name in BOTH:
-        assert report.check["runtimes"][name] == "identical", report.check
+        assert report.check.runtimes[name] == "identical", report.check
 
 
 FUNC_INT16 = """<ir_version: 10, opset_import: ["" : 21, "local" : 1]>
@@ -543,7 +544,7 @@ def test_a_function_constant_taking_its_tensor_from_the_caller(tmp_path):
                                                   helper.make_opsetid("local", 1)],
                                 functions=[fn], ir_version=10), src)
     report = dqtool.upgrade(src, 23, tmp_path / "up.onnx", check=True)
-    assert report.check["ok"], report.check
+    assert report.check.ok, report.check
     assert report.to_ir_version == 11
     r = CliRunner().invoke(cli, ["fold", str(src), "-o", str(tmp_path / "f.onnx")], env=ENV)
     assert r.exit_code == 0, r.output

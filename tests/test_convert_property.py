@@ -16,7 +16,8 @@ from hypothesis import strategies as st
 from onnx import TensorProto, helper, numpy_helper
 
 import dqtool
-from dqtool.convert import ConversionRefused, verify
+from dqtool.checking import conversion
+from dqtool.convert import ConversionRefused
 
 EXAMPLES = 60 if os.environ.get("DQTOOL_SLOW") else 12
 QTYPES = {"int8": np.int8, "uint8": np.uint8, "int16": np.int16, "uint16": np.uint16,
@@ -81,9 +82,9 @@ def test_random_dq_downgrade_is_exact_or_refused(case):
         assert reasons
         return
     converted = ir.to_proto(report.model)
-    res = verify.compare(proto, converted)
-    assert res["ok"], res
-    ref = res["runtimes"]["dqtool.reference_evaluator"]
+    res = conversion.compare(proto, converted)
+    assert res.ok, res
+    ref = res.runtimes["dqtool.reference_evaluator"]
     assert ref == "identical", res
 
 
@@ -119,12 +120,12 @@ def test_random_qdq_upgrade_and_back(case):
 
     proto, target = case
     up = ir.to_proto(dqtool.upgrade(ir.from_proto(proto), target).model)
-    res = verify.compare(proto, up)
-    assert res["ok"], res
-    assert "identical" in res["runtimes"]["onnxruntime (CPU, ORT_DISABLE_ALL)"], res
+    res = conversion.compare(proto, up)
+    assert res.ok, res
+    assert "identical" in res.runtimes["onnxruntime (CPU, ORT_DISABLE_ALL)"], res
     down = ir.to_proto(dqtool.downgrade(ir.from_proto(up), 13).model)
-    res = verify.compare(proto, down)
-    assert res["ok"], res
+    res = conversion.compare(proto, down)
+    assert res.ok, res
 
 
 @pytest.mark.parametrize("target", [13, 19])
@@ -144,5 +145,5 @@ def test_every_dq_lowering_path_at_once(target):
     proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 23)])
     proto.ir_version = 11
     out = ir.to_proto(dqtool.downgrade(ir.from_proto(proto), target).model)
-    res = verify.compare(proto, out)
-    assert res["ok"] and res["runtimes"]["dqtool.reference_evaluator"] == "identical", res
+    res = conversion.compare(proto, out)
+    assert res.ok and res.runtimes["dqtool.reference_evaluator"] == "identical", res

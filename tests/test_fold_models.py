@@ -39,7 +39,7 @@ def constant_dqs(model: ir.Model) -> list[str]:
 
 def dq_outputs_by_evaluator(path: Path, names: list[str]) -> dict[str, np.ndarray]:
     """The original's DQ outputs (main graph) from onnx's evaluator with dqtool's kernels."""
-    from dqtool.kernel import reference_evaluator
+    from dqtool import reference_evaluator
 
     m = onnx.load(str(path))
     m.graph.output.extend(onnx.helper.make_empty_tensor_value_info(n) for n in names)

@@ -10,7 +10,8 @@ import pytest
 from kernel_helpers import assert_bits_equal
 from onnx import helper, numpy_helper
 
-from dqtool.kernel import dequantize, reference_evaluator
+from dqtool import reference_evaluator
+from dqtool.kernel import dequantize
 
 
 def _cases() -> list:

@@ -10,14 +10,9 @@ import pytest
 from kernel_helpers import assert_bits_equal
 from onnx import TensorProto, helper, numpy_helper
 
+from dqtool import reference_evaluator
 from dqtool.errors import KernelError
-from dqtool.kernel import (
-    dequantize,
-    dequantize_opmx,
-    pack_opmx_int4,
-    quantize,
-    reference_evaluator,
-)
+from dqtool.kernel import dequantize, dequantize_opmx, pack_opmx_int4, quantize
 
 
 def _qdq_model(opset: int, domain: str = "") -> onnx.ModelProto:

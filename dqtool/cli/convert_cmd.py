@@ -38,10 +38,8 @@ def render(app: App, report, as_json: bool) -> None:
                       + ", ".join(f"{d or 'ai.onnx'} {v}"
                                   for d, v in report.opset_imports.items()))
     if report.check:
-        from dqtool.convert import verify
-
         app.out.print("check (bit-identical outputs on random inputs):", markup=False)
-        for line in verify.describe(report.check):
+        for line in report.check.describe():
             app.out.print(f"  {line}", markup=False, overflow="fold")
     for path in report.written:
         app.out.print(f"wrote {path}")

@@ -2,29 +2,10 @@
 
 from __future__ import annotations
 
-import re
-import sys
-from typing import Any
-
 import click
 
 from dqtool.cli.app import App, user_errors
-from dqtool.errors import UsageError
-
-_UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "m": 10**6, "mb": 10**6, "g": 10**9,
-          "gb": 10**9, "kib": 2**10, "mib": 2**20, "gib": 2**30}
-# Show a progress bar from this many output bytes: smaller saves finish before it helps.
-PROGRESS_MIN_BYTES = 256 << 20
-
-
-def parse_size(text: str | None) -> int | None:
-    """``"500MB"``, ``"1GiB"``, ``"1048576"`` → bytes."""
-    if text is None:
-        return None
-    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*", text)
-    if not m or m.group(2).lower() not in _UNITS:
-        raise UsageError(f"--shard-size: cannot read {text!r} as a size (e.g. 500MB, 2GiB)")
-    return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+from dqtool.cli.options import parse_size, progress_bar, writer_options
 
 
 def _size(n: float) -> str:
@@ -33,38 +14,6 @@ def _size(n: float) -> str:
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
         n /= 1024
     return str(n)
-
-
-class _Progress:
-    """A rich bar on stderr counting tensors and bytes, fed by onnx_ir's save callback."""
-
-    def __init__(self, app: App) -> None:
-        from rich.progress import (
-            BarColumn,
-            DownloadColumn,
-            MofNCompleteColumn,
-            Progress,
-            TextColumn,
-            TimeRemainingColumn,
-        )
-
-        self.bar = Progress(TextColumn("writing"), BarColumn(), MofNCompleteColumn(),
-                            TextColumn("tensors"), DownloadColumn(), TimeRemainingColumn(),
-                            console=app.err, transient=True)
-        self.tensors = self.bar.add_task("tensors", total=None)
-        self.count = 0
-
-    def __call__(self, tensor: Any, info: Any) -> None:
-        # Called as each tensor starts: the bar shows what is being written.
-        self.count += 1
-        self.bar.update(self.tensors, total=info.total, completed=self.count)
-
-    def __enter__(self) -> _Progress:
-        self.bar.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.bar.stop()
 
 
 def _line(app: App, text: str) -> None:
@@ -95,9 +44,7 @@ def render(app: App, report) -> None:
 
 @click.command("fold")
 @click.argument("model", type=click.Path(dir_okay=True, path_type=str))
-@click.option("-o", "--output", "out", type=click.Path(path_type=str),
-              help="Output path [default: <stem>.folded.onnx next to MODEL].")
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
+@writer_options("<stem>.folded.onnx next to MODEL")
 @click.option("--op-types", multiple=True, metavar="OPS",
               help="Fold only DequantizeLinear feeding these ops (e.g. MatMul,Gemm).")
 @click.option("--include", multiple=True, metavar="GLOB",
@@ -113,17 +60,9 @@ def render(app: App, report) -> None:
               help="Type stored; not keep = Cast of the node's output (a reported rounding "
                    "when narrower), with a Cast back so the graph keeps its types.")
 @click.option("--dry-run", is_flag=True, help="List what would be folded; write nothing.")
-@click.option("--external-data", is_flag=True,
-              help="Write tensors as external data <OUT>.data (automatic past ~1.8 GB or "
-                   "when the input used external data).")
-@click.option("--shard-size", metavar="SIZE",
-              help="Split external data into files of at most SIZE (e.g. 1GB).")
-@click.option("--in-place", is_flag=True, help="Overwrite MODEL (atomically).")
 @click.option("--prepack-guard/--no-prepack-guard", default=True, show_default=True,
               help="Identity between a folded weight and the MatMul/Gemm/RNN input "
                    "onnxruntime prepacks, keeping its outputs bit-identical.")
-@click.option("--progress/--no-progress", default=None,
-              help="Progress bar on stderr [default: for large saves on a terminal].")
 @click.pass_obj
 @user_errors
 def fold_cmd(app: App, model: str, out: str | None, as_json: bool, op_types: tuple[str, ...],
@@ -137,22 +76,14 @@ def fold_cmd(app: App, model: str, out: str | None, as_json: bool, op_types: tup
     1 a selected constant node was refused (invalid; listed; the output is still written);
     2 bad input or options (nothing written).
     """
-    from dqtool import io
     from dqtool.folding import fold
 
-    shard = parse_size(shard_size)
     options = dict(op_types=op_types, include=include, exclude=exclude, x_types=x_types,
                    min_elements=min_elements, dtype=dtype, external_data=external_data or None,
-                   shard_size=shard, in_place=in_place, prepack_guard=prepack_guard)
-    show = progress
-    if show is None and not dry_run:
-        # Cheap: header sizes only, no tensor data is read.
-        show = sys.stderr.isatty() and _estimate(io, model) >= PROGRESS_MIN_BYTES
-    if show and not dry_run:
-        with _Progress(app) as bar:
-            report = fold(model, out, dry_run=dry_run, progress=bar, **options)
-    else:
-        report = fold(model, out, dry_run=dry_run, **options)
+                   shard_size=parse_size(shard_size), in_place=in_place,
+                   prepack_guard=prepack_guard)
+    with progress_bar(app, model, False if dry_run else progress) as bar:
+        report = fold(model, out, dry_run=dry_run, progress=bar, **options)
     if op_types:
         # Op types are open-ended (custom ops), so an unknown one is not an error; but a
         # typo would silently fold nothing.
@@ -175,15 +106,3 @@ def _warn_unfed_op_types(app: App, fed: set[str], op_types: tuple[str, ...]) -> 
         app.warn(f"--op-types {','.join(unfed)}: no DequantizeLinear in the model feeds "
                  f"{'it' if len(unfed) == 1 else 'them'} (DequantizeLinear nodes feed: "
                  f"{', '.join(sorted(fed)) or 'nothing'}){hint}")
-
-
-def _estimate(io, model: str) -> int:
-    """Rough output size (4 bytes per quantized byte) for deciding on a progress bar."""
-    try:
-        from pathlib import Path
-
-        p = Path(model)
-        data = sum(f.stat().st_size for f in p.parent.glob(f"{p.name}*") if f.is_file())
-        return 4 * data
-    except OSError:
-        return 0

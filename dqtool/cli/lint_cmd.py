@@ -1,5 +1,5 @@
 """``dqtool lint MODEL... [--target T] [--select CODES] [--ignore CODES]
-[--format text|json|github|sarif]``."""
+[--format text|json|github|sarif] [--json]``."""
 
 from __future__ import annotations
 
@@ -9,24 +9,32 @@ import sys
 import click
 
 from dqtool.cli.app import App, user_errors
+from dqtool.cli.options import LazyHelpOption
+from dqtool.errors import UsageError
+
+
+def _target_help() -> str:
+    from dqtool.linting import targets
+
+    return "One of: " + ", ".join(targets.names()) + "."
 
 
 @click.command("lint")
 @click.argument("models", nargs=-1, required=True, type=str)
-@click.option("--target", default=None, metavar="T",
-              help="onnx-opset-N, onnxruntime (the installed one, probed), "
-              "onnxruntime-1.31|1.32 (a release's fixed profile), "
-              "directml-fl1.0|2.1|3.0|6.0|6.2|6.3, onednn-graph, opmx.")
+@click.option("--target", default=None, metavar="T", cls=LazyHelpOption,
+              lazy_help=_target_help)
 @click.option("--select", default=None, metavar="CODES",
               help="Comma-separated rule codes or prefixes to run (default: all).")
 @click.option("--ignore", default=None, metavar="CODES",
               help="Comma-separated rule codes or prefixes to skip.")
 @click.option("--format", "fmt", type=click.Choice(["text", "json", "github", "sarif"]),
               default="text", show_default=True)
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON document (as "
+              "--format json).")
 @click.pass_obj
 @user_errors
 def lint_cmd(app: App, models: tuple[str, ...], target: str | None, select: str | None,
-             ignore: str | None, fmt: str) -> None:
+             ignore: str | None, fmt: str, as_json: bool) -> None:
     """Lint the dequantization of MODELS, optionally for a --target.
 
     Settings come from [tool.dqtool.lint] (target, select, ignore) in the nearest
@@ -36,6 +44,10 @@ def lint_cmd(app: App, models: tuple[str, ...], target: str | None, select: str 
     """
     from dqtool.linting import config, formats, lint
 
+    if as_json:
+        if fmt not in ("text", "json"):
+            raise UsageError(f"--json and --format {fmt} ask for two formats; give one")
+        fmt = "json"
     report = lint(list(models), target=target, select=select, ignore=ignore,
                   config=config.find())
     if fmt == "text":

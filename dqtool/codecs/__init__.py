@@ -10,16 +10,15 @@ import bisect
 
 import onnx_ir as ir
 
-from dqtool import graph
-from dqtool.codecs import microsoft, onnx_std, opmx
+from dqtool import families, graph
 from dqtool.codecs.base import Codec
 from dqtool.spec import P_NO_IMPORT, P_VERSION, Problem, QuantSpec
 
 QUANT_OPS = frozenset({"DequantizeLinear", "QuantizeLinear"})
 
+# Every registered family's codecs (dqtool.families).
 REGISTRY: dict[tuple[str, str, int], Codec] = {
-    (c.domain, c.op, c.since_version): c
-    for c in [*onnx_std.codecs(), *microsoft.codecs(), *opmx.codecs()]
+    (c.domain, c.op, c.since_version): c for c in families.codecs()
 }
 DOMAINS = frozenset(domain for domain, _, _ in REGISTRY)
 _KNOWN_OPS = frozenset((domain, op) for domain, op, _ in REGISTRY)

@@ -5,8 +5,9 @@
     report = dqtool.downgrade("m.onnx", 13, "m13.onnx", allow_decompose=True)
 
 Raises ``ConversionRefused`` (a ``RefusedError``, exit 1; ``.report`` says which nodes and
-why) when any node cannot be converted exactly, and writes nothing then. A model object
-passed in is converted in place.
+why) when any node cannot be converted exactly, and writes nothing then. All or nothing: a
+model object passed in is never changed (``report.model`` is the converted copy, sharing
+the input's tensors), whether the conversion succeeds or is refused.
 """
 
 from __future__ import annotations
@@ -30,31 +31,34 @@ ModelArg = ir.Model | str | os.PathLike
 
 
 def upgrade(model_or_path: ModelArg, opset: int, out: str | os.PathLike | None = None, *,
-            per_axis: bool = False, check: bool = False, in_place: bool = False
-            ) -> ConvertReport:
+            per_axis: bool = False, check: bool = False, in_place: bool = False,
+            registry: Registry | None = None) -> ConvertReport:
     """Move the model's ai.onnx opset up to ``opset``; com.microsoft / opmx Q/DQ become
     ai.onnx where ``opset`` expresses them; invalid Q/DQ that ``opset`` accepts are repaired.
-    ``per_axis`` also rewrites every blocked DequantizeLinear to per-axis."""
+    ``per_axis`` also rewrites every blocked DequantizeLinear to per-axis. ``registry``:
+    the adapters to use (default: every registered family's)."""
     return _convert(model_or_path, opset, out, "upgrade", Options(per_axis=per_axis),
-                    check, in_place)
+                    check, in_place, registry)
 
 
 def downgrade(model_or_path: ModelArg, opset: int, out: str | os.PathLike | None = None, *,
               per_axis: bool = False, allow_decompose: bool = False, check: bool = False,
-              in_place: bool = False) -> ConvertReport:
+              in_place: bool = False, registry: Registry | None = None) -> ConvertReport:
     """Lower the model to ``opset`` by exact rewrites, or refuse with the reason;
     ``allow_decompose`` turns a DequantizeLinear no version at ``opset`` expresses into
     Cast/Sub/Mul (exact, but no longer a QDQ pattern)."""
     return _convert(model_or_path, opset, out, "downgrade",
                     Options(per_axis=per_axis, allow_decompose=allow_decompose), check,
-                    in_place)
+                    in_place, registry)
 
 
 def _convert(model_or_path: ModelArg, opset: int, out, direction: Literal["upgrade", "downgrade"],
-             options: Options, check: bool, in_place: bool) -> ConvertReport:
+             options: Options, check: bool, in_place: bool,
+             registry: Registry | None = None) -> ConvertReport:
     from dqtool import io
+    from dqtool.checking import conversion
     from dqtool.checking.models import MAX_IN_PROTO
-    from dqtool.convert import pipeline, verify
+    from dqtool.convert import pipeline
 
     is_path = not isinstance(model_or_path, ir.Model)
     if in_place:
@@ -76,22 +80,24 @@ def _convert(model_or_path: ModelArg, opset: int, out, direction: Literal["upgra
     if check and not from_files and io.tensor_bytes(model) > MAX_IN_PROTO:
         raise UsageError("check on a model past protobuf's 2 GB limit needs the model's path "
                          "and an output path (both models are then checked from their files)")
-    if check:  # the original as it is now, before the conversion changes it in place
-        original = verify.loaded(path if from_files else model)
+    if check:
+        original = conversion.loaded(path if from_files else model)
     # The input's data file starts copying to the output now, overlapping the conversion.
     prefill = io.start_prefill(model, out) if out is not None and not check else None
     try:
-        report = pipeline.run(model, opset, direction, options, path=path)
+        # A model loaded here has no other reference: converted in place, dropped on refusal.
+        report = pipeline.run(model, opset, direction, options, registry, path=path,
+                              copy=not is_path)
     except BaseException:
         io.discard_prefill(prefill)
         raise
 
     def run_check(converted: ir.Model | Path) -> None:
         try:
-            report.check = verify.compare(original, verify.loaded(converted))
+            report.check = conversion.compare(original, conversion.loaded(converted))
         except InputError as e:
             raise InputError(f"{report.source}: --check: {e}") from None
-        if not report.check["ok"]:
+        if not report.check.ok:
             raise CheckFailed(report)
 
     if check and not from_files:

@@ -29,7 +29,7 @@ def read(node: ir.Node, since: int) -> QuantSpec:
 def register(reg: Registry) -> None:
     for op in (DQ, Q):
         upper = generic.since_versions(op)[1:]
-        reg.register("ai.onnx", op, upper, "up")(lift)
+        reg.register("ai.onnx", op, upper, "up", widening=True)(lift)
         reg.register("ai.onnx", op, upper, "down")(lower_dq if op == DQ else lower_q)
 
 

@@ -13,28 +13,28 @@ from typing import Literal
 
 import onnx_ir as ir
 
-from dqtool import codecs, graph, io, versions
-from dqtool.convert import adapters_dq, blocked, decompose, generic, value_info
+from dqtool import cleanup, codecs, families, graph, io, versions
+from dqtool.convert import blocked, decompose, generic, value_info
 from dqtool.convert.context import Context, Options, Step
 from dqtool.convert.registry import Outcome, Registry, default_registry
 from dqtool.convert.report import ConversionRefused, ConvertReport, NodeChange, NodeRefusal
 from dqtool.errors import InputError, UsageError
 
-QDQ = ("DequantizeLinear", "QuantizeLinear")
-FOREIGN = ("com.microsoft", "opmx", "pmx")
-
 
 def run(model_or_path: ir.Model | str | os.PathLike, opset: int,
         direction: Literal["upgrade", "downgrade"], options: Options,
-        registry: Registry | None = None, *, path: str | os.PathLike | None = None
-        ) -> ConvertReport:
+        registry: Registry | None = None, *, path: str | os.PathLike | None = None,
+        copy: bool = True) -> ConvertReport:
     """Convert in memory; raises ``ConversionRefused`` (with the report) if any node is
-    refused. A model object is converted in place; ``path`` names the file it was loaded
-    from, if any (the report's source, and the value_info it declared)."""
+    refused. All or nothing: a model object is converted as a copy (``report.model``; its
+    tensors are the input's, not copied), so the caller's model is never changed, refused
+    or not. ``copy=False`` converts it in place, for a caller that owns the only reference
+    and drops it on refusal. ``path`` names the file it was loaded from, if any (the
+    report's source, and the value_info it declared)."""
     if isinstance(model_or_path, ir.Model):
         model, source = model_or_path, "<model>" if path is None else str(path)
     else:
-        model, source = io.load(model_or_path), str(model_or_path)
+        model, source, copy = io.load(model_or_path), str(model_or_path), False
     src = graph.opset_of(dict(model.opset_imports), "")
     _check_request(source, src, opset, direction)
     for fn in model.functions.values():
@@ -45,6 +45,8 @@ def run(model_or_path: ir.Model | str | os.PathLike, opset: int,
     declared = None if source == "<model>" else value_info.declared(source)
     report = ConvertReport(source=source, direction=direction, from_opset=src, to_opset=opset,
                            from_ir_version=model.ir_version)
+    if copy:
+        model = working_copy(model)
     ctx = Context(model, opset, options, report)
     reg = registry or default_registry()
     for site in list(graph.walk(model)):
@@ -55,7 +57,9 @@ def run(model_or_path: ir.Model | str | os.PathLike, opset: int,
         _record(report, site, op, outcome)
     if report.refusals:
         raise ConversionRefused(report)
-    _remove_orphans(ctx)
+    # What the rewrites replaced, if nothing else uses it (a scale shared by a Q and a DQ
+    # stays); Q nodes stay: a conversion removes no computation.
+    cleanup.remove_unused(ctx.replaced, producers=frozenset({"Constant"}))
     try:
         report.warnings.extend(graph.sort_if_needed(model))
     except InputError as e:
@@ -69,6 +73,15 @@ def run(model_or_path: ir.Model | str | os.PathLike, opset: int,
     report.warnings.extend(ctx.warnings)
     report.model = model
     return report
+
+
+def working_copy(model: ir.Model) -> ir.Model:
+    """A copy to rewrite: new graphs, nodes and values (O(nodes)); the tensors are shared,
+    and a rewrite never changes a tensor, it makes a new value. ``meta`` (what io.load
+    recorded about the files read) goes along."""
+    copy = model.clone()
+    copy.meta.update(model.meta)
+    return copy
 
 
 def _check_request(source: str, src: int | None, opset: int, direction: str) -> None:
@@ -106,16 +119,17 @@ def _convert_site(site: graph.Site, ctx: Context, reg: Registry) -> Outcome:
     domain = graph.domain_name(node.domain)
     src = graph.opset_of(site.opsets, "") or ctx.target
     step = Step(node, site.graph, site.function is not None, src, ctx.target, ctx)
-    if domain == "ai.onnx" and node.op_type in QDQ:
+    family = families.owner(domain, node.op_type)
+    if domain == "ai.onnx" and family is not None:
         out = _walk_versions(node, step, src, reg)
     elif domain == "ai.onnx":
         return generic.convert(node, step, src)
-    elif domain in FOREIGN and node.op_type in QDQ:
-        out = _from_foreign(node, step, domain, reg)
-    else:
-        return Outcome.unchanged()
-    if out.status == "refused" or node.graph is None or node.domain not in ("", "ai.onnx"):
-        return out
+    else:  # any other domain: its family's adapter to ai.onnx, if the registry has one
+        version = graph.opset_of(site.opsets, node.domain) or 1
+        out = _from_foreign(node, step, domain, version, reg)
+    if out.status == "refused" or node.graph is None or node.domain not in ("", "ai.onnx") \
+            or families.owner("", node.op_type) is None:
+        return out  # gone, still foreign, or an ai.onnx op no family reads (nothing to check)
     return _finish(node, step, out)
 
 
@@ -140,8 +154,8 @@ def _walk_versions(node: ir.Node, step: Step, src_opset: int, reg: Registry,
         pairs = [(b, a, b, "down") for a, b in reversed(list(itertools.pairwise(vs)))
                  if dst <= a < src]
     adapters = [reg.get("ai.onnx", op, key, direction) for _, _, key, direction in pairs]
-    if pairs and all(a is adapters_dq.lift for a in adapters) and \
-            not adapters_dq.read(node, src).errors:
+    if pairs and all(reg.widening("ai.onnx", op, key, d) for _, _, key, d in pairs) and \
+            not codecs.read_node(node, {"": src}).errors:
         # Every later version allows what an earlier one did: a node valid at the source
         # needs no step up (reading it at each step cost 4 reads per node on big models).
         return Outcome.unchanged()
@@ -158,22 +172,29 @@ def _walk_versions(node: ir.Node, step: Step, src_opset: int, reg: Registry,
     return Outcome.merge(outcomes)
 
 
-def _from_foreign(node: ir.Node, step: Step, domain: str, reg: Registry) -> Outcome:
-    adapter = reg.get(domain, node.op_type, 1, "onnx")
+def _from_foreign(node: ir.Node, step: Step, domain: str, version: int,
+                  reg: Registry) -> Outcome:
+    """A node of another domain, through its family's adapter to ai.onnx (if the registry
+    has one for the version in force). The adapter sees ``step.src`` = that version and
+    ``step.dst`` = the since-version of the same-named ai.onnx op at the target, or the
+    target opset when ai.onnx has no op of that name (MatMulNBits → DequantizeLinear +
+    MatMul is the adapter's to choose)."""
+    adapter = reg.find(domain, node.op_type, version, "onnx")
     if adapter is None:
         return Outcome.unchanged()
     dst = generic.since_at(node.op_type, step.target)
-    if dst is None:
+    if dst is None and generic.since_versions(node.op_type):
         return Outcome("kept", f"left as {domain}", f"{node.op_type} does not exist at opset "
                        f"{step.target}")
-    step.src, step.dst = 1, dst
+    step.src, step.dst = version, step.target if dst is None else dst
     out = adapter(node, step)
-    if out.status != "changed" or node.domain not in ("", "ai.onnx"):
+    if out.status != "changed" or node.domain not in ("", "ai.onnx") or \
+            families.owner("", node.op_type) is None:
         return out
     # The ai.onnx form may need a newer version than the target (opmx int4 → 21): lower it.
     spec = codecs.read_node(node, {"": generic.since_versions(node.op_type)[-1]})
     lowest = versions.lowest_version(spec)
-    if lowest is None or lowest <= dst:
+    if lowest is None or lowest <= step.dst:
         return out
     lowered = _walk_versions(node, step, step.target, reg, src_since=lowest)
     return lowered if lowered.status == "refused" else Outcome.merge([out, lowered])
@@ -196,32 +217,14 @@ def _finish(node: ir.Node, step: Step, out: Outcome) -> Outcome:
     return out
 
 
-def _remove_orphans(ctx: Context) -> None:
-    seen: set[int] = set()
-    for v in ctx.replaced:
-        if id(v) in seen or v.uses() or v.is_graph_output() or v.is_graph_input():
-            continue
-        seen.add(id(v))
-        if v.is_initializer() and v.graph is not None:
-            v.graph.initializers.pop(v.name, None)
-            continue
-        producer = v.producer()
-        if producer is not None and producer.op_type == "Constant" and \
-                producer.graph is not None:
-            producer.graph.remove(producer, safe=True)
-
-
 def _set_opsets(model: ir.Model, opset: int) -> None:
     for holder in (model, *model.functions.values()):
         imports = holder.opset_imports
         key = "" if "" in imports else "ai.onnx" if "ai.onnx" in imports else None
         if key is not None:
             imports[key] = opset
+    cleanup.prune_opsets(model)
     used = {site.node.domain for site in graph.walk(model)}
-    for holder in (model, *model.functions.values()):
-        for domain in FOREIGN:
-            if domain in holder.opset_imports and domain not in used:
-                del holder.opset_imports[domain]
     # New ai.onnx nodes (an opmx DequantizeLinear became one) need the ai.onnx import.
     if "" not in model.opset_imports and "ai.onnx" not in model.opset_imports and \
             ("" in used or "ai.onnx" in used):

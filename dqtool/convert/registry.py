@@ -3,7 +3,13 @@
 An ai.onnx adapter converts one node across *one* version step: ``version`` is the
 since-version on the upper side of the step, ``direction`` says which way ("up": from the
 previous since-version to ``version``; "down": from ``version`` to the previous one).
-Cross-domain adapters (com.microsoft, opmx → ai.onnx) use direction "onnx".
+Cross-domain adapters (com.microsoft, opmx → ai.onnx) use direction "onnx", with
+``version`` the since-version of the family's op they read; "pack" is the reverse (ai.onnx →
+the family's form). ``find`` resolves a node's domain version to the adapter registered for
+the since-version in force, so an op with several versions needs one adapter per version.
+
+The adapters dqtool ships come from the operator families (``dqtool.families``), each of
+which fills a registry with its own.
 
 Each ``Registry`` is its own table: tests build private ones and nothing leaks between them.
 """
@@ -19,7 +25,7 @@ import onnx_ir as ir
 if TYPE_CHECKING:
     from dqtool.convert.context import Step
 
-Direction = Literal["up", "down", "onnx"]
+Direction = Literal["up", "down", "onnx", "pack"]
 
 
 @dataclass(frozen=True)
@@ -59,10 +65,14 @@ Key = tuple[str, str, int, Direction]
 class Registry:
     def __init__(self) -> None:
         self._table: dict[Key, Adapter] = {}
+        self._widening: set[Key] = set()
 
     def register(self, domain: str, op: str, versions: int | Iterable[int],
-                 direction: Direction) -> Callable[[Adapter], Adapter]:
-        """Decorator: register ``func`` for every version given."""
+                 direction: Direction, *, widening: bool = False
+                 ) -> Callable[[Adapter], Adapter]:
+        """Decorator: register ``func`` for every version given. ``widening`` says that the
+        step only widens what is allowed (every later version accepts what an earlier one
+        did), so the driver may skip it for a node valid at its source."""
         vs = [versions] if isinstance(versions, int) else list(versions)
 
         def deco(func: Adapter) -> Adapter:
@@ -71,12 +81,24 @@ class Registry:
                 if key in self._table:
                     raise ValueError(f"adapter for {key} registered twice")
                 self._table[key] = func
+                if widening:
+                    self._widening.add(key)
             return func
 
         return deco
 
     def get(self, domain: str, op: str, version: int, direction: Direction) -> Adapter | None:
         return self._table.get((domain, op, version, direction))
+
+    def find(self, domain: str, op: str, version: int, direction: Direction
+             ) -> Adapter | None:
+        """The adapter for the newest registered since-version not above ``version``."""
+        since = [v for d, o, v, r in self._table if (d, o, r) == (domain, op, direction)
+                 and v <= version]
+        return self._table[(domain, op, max(since), direction)] if since else None
+
+    def widening(self, domain: str, op: str, version: int, direction: Direction) -> bool:
+        return (domain, op, version, direction) in self._widening
 
     def keys(self) -> list[Key]:
         return sorted(self._table)
@@ -86,11 +108,7 @@ class Registry:
 
 
 def default_registry() -> Registry:
-    """A fresh registry holding every adapter dqtool ships."""
-    from dqtool.convert import adapters_dq, microsoft, opmx
+    """A fresh registry holding every registered family's adapters."""
+    from dqtool import families
 
-    reg = Registry()
-    adapters_dq.register(reg)
-    microsoft.register(reg)
-    opmx.register(reg)
-    return reg
+    return families.fill_converters(Registry())

@@ -7,9 +7,12 @@ refusal means nothing is written (exit 1).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from dqtool.errors import RefusedError
+
+if TYPE_CHECKING:
+    from dqtool.checking.conversion import ConversionCheck
 
 Status = Literal["changed", "repaired", "kept"]
 
@@ -57,7 +60,7 @@ class ConvertReport:
     refusals: list[NodeRefusal] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     opset_imports: dict[str, int] = field(default_factory=dict)
-    check: dict[str, Any] | None = None
+    check: ConversionCheck | None = None
     written: list[str] = field(default_factory=list)
     model: Any = None  # ir.Model; not part of the JSON
 
@@ -79,7 +82,7 @@ class ConvertReport:
             "kept": [c.to_json() for c in self.changes if c.status == "kept"],
             "refused": [r.to_json() for r in self.refusals],
             "warnings": list(self.warnings),
-            "check": self.check,
+            "check": None if self.check is None else self.check.to_json(),
             "written": list(self.written),
         }
 
@@ -101,8 +104,7 @@ class CheckFailed(RefusedError):
     ``report.check`` has one line per runtime."""
 
     def __init__(self, report: ConvertReport) -> None:
-        from dqtool.convert import verify
-
+        why = report.check.failures() if report.check else "not checked"
         super().__init__(f"--check failed for {report.source} at opset {report.to_opset}: "
-                         f"{verify.failures(report.check or {})}; nothing written")
+                         f"{why}; nothing written")
         self.report = report

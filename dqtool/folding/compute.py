@@ -20,12 +20,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 import onnx_ir as ir
 
-from dqtool import types
+from dqtool import families, types
 
 # Output elements per chunk when streaming: large enough to amortize the kernel's setup and
 # its two threads, small enough that a few chunks in flight stay far below 1 GB. 2 Mi
@@ -38,9 +38,10 @@ CHUNK_ELEMENTS = 1 << 21
 
 @dataclass(frozen=True)
 class Step:
-    """One kernel call: a QuantizeLinear, a DequantizeLinear, or an opmx DequantizeLinear."""
+    """One kernel call: ``kind`` names a fold kernel of a registered family
+    (``dqtool.families.fold_kernel``): "q", "dq" and "opmx" for the Q/DQ families."""
 
-    kind: Literal["q", "dq", "opmx"]
+    kind: str
     scale: ir.TensorProtocol
     zero_point: ir.TensorProtocol | None
     axis: int  # the node's attribute as written (the kernel normalizes it)
@@ -53,8 +54,8 @@ class Step:
 
     def row_align(self) -> int | None:
         """Rows a chunk must be a multiple of, or None when rows cannot be sliced."""
-        if self.kind == "opmx":
-            return None  # packed four rows per element, groups on either axis: whole only
+        if not families.fold_kernel(self.kind).sliceable:
+            return None
         if self.granularity == "blocked" and self.norm_axis == 0:
             return self.block_size
         return 1
@@ -76,16 +77,8 @@ class Step:
         return scale[sl], None if zp is None else zp[sl]
 
     def run(self, x: np.ndarray, r0: int | None, r1: int | None) -> np.ndarray:
-        from dqtool import kernel
-
         scale, zp = self.params(r0, r1)
-        if self.kind == "dq":
-            return kernel.dequantize(x, scale, zp, axis=self.axis, block_size=self.block_size,
-                                     output_dtype=self.output_dtype)
-        if self.kind == "q":
-            return kernel.quantize(x, scale, zp, axis=self.axis, block_size=self.block_size,
-                                   output_dtype=self.output_dtype, saturate=self.saturate)
-        return kernel.dequantize_opmx(x, scale, zp, **dict(self.opmx))
+        return families.fold_kernel(self.kind)(x, scale, zp, self)
 
 
 @dataclass

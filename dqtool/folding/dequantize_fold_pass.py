@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import onnx_ir as ir
 
-from dqtool import codecs, graph, types
-from dqtool.folding import cleanup
+from dqtool import cleanup, codecs, families, graph, types
 from dqtool.folding.compute import FoldedTensor, Folding
 from dqtool.folding.plan import not_constant_reason, plan
 from dqtool.folding.report import FoldedNode, LeftNode
@@ -43,9 +42,11 @@ class DequantizeFoldPass(ir.passes.InPlacePass):
        outputs stay bit-identical to the original's (see ``PREPACKED``).
 
     The constant keeps ``y``'s name, so graph outputs and consumers read it unchanged.
-    Quantized constants (and QuantizeLinear nodes) nothing uses any more are removed;
-    those still used elsewhere are kept. Opset imports of com.microsoft/opmx/pmx are
-    dropped where no node uses them any more. Nodes not folded are listed in ``left``.
+    Which nodes are folded, and how, comes from the registered families
+    (``dqtool.families``: ``FoldSupport``). Quantized constants (and QuantizeLinear nodes)
+    nothing uses any more are removed; those still used elsewhere are kept. Opset imports
+    of the families' prunable domains (com.microsoft, opmx, pmx) are dropped where no node
+    uses them any more. Nodes not folded are listed in ``left``.
     """
 
     def __init__(self, selection: Selection | None = None, dtype: str = "keep",
@@ -68,7 +69,7 @@ class DequantizeFoldPass(ir.passes.InPlacePass):
         domains_before = cleanup.used_domains(model)
         # Collect first: folding edits the graphs being walked.
         sites = [s for s in graph.walk(model)
-                 if s.node.op_type == "DequantizeLinear" and codecs.is_quant_node(s.node)]
+                 if families.is_fold_root(s.node.domain, s.node.op_type)]
         self.fed_op_types = {use.node.op_type for s in sites for use in s.node.outputs[0].uses()}
         inputs: list[ir.Value] = []
         for site in sites:
@@ -184,7 +185,7 @@ class DequantizeFoldPass(ir.passes.InPlacePass):
         n = 1
         for d in folding.shape:
             n *= d
-        pair = folding.steps[0].kind == "q"
+        pair = len(folding.steps) > 1  # a QuantizeLinear computed first
         # What the quantized data takes in the model (a pair stores its float weight).
         stored = folding.source.nbytes if pair or spec.packing != "none" \
             else graph.stored_bytes(spec.quant_type, folding.shape)

@@ -8,11 +8,9 @@ from __future__ import annotations
 import numpy as np
 import onnx_ir as ir
 
-from dqtool import codecs, graph, types
-from dqtool.codecs import base
-from dqtool.codecs.opmx import logical_shape
+from dqtool import codecs, families, graph, types
 from dqtool.errors import KernelError
-from dqtool.folding.compute import Folding, Step
+from dqtool.folding.compute import Folding
 from dqtool.spec import QuantSpec
 
 # Validation computes at most this many elements at fold time (the rest waits for the save).
@@ -46,29 +44,6 @@ def _np_dtype(name: str | None) -> np.dtype | None:
     return types.TYPES[name].dtype if name in types.TYPES else None
 
 
-def _step(kind: str, node: ir.Node, spec: QuantSpec, out: np.dtype | None) -> Step:
-    scale = graph.constant_tensor(graph.input_value(node, 1))
-    zp_value = graph.input_value(node, 2)
-    zp = graph.constant_tensor(zp_value) if zp_value is not None else None
-    assert scale is not None  # the spec said constant
-    opmx: tuple = ()
-    if kind == "opmx":
-        a = dict(spec.attributes)
-        opmx = (("quant_data_type", a["quant_data_type"]), ("quant_axis", a["quant_axis"]),
-                ("group_size", a["group_size"]), ("has_zeropoint", a["has_zeropoint"]),
-                ("float_zeropoint", a["float_zeropoint"]))
-        if not a["has_zeropoint"]:
-            zp = None  # ignored by the op (the codec warns)
-    return Step(
-        kind=kind,  # type: ignore[arg-type]
-        scale=scale, zero_point=zp,
-        axis=(base.attr_int(node, "axis", 1) or 0) if kind != "opmx" else 0,
-        block_size=base.attr_int(node, "block_size", 0) or 0,
-        granularity=spec.granularity, norm_axis=spec.axis, output_dtype=out,
-        saturate=spec.saturate if spec.saturate is not None else True, opmx=opmx,
-    )
-
-
 def plan(node: ir.Node, spec: QuantSpec, opsets: dict[str, int],
          store: str | None) -> Folding | str:
     """The folding of a constant, valid DQ; a reason string when it cannot be folded."""
@@ -76,11 +51,11 @@ def plan(node: ir.Node, spec: QuantSpec, opsets: dict[str, int],
     if out_dtype is None:
         return f"output type {spec.float_type} is unknown or not a float type"
     store_dtype = out_dtype if store in (None, "keep") else types.by_name(store).dtype
-    kind = "opmx" if spec.domain in ("opmx", "pmx") else "dq"
-    # The spec's output type is the one in force (output_dtype, else the scale's type);
-    # opmx outputs its scale's type, which its kernel infers.
-    dq_out = out_dtype if kind == "dq" else None
-    steps = [_step(kind, node, spec, dq_out)]
+    support = families.fold_support(spec.domain, node.op_type)
+    if support is None:
+        return f"no registered family folds {spec.domain}:{node.op_type}"
+    # The spec's output type is the one in force (output_dtype, else the scale's type).
+    steps = [support.step(node, spec, out_dtype)]
     x = graph.input_value(node, 0)
     source = graph.constant_tensor(x)
     if source is None:
@@ -90,12 +65,15 @@ def plan(node: ir.Node, spec: QuantSpec, opsets: dict[str, int],
         q_spec = codecs.read_node(q_node, opsets)
         if q_spec.errors:
             return f"its QuantizeLinear '{q_node.name}': {q_spec.errors[0].message}"
-        steps.insert(0, _step("q", q_node, q_spec, _np_dtype(q_spec.quant_type)))
+        q_support = families.fold_support(q_spec.domain, q_node.op_type)
+        if q_support is None:
+            return f"no registered family folds {q_spec.domain}:{q_node.op_type}"
+        steps.insert(0, q_support.step(q_node, q_spec, _np_dtype(q_spec.quant_type)))
         source = graph.constant_tensor(graph.input_value(q_node, 0))
         assert source is not None
     shape = tuple(int(d) for d in source.shape.numpy())
-    if kind == "opmx":
-        shape = tuple(logical_shape(shape, str(spec.attribute("quant_data_type"))))  # type: ignore[arg-type]
+    if support.shape is not None:
+        shape = support.shape(shape, spec)
     folding = Folding(source, tuple(steps), shape, out_dtype, store_dtype)
     return _validate(folding)
 

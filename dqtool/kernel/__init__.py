@@ -4,13 +4,12 @@
   bit-identical to onnxruntime where it has a kernel;
 * ``dequantize_ms`` / ``quantize_ms``: com.microsoft (no block_size, missing axis = 1);
 * ``dequantize_opmx``, ``unpack_opmx_int4``, ``pack_opmx_int4``: OpenPPL opmx/pmx;
-* ``reference_evaluator`` (in ``dqtool.kernel.evaluator``): onnx's ReferenceEvaluator with
-  these kernels registered.
+* ``evaluator``: the ReferenceEvaluator operators running these kernels (the evaluator
+  itself, ``dqtool.reference_evaluator``, is built from every family's operators in
+  ``dqtool.families.evaluator``).
 """
 
 from __future__ import annotations
-
-from typing import Any
 
 import numpy as np
 
@@ -34,12 +33,6 @@ def quantize_ms(
     return quantize(x, scale, zero_point, axis=axis, block_size=0)
 
 
-def reference_evaluator(model: Any, **kwargs: Any):
-    from .evaluator import reference_evaluator as _re
-
-    return _re(model, **kwargs)
-
-
 __all__ = [
     "dequantize",
     "dequantize_ms",
@@ -47,7 +40,6 @@ __all__ = [
     "pack_opmx_int4",
     "quantize",
     "quantize_ms",
-    "reference_evaluator",
     "to_float8",
     "unpack_opmx_int4",
 ]

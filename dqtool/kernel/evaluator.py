@@ -1,23 +1,15 @@
-"""onnx's ReferenceEvaluator with dqtool's kernels for every (De)QuantizeLinear dialect.
+"""ReferenceEvaluator operators that run (De)QuantizeLinear with dqtool's kernel.
 
-onnx's evaluator has no implementation of DequantizeLinear-10/13 and does not check shapes;
-here every ``DequantizeLinear``/``QuantizeLinear`` of the default domain (all versions),
-``com.microsoft``, and OPMX (``opmx``/``pmx`` DequantizeLinear) runs through
-``dqtool.kernel``. Other operators run as onnx's evaluator runs them.
-
-The evaluator is a subclass of ``ReferenceEvaluator`` that always registers these operators:
-onnx builds the evaluators of model-local functions with ``self.__class__`` and does not pass
-``new_ops`` to them, so a plain ``new_ops=`` would miss nodes inside functions.
+onnx's evaluator has no implementation of DequantizeLinear-10/13 and does not check shapes.
+The families (``dqtool.families``) name these classes, per domain, as their evaluator ops;
+``dqtool.families.evaluator`` builds the evaluator from every family's ops.
 """
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import numpy as np
-import onnx
-from onnx.reference import ReferenceEvaluator
 from onnx.reference.op_run import OpRun
 
 from ..errors import KernelError
@@ -44,7 +36,7 @@ def _text(v: Any) -> str:
     return v.decode() if isinstance(v, bytes) else str(v)
 
 
-class _Dq(OpRun):
+class Dq(OpRun):
     op_schema = None  # only the node's own attributes reach _run; defaults are ours
 
     def _run(self, x, x_scale, x_zero_point=None, axis=1, block_size=0, output_dtype=0,
@@ -55,7 +47,7 @@ class _Dq(OpRun):
         )
 
 
-class _Q(OpRun):
+class Q(OpRun):
     op_schema = None
 
     def _run(self, x, y_scale, y_zero_point=None, axis=1, block_size=0, output_dtype=0,
@@ -66,21 +58,21 @@ class _Q(OpRun):
         )
 
 
-class _MsDq(OpRun):
+class MsDq(OpRun):
     op_schema = None
 
     def _run(self, x, x_scale, x_zero_point=None, axis=1, **_ignored):
         return (dequantize(x, x_scale, x_zero_point, axis=axis),)
 
 
-class _MsQ(OpRun):
+class MsQ(OpRun):
     op_schema = None
 
     def _run(self, x, y_scale, y_zero_point=None, axis=1, **_ignored):
         return (quantize(x, y_scale, y_zero_point, axis=axis),)
 
 
-class _OpmxDq(OpRun):
+class OpmxDq(OpRun):
     op_schema = None
 
     def _run(self, x, scale, zero_point=None, quant_data_type="int8", quant_axis=1,
@@ -93,37 +85,6 @@ class _OpmxDq(OpRun):
         )
 
 
-def _named(base: type[OpRun], name: str, domain: str) -> type[OpRun]:
+def named(base: type[OpRun], name: str, domain: str) -> type[OpRun]:
     # ReferenceEvaluator keys new_ops by (op_domain, class name).
     return type(name, (base,), {"op_domain": domain})
-
-
-KERNEL_OPS: list[type[OpRun]] = [
-    _named(_Dq, "DequantizeLinear", ""),
-    _named(_Q, "QuantizeLinear", ""),
-    _named(_MsDq, "DequantizeLinear", "com.microsoft"),
-    _named(_MsQ, "QuantizeLinear", "com.microsoft"),
-    _named(_OpmxDq, "DequantizeLinear", "opmx"),
-    _named(_OpmxDq, "DequantizeLinear", "pmx"),
-]
-
-
-class DqtoolReferenceEvaluator(ReferenceEvaluator):
-    """ReferenceEvaluator that always runs (De)QuantizeLinear with dqtool's kernel."""
-
-    def __init__(self, proto: Any, *args: Any, new_ops: list | None = None, **kwargs: Any):
-        # Caller's ops first: on a clash ReferenceEvaluator keeps the first one.
-        super().__init__(proto, *args, new_ops=[*(new_ops or []), *KERNEL_OPS], **kwargs)
-
-
-def reference_evaluator(model: Any, **kwargs: Any) -> ReferenceEvaluator:
-    """An evaluator for ``model`` (ModelProto, path, or onnx_ir Model) with our kernels."""
-    if isinstance(model, (str, Path)):
-        model = onnx.load(str(model))
-    elif not isinstance(model, (onnx.ModelProto, onnx.GraphProto, onnx.FunctionProto,
-                                onnx.NodeProto)):
-        import onnx_ir
-
-        if isinstance(model, onnx_ir.Model):
-            model = onnx_ir.to_proto(model)
-    return DqtoolReferenceEvaluator(model, **kwargs)

@@ -35,10 +35,19 @@ def check(*codes: str) -> Callable[[Check], Check]:
 
 
 def load() -> dict[str, Rule]:
-    """Import every family once, so that the registry is complete."""
-    from dqtool.linting.rules import domains, info, pairs, spec_problems, values  # noqa: F401
-    from dqtool.linting.targets import codes  # noqa: F401
+    """Import every rule module once, so that the registry is complete: each module of
+    ``dqtool.linting.rules``, the target codes, and the operator families'
+    ``lint_modules`` (``dqtool.families``). A new rule module is found, not listed here."""
+    import importlib
+    import pkgutil
 
+    from dqtool import families
+
+    rules = importlib.import_module("dqtool.linting.rules")
+    modules = [f"{rules.__name__}.{m.name}" for m in pkgutil.iter_modules(rules.__path__)]
+    for module in [*sorted(modules), "dqtool.linting.targets.codes",
+                   *families.lint_modules()]:
+        importlib.import_module(module)
     return RULES
 
 

@@ -7,41 +7,51 @@ with the dqtool command that would make the node run.
 
 from __future__ import annotations
 
-import re
+import importlib
+import pkgutil
 from collections.abc import Iterator
 
+from dqtool import families
 from dqtool.errors import UsageError
-from dqtool.io import MAX_ONNX_OPSET
 from dqtool.linting.context import ModelContext
 from dqtool.linting.finding import Finding
-from dqtool.linting.targets import directml, onednn, onnx_opset, onnxruntime, opmx
-from dqtool.linting.targets.base import Profile, best
-from dqtool.runtimes import onnxruntime as ort_facts
+from dqtool.linting.targets.base import Profile, Target, best
 
-NAMES = ("onnx-opset-N", "onnxruntime",
-         *(f"onnxruntime-{release}" for release in ort_facts.FIXED),
-         *(f"directml-fl{lv}" for lv in directml.LEVELS), "onednn-graph", "opmx")
+# Modules of this package that hold no target.
+_NOT_TARGETS = frozenset({"base", "codes"})
+_TABLE: list[Target] = []
+
+
+def table() -> list[Target]:
+    """Every target: the ``TARGETS`` of each module of this package and of the families'
+    ``lint_modules``, by ``Target.order``. ``--target`` help, the error
+    for an unknown name and the docs' table all come from here."""
+    if not _TABLE:
+        names = sorted(m.name for m in pkgutil.iter_modules(__path__)
+                       if m.name not in _NOT_TARGETS)
+        modules = [f"{__name__}.{n}" for n in names] + families.lint_modules()
+        for module in modules:
+            _TABLE.extend(getattr(importlib.import_module(module), "TARGETS", ()))
+        _TABLE.sort(key=lambda t: t.order)
+    return list(_TABLE)
+
+
+def names() -> tuple[str, ...]:
+    return tuple(t.name for t in table())
+
+
+def __getattr__(name: str) -> tuple[str, ...]:
+    if name == "NAMES":  # computed: targets come from modules found at run time
+        return names()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def parse(target: str) -> Profile:
-    m = re.fullmatch(r"onnx-opset-(\d+)", target)
-    if m:
-        n = int(m.group(1))
-        if not 10 <= n <= MAX_ONNX_OPSET:
-            raise UsageError(f"--target {target}: opset must be 10 to {MAX_ONNX_OPSET}")
-        return onnx_opset.profile(n)
-    m = re.fullmatch(r"directml-fl(\d\.\d)", target)
-    if m and m.group(1) in directml.LEVELS:
-        return directml.profile(m.group(1))
-    if target == "onnxruntime":
-        return onnxruntime.profile(None)  # the installed runtime, probed
-    m = re.fullmatch(r"onnxruntime-(\d+\.\d+)", target)
-    if m and m.group(1) in ort_facts.FIXED:
-        return onnxruntime.profile(m.group(1))
-    fixed = {"onednn-graph": onednn.PROFILE, "opmx": opmx.PROFILE}
-    if target in fixed:
-        return fixed[target]
-    raise UsageError(f"unknown --target {target!r} (known: {', '.join(NAMES)})")
+    for entry in table():
+        profile = entry.parse(target)
+        if profile is not None:
+            return profile
+    raise UsageError(f"unknown --target {target!r} (known: {', '.join(names())})")
 
 
 def run(ctx: ModelContext, profile: Profile) -> Iterator[Finding]:

@@ -73,3 +73,30 @@ def to_ai_onnx_fix(spec: QuantSpec, opset: int) -> str:
     if lowest is None:
         return or_fold(spec, None) or "none: no ai.onnx DequantizeLinear expresses it"
     return f"`dqtool upgrade --opset {max(lowest, opset)}` (to ai.onnx DequantizeLinear)"
+
+
+@dataclass(frozen=True)
+class Target:
+    """One entry of the ``--target`` table: the name(s) it answers to and how a name becomes
+    a ``Profile``. A target module lists its entries in a module-level ``TARGETS``;
+    ``dqtool.linting.targets`` collects them from every module of its package and from the
+    families' ``lint_modules``, so adding a target is adding a module (or a line there).
+
+    - ``name``: as ``--target`` help, error messages and the docs show it
+      (``"onnx-opset-N"``, ``"directml-fl6.3"``).
+    - ``summary``: one line for the docs' target table.
+    - ``parse``: the profile for a ``--target`` value, or None when the value is not this
+      target's; may raise ``UsageError`` for a value that is its but wrong (opset 9).
+    - ``order``: where it stands in the table (lower first; ties keep module order).
+    """
+
+    name: str
+    summary: str
+    parse: Callable[[str], Profile | None]
+    order: int = 50
+
+
+def fixed(profile: Profile, order: int = 50) -> Target:
+    """A target that answers to exactly its profile's name."""
+    return Target(profile.name, profile.description,
+                  lambda value: profile if value == profile.name else None, order)

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from dqtool.linting.targets.base import Candidate, Profile, or_fold, ragged, rank_of
+from dqtool import families
+from dqtool.linting.targets.base import Candidate, Profile, Target, or_fold, ragged, rank_of
 from dqtool.spec import QuantSpec
 
 _INTS = frozenset({"int8", "int16", "int32", "uint8", "uint16", "uint32"})
@@ -78,9 +79,10 @@ def profile(level: str) -> Profile:
     lv = LEVELS[level]
 
     def candidates(spec: QuantSpec, opset: int) -> list[Candidate]:
-        if spec.domain not in ("ai.onnx", "com.microsoft"):
+        foreign = families.lint_fact(spec.domain, "directml")
+        if foreign:
             c = Candidate("DML_ELEMENT_WISE_DEQUANTIZE_LINEAR")
-            c.add("DQ106", f"DirectML has no {spec.domain} operator",
+            c.add("DQ106", foreign,
                   f"`dqtool upgrade --opset {max(opset, 21)}` (to ai.onnx)")
             return [c]
         ew = Candidate("DML_ELEMENT_WISE_DEQUANTIZE_LINEAR")
@@ -104,3 +106,9 @@ def profile(level: str) -> Profile:
         return out
 
     return Profile(f"directml-fl{level}", f"DirectML feature level {level}", candidates)
+
+
+TARGETS = [Target(f"directml-fl{lv}", f"DirectML feature level {lv}",
+                  lambda value, lv=lv: profile(lv) if value == f"directml-fl{lv}" else None,
+                  order=20)
+           for lv in LEVELS]

@@ -8,6 +8,7 @@ from __future__ import annotations
 from dqtool.linting.targets.base import (
     Candidate,
     Profile,
+    fixed,
     or_fold,
     ragged,
     rank_of,
@@ -81,3 +82,5 @@ def candidates(spec: QuantSpec, opset: int) -> list[Candidate]:
 
 
 PROFILE = Profile("onednn-graph", "oneDNN Graph (Dequantize, DynamicDequantize)", candidates)
+
+TARGETS = [fixed(PROFILE, order=30)]

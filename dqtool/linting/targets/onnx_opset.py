@@ -3,9 +3,13 @@ which ``dqtool downgrade`` rewrite gets it there (SEMANTICS.md §1; issue 4's re
 
 from __future__ import annotations
 
+import re
+
 from dqtool import versions
 from dqtool.codecs import onnx_std
-from dqtool.linting.targets.base import Candidate, Profile, or_fold, to_ai_onnx_fix
+from dqtool.errors import UsageError
+from dqtool.io import MAX_ONNX_OPSET
+from dqtool.linting.targets.base import Candidate, Profile, Target, or_fold, to_ai_onnx_fix
 from dqtool.spec import QuantSpec
 
 _WIDENED = frozenset({"int4", "uint4", "int2", "uint2", "int16", "uint16"})
@@ -50,3 +54,17 @@ def profile(n: int) -> Profile:
 
     return Profile(f"onnx-opset-{n}", f"ai.onnx opset {n}", candidates, max_opset=n,
                    opset_fix=f"`dqtool downgrade --opset {n}`")
+
+
+def _parse(value: str) -> Profile | None:
+    m = re.fullmatch(r"onnx-opset-(\d+)", value)
+    if m is None:
+        return None
+    n = int(m.group(1))
+    if not 10 <= n <= MAX_ONNX_OPSET:
+        raise UsageError(f"--target {value}: opset must be 10 to {MAX_ONNX_OPSET}")
+    return profile(n)
+
+
+TARGETS = [Target("onnx-opset-N", "ai.onnx DequantizeLinear at opset N (10 to the installed "
+                  "onnx's newest)", _parse, order=0)]

@@ -6,7 +6,8 @@ DequantizeLinear, and the custom domains it has (no opmx)."""
 
 from __future__ import annotations
 
-from dqtool.linting.targets.base import Candidate, Profile, or_fold, to_ai_onnx_fix
+from dqtool import families
+from dqtool.linting.targets.base import Candidate, Profile, Target, or_fold, to_ai_onnx_fix
 from dqtool.runtimes import onnxruntime as ort_facts
 from dqtool.spec import QuantSpec
 
@@ -22,8 +23,9 @@ def _candidates(facts: ort_facts.OrtProfile):
     def candidates(spec: QuantSpec, opset: int) -> list[Candidate]:
         c = Candidate(f"{facts.name} DequantizeLinear")
         if spec.domain != "ai.onnx" and spec.domain not in facts.domains:
-            c.add("DQ106", f"onnxruntime has no {spec.domain} domain",
-                  to_ai_onnx_fix(spec, opset))
+            why = (families.lint_fact(spec.domain, "onnxruntime")
+                   or f"onnxruntime has no {spec.domain} domain")
+            c.add("DQ106", why, to_ai_onnx_fix(spec, opset))
             return [c]
         if spec.domain == "com.microsoft":
             st = spec.scale_type
@@ -51,3 +53,16 @@ def profile(release: str | None = None) -> Profile:
     return Profile(name, facts.name if release else f"{facts.name}, probed", _candidates(facts),
                    max_opset=facts.max_opset,
                    opset_fix=f"`dqtool downgrade --opset {facts.max_opset}`")
+
+
+def _answer(release: str | None):
+    name = "onnxruntime" if release is None else f"onnxruntime-{release}"
+    return lambda value: profile(release) if value == name else None
+
+
+TARGETS = [
+    Target("onnxruntime", "the installed onnxruntime's CPU provider, probed (one-node sessions)",
+           _answer(None), order=10),
+    *(Target(f"onnxruntime-{r}", f"onnxruntime {r} CPU, fixed profile ({p.source})",
+             _answer(r), order=11) for r, p in ort_facts.FIXED.items()),
+]

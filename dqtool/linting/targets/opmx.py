@@ -5,7 +5,8 @@ exactly. dqtool converts opmx to ai.onnx, not back, so most fixes are "none"."""
 
 from __future__ import annotations
 
-from dqtool.linting.targets.base import Candidate, Profile, ragged, rank_of
+from dqtool import families
+from dqtool.linting.targets.base import Candidate, Profile, fixed, ragged, rank_of
 from dqtool.spec import QuantSpec
 
 _X = frozenset({"int8", "int4", "uint4"})
@@ -14,7 +15,7 @@ _NONE = "none: dqtool does not write opmx"
 
 def candidates(spec: QuantSpec, opset: int) -> list[Candidate]:
     c = Candidate("opmx DequantizeLinear")
-    if spec.domain in ("opmx", "pmx"):
+    if families.lint_fact(spec.domain, "opmx") == "native":
         return [c]  # the codec's own rules (DQ010–DQ019) judge these
     if spec.quant_type and spec.quant_type not in _X:
         c.add("DQ101", f"x type {spec.quant_type} (opmx takes int8, or int4 as int4x4)", _NONE)
@@ -43,3 +44,5 @@ def candidates(spec: QuantSpec, opset: int) -> list[Candidate]:
 
 
 PROFILE = Profile("opmx", "OpenPPL opmx DequantizeLinear", candidates)
+
+TARGETS = [fixed(PROFILE, order=40)]

@@ -1,4 +1,6 @@
-"""After folding: drop quantized constants nothing uses, and opset imports nothing needs."""
+"""After a rewrite (a fold, a conversion): drop constants nothing uses, drop opset imports
+nothing needs, hand out fresh value names. One module for every transform, so they clean
+up alike."""
 
 from __future__ import annotations
 
@@ -6,25 +8,22 @@ from collections.abc import Iterable
 
 import onnx_ir as ir
 
-from dqtool import graph
-
-# Domains a fold can empty; any other import (a function's domain, ...) is left alone.
-PRUNABLE = frozenset({"com.microsoft", "opmx", "pmx"})
+from dqtool import families, graph
 
 
 def _used(v: ir.Value) -> bool:
     return bool(v.uses()) or v.is_graph_output() or v.is_graph_input()
 
 
-def _remove(v: ir.Value) -> list[ir.Value] | None:
-    """Remove what holds ``v`` (initializer, Constant or QuantizeLinear node); None if it
-    is held by anything else. Returns the removed producer's inputs."""
+def _remove(v: ir.Value, producers: frozenset[str]) -> list[ir.Value] | None:
+    """Remove what holds ``v`` (an initializer, or a node of ``producers``); None if it is
+    held by anything else. Returns the removed producer's inputs."""
     owner = v.graph
     if v.is_initializer() and owner is not None:
         owner.initializers.pop(v.name or "", None)
         return []
     producer = v.producer()
-    if producer is None or producer.op_type not in ("Constant", "QuantizeLinear"):
+    if producer is None or producer.op_type not in producers:
         return None
     if any(_used(o) for o in producer.outputs):
         return None
@@ -34,8 +33,13 @@ def _remove(v: ir.Value) -> list[ir.Value] | None:
     return inputs
 
 
-def remove_unused(values: Iterable[ir.Value]) -> tuple[list[str], list[str]]:
-    """Remove initializers, Constant and QuantizeLinear nodes whose outputs nothing uses,
+FOLD_PRODUCERS = frozenset({"Constant", "QuantizeLinear"})
+
+
+def remove_unused(values: Iterable[ir.Value], producers: frozenset[str] = FOLD_PRODUCERS
+                  ) -> tuple[list[str], list[str]]:
+    """Remove the initializers and the ``producers`` nodes (by default Constant and
+    QuantizeLinear: a fold computes the Q of a Q→DQ pair) of ``values`` that nothing uses,
     following producers upwards. Returns the (removed, kept) constant names."""
     pending = {id(v): v for v in values}
     removed: list[str] = []
@@ -46,7 +50,7 @@ def remove_unused(values: Iterable[ir.Value]) -> tuple[list[str], list[str]]:
             if _used(v):
                 continue
             constant = graph.constant_tensor(v) is not None
-            freed = _remove(v)
+            freed = _remove(v, producers)
             del pending[key]
             if freed is None:
                 continue
@@ -71,17 +75,19 @@ def used_domains(model: ir.Model) -> dict[str | None, set[str]]:
     return out
 
 
-def prune_opsets(model: ir.Model, before: dict[str | None, set[str]]) -> None:
-    """Drop imports of domains whose nodes the fold removed, scope by scope; the model
-    keeps an import while any node anywhere (functions included) uses it."""
+def prune_opsets(model: ir.Model, before: dict[str | None, set[str]] | None = None) -> None:
+    """Drop imports of domains no node uses any more, scope by scope: with ``before``
+    (``used_domains`` before the rewrite), only those whose nodes the rewrite removed;
+    without, every one no node uses. The model keeps an import while any node anywhere
+    (functions included) uses it. Only the families' prunable domains are dropped; any
+    other import (a function's domain, ...) stays."""
     after = used_domains(model)
-    for domain in PRUNABLE:
-        if domain in before[None] and domain not in after[None]:
-            model.opset_imports.pop(domain, None)
-    for key, fn in model.functions.items():
-        for domain in PRUNABLE:
-            if domain in before.get(str(key), set()) and domain not in after[str(key)]:
-                fn.opset_imports.pop(domain, None)
+    prunable = families.prunable_domains()
+    for key, holder in [(None, model), *((str(k), fn) for k, fn in model.functions.items())]:
+        had = holder.opset_imports if before is None else before.get(key, set())
+        for domain in prunable:
+            if domain in had and domain not in after[key]:
+                holder.opset_imports.pop(domain, None)
 
 
 def _value_names(owner: ir.Graph | ir.Function) -> set[str]:

@@ -1,0 +1,299 @@
+"""``--check`` of a conversion: the converted model must compute bit-identical outputs to
+the original.
+
+Both models run on the same seeded inputs (``checking.inputs``) in dqtool's reference
+evaluator (every Q/DQ dialect, our kernel) and, where it loads both, onnxruntime CPU with
+every graph optimization off (``checking.runners``). Outputs are compared as bytes, so NaN
+payloads and signed zeros count too.
+
+The policy is this module's own: every main-graph Q/DQ result of the original is compared
+too (conversion keeps those names); a final-output difference is tolerated only when every
+Q/DQ result compared bit-identical (and says so); a runtime that lacks the target opset /
+IR version / kernel is skipped only when the reference evaluator agreed.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+import onnx
+import onnx_ir as ir
+
+from dqtool.checking import inputs, models, runners
+from dqtool.messages import one_line
+
+REFERENCE = "dqtool.reference_evaluator"
+ORT = f"onnxruntime (CPU, {runners.ORT_LEVEL})"
+
+# Every Q/DQ result is an extra output of one run while they total at most this many bytes;
+# past it only the final outputs are compared (onnxruntime holds every graph output of a run
+# to its end: a 2.4 GB model's dequantized weights took 12 GB).
+QDQ_MAX_BYTES = 1 << 30
+
+Status = Literal["identical", "tolerated", "different", "failed", "skipped"]
+
+
+@dataclass(frozen=True)
+class RuntimeVerdict:
+    """What one runtime said: ``text`` is the line a person reads ("identical",
+    "skipped: …", "DIFFERENT: …"), ``status`` the verdict a program reads."""
+
+    runtime: str
+    status: Status
+    text: str
+
+    @property
+    def passed(self) -> bool:
+        return self.status in ("identical", "tolerated", "skipped")
+
+    @property
+    def compared(self) -> bool:
+        return self.status in ("identical", "tolerated", "different")
+
+
+@dataclass(frozen=True)
+class ConversionCheck:
+    verdicts: tuple[RuntimeVerdict, ...]
+    checker: str  # "ok", "FAILED: …" or "skipped: …" (onnx.checker on the converted model)
+    checker_passed: bool
+    seed: int
+    notes: tuple[str, ...] = ()
+
+    @property
+    def compared(self) -> bool:
+        return any(v.compared for v in self.verdicts)
+
+    @property
+    def error(self) -> str | None:
+        return None if self.compared else \
+            "no runtime could run both models, so nothing was compared"
+
+    @property
+    def ok(self) -> bool:
+        return self.compared and self.checker_passed and all(v.passed for v in self.verdicts)
+
+    @property
+    def runtimes(self) -> dict[str, str]:
+        return {v.runtime: v.text for v in self.verdicts}
+
+    def to_json(self) -> dict[str, Any]:
+        doc: dict[str, Any] = {"ok": self.ok, "runtimes": self.runtimes,
+                               "inputs_seed": self.seed}
+        if self.notes:
+            doc["notes"] = list(self.notes)
+        if self.error:
+            doc["error"] = self.error
+        doc["checker"] = self.checker
+        return doc
+
+    def describe(self) -> list[str]:
+        """As lines a person reads: one per runtime, the notes, then onnx.checker."""
+        lines = [f"{v.runtime}: {v.text}" for v in self.verdicts]
+        lines += [f"note: {n}" for n in self.notes]
+        if self.error:
+            lines.append(self.error)
+        return [*lines, f"onnx.checker: {self.checker}"]
+
+    def failures(self) -> str:
+        """Why the check failed, in one line."""
+        bad = [f"{v.runtime}: {v.text}" for v in self.verdicts if not v.passed]
+        if self.error:
+            bad.append(self.error)
+        if not self.checker_passed:
+            bad.append(f"onnx.checker: {self.checker}")
+        return "; ".join(bad) or "no runtime compared the models"
+
+
+def loaded(model: ir.Model | onnx.ModelProto | str | os.PathLike) -> models.Loaded:
+    """The model as the runtimes run it: an in-memory model with its tensors read into the
+    protobuf; a model file with its external tensors left in their files (onnxruntime reads
+    them from the folder, the reference evaluator memory-maps them)."""
+    return models.load(model, in_files=True)
+
+
+def _qdq_results(proto: onnx.ModelProto) -> list[str]:
+    return [o for n in proto.graph.node if n.op_type in ("DequantizeLinear", "QuantizeLinear")
+            for o in n.output[:1]]
+
+
+def with_qdq_outputs(original: onnx.ModelProto, converted: onnx.ModelProto
+                     ) -> tuple[onnx.ModelProto, onnx.ModelProto, list[str]]:
+    """Both models with every main-graph Q/DQ result of the original as an extra output
+    (conversion keeps those names), so the Q/DQ values themselves are compared, not only
+    what a MatMul made of them."""
+    produced = {o for n in converted.graph.node for o in n.output}
+    outputs = {v.name for v in original.graph.output}
+    names = [o for o in _qdq_results(original) if o in produced and o not in outputs]
+    return models.with_outputs(original, names), models.with_outputs(converted, names), names
+
+
+def _first_difference(names: list[str], a: dict[str, np.ndarray],
+                      b: dict[str, np.ndarray]) -> str | None:
+    for name in names:
+        x, y = a[name], b[name]
+        if x.dtype != y.dtype or x.shape != y.shape:
+            return f"{name}: {x.dtype}{x.shape} against {y.dtype}{y.shape}"
+        if x.tobytes() != y.tobytes():
+            diff = np.count_nonzero(x.view(np.uint8) != y.view(np.uint8))
+            return f"{name}: {diff} bytes differ"
+    return None
+
+
+Open = Callable[[onnx.ModelProto, Path | None], runners.Session]
+
+
+@dataclass
+class _Plan:
+    """The two models as each runtime gets them, and which outputs say what."""
+
+    original: models.Loaded
+    converted: models.Loaded
+    runs: list[tuple[str, Open, onnx.ModelProto, onnx.ModelProto]]
+    finals: list[str]
+    qdq_names: list[str]
+    all_qdq_compared: bool
+    notes: list[str]
+
+
+def _plan(original_model: models.Loaded, converted_model: models.Loaded) -> _Plan:
+    original, converted = original_model.proto, converted_model.proto
+    finals = [v.name for v in original.graph.output]
+    qdq_made = sorted(_qdq_results(original))
+    held = models.qdq_value_bytes(original)
+    notes: list[str] = []
+    if held <= QDQ_MAX_BYTES:
+        original, converted, extra = with_qdq_outputs(original, converted)
+    else:
+        extra = []
+        notes.append(f"Q/DQ results not compared one by one (about {held / 2**30:.1f} GiB "
+                     "of values): the final outputs are compared, strictly")
+    qdq_names = extra + [name for name in finals if name in set(qdq_made)]
+    # onnxruntime gets the models as every check hands them to it (IR version lowered to
+    # what their opsets need when it loads no higher; the graph untouched).
+    ort_original, note = models.for_ort(original)
+    ort_converted, note_converted = models.for_ort(converted)
+    notes[:0] = [f"{label}: {n}" for label, n in (("the original", note),
+                                                   ("the converted model", note_converted))
+                 if n]
+    return _Plan(original_model, converted_model,
+                 [(REFERENCE, runners.reference_session, original, converted),
+                  (ORT, runners.ort_session, ort_original, ort_converted)],
+                 finals, qdq_names,
+                 # A final difference is excused only when every Q/DQ result of the
+                 # original was compared (and found identical): a partial set vouches for
+                 # nothing downstream.
+                 set(qdq_made) <= set(qdq_names), notes)
+
+
+def compare(original_model: models.Loaded | onnx.ModelProto,
+            converted_model: models.Loaded | onnx.ModelProto, seed: int = 0
+            ) -> ConversionCheck:
+    """Bitwise comparison of the outputs and of every Q/DQ result, on each runtime.
+
+    A final-output difference with bit-identical Q/DQ results is reported but does not fail:
+    onnxruntime's float16 MatMul was seen to differ by one ulp on identical inputs held in
+    different buffers. Models whose tensors stay in their files (``models.Loaded``) are run
+    from there, one session at a time.
+    """
+    if isinstance(original_model, onnx.ModelProto):
+        original_model = models.load(original_model)
+    if isinstance(converted_model, onnx.ModelProto):
+        converted_model = models.load(converted_model)
+    feeds, _ = inputs.generate(original_model.proto, seed=seed)
+    checker, checker_passed = _checker(converted_model)
+    if not checker_passed and not _checker(original_model)[1]:
+        checker, checker_passed = "skipped: the original fails onnx.checker too", True
+    plan = _plan(original_model, converted_model)
+    verdicts: list[RuntimeVerdict] = []
+    too_big = models.reference_too_big(plan.original.proto)
+    for name, open_session, model_a, model_b in plan.runs:
+        if name == REFERENCE and too_big:
+            verdicts.append(RuntimeVerdict(name, "skipped", f"skipped: {too_big}"))
+            continue
+        reference_agrees = any(v.runtime == REFERENCE and v.status in ("identical",
+                                                                       "tolerated")
+                               for v in verdicts)
+        verdicts.append(_on(name, open_session, model_a, model_b, plan, feeds,
+                            reference_agrees))
+    return ConversionCheck(tuple(verdicts), checker, checker_passed, seed, tuple(plan.notes))
+
+
+def _on(name: str, open_session: Open, model_a: onnx.ModelProto, model_b: onnx.ModelProto,
+        plan: _Plan, feeds: dict[str, np.ndarray], reference_agrees: bool) -> RuntimeVerdict:
+    # One session at a time: a large model's weights are held once, not twice.
+    try:
+        got_a = open_session(model_a, plan.original.external_dir)(feeds, None)
+    except runners.RuntimeFailure as e:  # the original does not run there: skip it
+        return RuntimeVerdict(name, "skipped", f"skipped: original does not run ({e})")
+    try:
+        got_b = open_session(model_b, plan.converted.external_dir)(feeds, None)
+    except runners.RuntimeFailure as e:
+        unsupported = _unsupported(e, model_b) if name == ORT else None
+        if unsupported and reference_agrees:
+            # The runtime lacks the target opset / IR version / kernel: that says nothing
+            # about the conversion, which the reference evaluator checked.
+            return RuntimeVerdict(name, "skipped", f"skipped ({unsupported})")
+        return RuntimeVerdict(name, "failed", f"FAILED: the converted model does not run "
+                              f"({e})")
+    final_diff = _first_difference(plan.finals, got_a, got_b)
+    qdq_diff = _first_difference(plan.qdq_names, got_a, got_b)
+    if qdq_diff:
+        return RuntimeVerdict(name, "different", f"DIFFERENT Q/DQ result: {qdq_diff}")
+    if final_diff and not (plan.qdq_names and plan.all_qdq_compared):
+        # No complete set of Q/DQ results vouches for the inputs of the ops that differ.
+        return RuntimeVerdict(name, "different", f"DIFFERENT: {final_diff}")
+    if final_diff:
+        # Identical Q/DQ results, so the ops after them differ on identical inputs
+        # (onnxruntime's float16 MatMul on a differently placed buffer): not the
+        # conversion's doing.
+        return RuntimeVerdict(name, "tolerated", f"Q/DQ results identical; final "
+                              f"{final_diff} (downstream op rounding on identical inputs)")
+    return RuntimeVerdict(name, "identical", "identical")
+
+
+_ORT_LIMITS = (
+    (re.compile(r"Opset (\d+) is under development.*?domain (\S+) is till opset (\d+)", re.S),
+     lambda m: f"onnxruntime cannot run opset {m[1]}; it supports {m[2]} up to opset {m[3]}"),
+    (re.compile(r"Unsupported model IR version: (\d+), max supported IR version: (\d+)"),
+     lambda m: f"onnxruntime cannot run IR version {m[1]}; it supports up to {m[2]}"),
+    (re.compile(r"NOT_IMPLEMENTED : Could not find an implementation for (\w+)\((\d+)\)"),
+     lambda m: f"onnxruntime has no CPU kernel for {m[1]}-{m[2]} with these types"),
+)
+
+
+def _unsupported(e: runners.RuntimeFailure, model: onnx.ModelProto) -> str | None:
+    """What onnxruntime lacks, when that (not the model) is why it cannot run it: from the
+    installed runtime's probed profile, else from its message."""
+    from dqtool.runtimes import onnxruntime as ort_facts
+
+    why = ort_facts.why_cannot_run(model)
+    if why:
+        return why
+    text = e.detail
+    for pattern, say in _ORT_LIMITS:
+        m = pattern.search(text)
+        if m:
+            why = say(m)
+            if "IR version" in why:
+                opset = max((o.version for o in model.opset_import
+                             if o.domain in ("", "ai.onnx")), default=None)
+                why = why.replace("; it", f" (which opset {opset} needs); it") \
+                    if opset else why
+            return why
+    return None
+
+
+def _checker(model: models.Loaded) -> tuple[str, bool]:
+    try:
+        # Past 2 GB onnx's checker must read the file itself.
+        onnx.checker.check_model(model.proto if model.external_dir is None
+                                 else str(model.path), full_check=True)
+        return "ok", True
+    except Exception as e:
+        return f"FAILED: {one_line(e)}", False

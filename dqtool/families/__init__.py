@@ -1,0 +1,153 @@
+"""The operator-family registry: every operator dqtool understands, one ``Family`` each.
+
+    from dqtool import families
+    families.owner("com.microsoft", "DequantizeLinear").name   # "qdq_microsoft"
+    families.prunable_domains()                                 # {"com.microsoft", "opmx", ...}
+
+A new family is one folder ``dqtool/families/<name>/`` whose ``__init__.py`` defines
+``FAMILY`` (a ``dqtool.families.base.Family``), plus one line in ``BUILTIN`` below. Code
+outside dqtool may call ``register(family)``. The protocol (what a family may offer) is
+documented in ``dqtool.families.base``.
+
+The registry is filled on first use, not at import: low layers (the codecs, the kernel's
+evaluator) read it, and the family modules import those layers only inside their hooks.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+from dqtool.families.base import Family, FoldKernel, FoldSupport, Kernel, Key
+
+if TYPE_CHECKING:
+    from dqtool.codecs.base import Codec
+    from dqtool.convert.registry import Registry
+
+__all__ = ["BUILTIN", "Family", "FoldKernel", "FoldSupport", "Kernel", "Key", "all_families",
+           "codecs", "evaluator_ops", "fill_converters", "fold_kernel", "fold_support",
+           "is_fold_root", "lint_fact", "lint_modules", "owner", "prunable_domains",
+           "register"]
+
+# One line per family dqtool ships; each module defines FAMILY.
+BUILTIN = (
+    "dqtool.families.qdq_onnx",
+    "dqtool.families.qdq_microsoft",
+    "dqtool.families.qdq_opmx",
+)
+
+_FAMILIES: dict[str, Family] = {}
+_OWNER: dict[tuple[str, str], Family] = {}
+_loaded = False
+
+
+def register(family: Family) -> Family:
+    """Add ``family``; an operator owned twice is an error (one home per operator)."""
+    if family.name in _FAMILIES:
+        raise ValueError(f"family {family.name} registered twice")
+    for op in family.ops:
+        if op in _OWNER:
+            raise ValueError(f"{op[0]}:{op[1]} belongs to {_OWNER[op].name} already, not "
+                             f"also to {family.name}")
+    _FAMILIES[family.name] = family
+    for op in family.ops:
+        _OWNER[op] = family
+    return family
+
+
+def _load() -> None:
+    global _loaded
+    if _loaded:
+        return
+    _loaded = True
+    for module in BUILTIN:
+        register(importlib.import_module(module).FAMILY)
+
+
+def all_families() -> list[Family]:
+    """Every registered family, in registration order."""
+    _load()
+    return list(_FAMILIES.values())
+
+
+def owner(domain: str, op_type: str) -> Family | None:
+    """The family that owns ``op_type`` of ``domain`` ("" and "ai.onnx" are one domain)."""
+    _load()
+    return _OWNER.get(("ai.onnx" if domain in ("", "ai.onnx") else domain, op_type))
+
+
+def codecs() -> Iterator[Codec]:
+    for family in all_families():
+        if family.codecs is not None:
+            yield from family.codecs()
+
+
+def evaluator_ops() -> list[type[Any]]:
+    """The ReferenceEvaluator operators of every family."""
+    return [op for f in all_families() if f.evaluator_ops is not None
+            for op in f.evaluator_ops()]
+
+
+def fill_converters(reg: Registry) -> Registry:
+    """Register every family's adapters into ``reg``."""
+    for family in all_families():
+        if family.converters is not None:
+            family.converters(reg)
+    return reg
+
+
+_FOLD: dict[str, FoldSupport] = {}  # family name -> its fold support, built once
+_KERNELS: dict[str, FoldKernel] = {}
+
+
+def _fold_of(family: Family) -> FoldSupport | None:
+    if family.fold is None:
+        return None
+    if family.name not in _FOLD:
+        _FOLD[family.name] = family.fold()
+    return _FOLD[family.name]
+
+
+def fold_support(domain: str, op_type: str) -> FoldSupport | None:
+    """How the fold pass folds this operator, or None if its family does not fold."""
+    family = owner(domain, op_type)
+    return None if family is None else _fold_of(family)
+
+
+def is_fold_root(domain: str, op_type: str) -> bool:
+    """Whether the fold pass starts from this operator (its output becomes a constant)."""
+    support = fold_support(domain, op_type)
+    return support is not None and op_type in support.roots
+
+
+def fold_kernel(name: str) -> FoldKernel:
+    """The fold kernel called ``name`` (``folding.compute.Step.kind``)."""
+    kernel = _KERNELS.get(name)
+    if kernel is None:
+        for family in all_families():
+            support = _fold_of(family)
+            if support is not None and name in support.kernels:
+                kernel = _KERNELS[name] = support.kernels[name]
+                break
+        else:
+            raise KeyError(f"no family has a fold kernel {name!r}")
+    return kernel
+
+
+def prunable_domains() -> frozenset[str]:
+    """Domains whose opset import may be dropped once no node uses them."""
+    return frozenset(d for f in all_families() for d in f.prunable)
+
+
+def lint_fact(domain: str, target: str) -> str | None:
+    """What the family of ``domain`` says about ``target`` (see ``Family.lint_facts``)."""
+    domain = "ai.onnx" if domain in ("", "ai.onnx") else domain
+    for family in all_families():
+        if domain in family.domains and target in family.lint_facts:
+            return family.lint_facts[target].format(domain=domain)
+    return None
+
+
+def lint_modules() -> list[str]:
+    return [m for f in all_families() for m in f.lint_modules]

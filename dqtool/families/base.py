@@ -1,0 +1,139 @@
+"""What an operator family is: one object naming the operators it owns and what dqtool can
+do with them.
+
+A family is a set of operators that share one meaning (the Q/DQ of ai.onnx; the Q/DQ of
+com.microsoft; opmx's DequantizeLinear; a fused weight-only MatMul; the integer operators),
+described once, in one folder under ``dqtool/families/``, and registered with one line in
+``dqtool.families.BUILTIN``. Everything else in dqtool that cares about a domain or an
+operator (the conversion driver, the fold pass, the cleanup that prunes opset imports, the
+ReferenceEvaluator, the lint targets) asks the registry, never a hard-coded list.
+
+Each capability is optional (``None``: the family does not offer it):
+
+- ``keys``: the ``(domain, op_type, since_version)`` triples the family owns. A node
+  belongs to the family when its (domain, op_type) appears here; the since-versions say
+  which versions exist.
+- ``codecs``: read → description. A callable returning the codecs
+  (``dqtool.codecs.base.Codec``) that read a node into a ``QuantSpec``; they join
+  ``dqtool.codecs.REGISTRY``.
+- ``evaluator_ops``: a callable returning ``onnx.reference.op_run.OpRun`` subclasses (class
+  name = op type, ``op_domain`` = domain) that ``dqtool.reference_evaluator`` runs these
+  operators with (dqtool's kernel instead of onnx's implementation).
+- ``fold``: a ``FoldSupport``: which operators the fold pass starts from, the kernel call
+  that computes a node's value from its constant inputs, and (for an operator that is not a
+  plain dequantization, e.g. a fused MatMul) the float operator that replaces the node once
+  its weight is a float constant.
+- ``converters``: a callable that registers adapters into a conversion registry
+  (``dqtool.convert.registry.Registry``), keyed by (domain, op, version, direction):
+  ``"up"``/``"down"`` move an ai.onnx op one since-version; ``"onnx"`` turns the family's
+  node into ai.onnx; ``"pack"`` is the reverse (ai.onnx → the family's form). The driver
+  dispatches every node whose (domain, op) is owned by a registered family.
+- ``prunable``: the family's domains whose opset import dqtool may drop once a fold or a
+  conversion has removed every node of them (a function's own domain is never listed).
+- ``lint_facts``: what the lint targets need to know about the family's nodes, per target
+  family name (``"onnxruntime"``, ``"directml"``, ``"onednn"``, ``"opmx"``, ...): a reason
+  the target cannot run any node of the family, ``{domain}`` standing for the node's domain
+  (e.g. ``{"onnxruntime": "onnxruntime has no {domain} domain"}``), or ``"native"`` when the
+  family *is* the target's own form (its codec's rules judge it). A target not named has no
+  fact: it judges the node by its ``QuantSpec``.
+- ``lint_modules``: modules (dotted names) that define lint rules (``linting.registry.
+  define``/``check``) or targets (a ``TARGETS`` list) for the family; imported when lint
+  loads its registries.
+
+Family modules must not import other dqtool modules at their top level: the registry is
+read by low layers (codecs, kernel's evaluator), so each capability imports what it needs
+when called.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    import numpy as np
+    import onnx_ir as ir
+
+    from dqtool.codecs.base import Codec
+    from dqtool.convert.registry import Registry
+    from dqtool.folding.compute import Step
+    from dqtool.spec import QuantSpec
+
+Key = tuple[str, str, int]  # (domain, op_type, since_version); ai.onnx is "ai.onnx"
+
+
+class FoldKernel(Protocol):
+    """One kernel call of a fold: from the rows of the source to the rows of the value."""
+
+    #: rows of the output can be computed on their own (chunked, streamed); False when a
+    #: row needs others (packed rows, groups across rows)
+    sliceable: bool
+
+    def __call__(self, x: np.ndarray, scale: np.ndarray, zero_point: np.ndarray | None,
+                 step: Step) -> np.ndarray: ...
+
+
+@dataclass(frozen=True)
+class Kernel:
+    """A ``FoldKernel`` from a plain function."""
+
+    run: Callable[[np.ndarray, np.ndarray, np.ndarray | None, Step], np.ndarray]
+    sliceable: bool = True
+
+    def __call__(self, x: np.ndarray, scale: np.ndarray, zero_point: np.ndarray | None,
+                 step: Step) -> np.ndarray:
+        return self.run(x, scale, zero_point, step)
+
+
+@dataclass(frozen=True)
+class FoldSupport:
+    """How the fold pass folds the family's nodes.
+
+    - ``roots``: op types the fold pass starts from (their output becomes a constant).
+    - ``kernels``: kernel name → kernel; ``folding.compute.Step.kind`` names one of them.
+    - ``step``: ``(node, spec, output dtype or None) → Step``, the kernel call that computes
+      ``node``'s output from its constant inputs (also used for a producer of the root's x,
+      e.g. the QuantizeLinear of a Q→DQ pair).
+    - ``replace``: for an operator whose output is not the dequantized weight (a fused
+      MatMul): ``(node, folded weight) → the float nodes`` that replace ``node``, reading
+      the folded weight; None when the folded constant replaces the node's output itself.
+      (Not called by the fold pass yet: a family that needs it wires it in there.)
+    - ``shape``: ``(source shape, spec) → the value's shape`` when they differ (packed
+      sources: opmx int4 holds four rows per element); None: the same shape.
+    """
+
+    roots: frozenset[str]
+    kernels: Mapping[str, FoldKernel]
+    step: Callable[[ir.Node, QuantSpec, np.dtype | None], Step]
+    replace: Callable[[ir.Node, ir.Value], Sequence[ir.Node]] | None = None
+    shape: Callable[[tuple[int, ...], QuantSpec], tuple[int, ...]] | None = None
+
+
+@dataclass(frozen=True)
+class Family:
+    """One operator family, registered once (see the module docstring for each field)."""
+
+    name: str
+    keys: tuple[Key, ...]
+    codecs: Callable[[], Iterable[Codec]] | None = None
+    evaluator_ops: Callable[[], Sequence[type[Any]]] | None = None
+    fold: Callable[[], FoldSupport] | None = None
+    converters: Callable[[Registry], None] | None = None
+    prunable: frozenset[str] = frozenset()
+    lint_facts: Mapping[str, str] = field(default_factory=dict)
+    lint_modules: tuple[str, ...] = ()
+
+    @property
+    def domains(self) -> frozenset[str]:
+        return frozenset(d for d, _, _ in self.keys)
+
+    @property
+    def ops(self) -> frozenset[tuple[str, str]]:
+        return frozenset((d, o) for d, o, _ in self.keys)
+
+    def owns(self, domain: str, op_type: str) -> bool:
+        return (domain, op_type) in self.ops
+
+    def since_versions(self, domain: str, op_type: str) -> list[int]:
+        return sorted(v for d, o, v in self.keys if (d, o) == (domain, op_type))

@@ -1,0 +1,45 @@
+"""onnx's ReferenceEvaluator running every registered family's operators with dqtool's
+kernel (every ai.onnx (De)QuantizeLinear version, com.microsoft's, opmx/pmx's, and whatever
+later families add); other operators run as onnx's evaluator runs them.
+
+The evaluator is a subclass of ``ReferenceEvaluator`` that always registers these operators:
+onnx builds the evaluators of model-local functions with ``self.__class__`` and does not pass
+``new_ops`` to them, so a plain ``new_ops=`` would miss nodes inside functions.
+"""
+
+from __future__ import annotations
+
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import onnx
+from onnx.reference import ReferenceEvaluator
+
+from dqtool import families
+
+
+@cache
+def _ops() -> tuple[type[Any], ...]:
+    return tuple(families.evaluator_ops())
+
+
+class DqtoolReferenceEvaluator(ReferenceEvaluator):
+    """ReferenceEvaluator that always runs the families' operators with dqtool's kernel."""
+
+    def __init__(self, proto: Any, *args: Any, new_ops: list | None = None, **kwargs: Any):
+        # Caller's ops first: on a clash ReferenceEvaluator keeps the first one.
+        super().__init__(proto, *args, new_ops=[*(new_ops or []), *_ops()], **kwargs)
+
+
+def reference_evaluator(model: Any, **kwargs: Any) -> ReferenceEvaluator:
+    """An evaluator for ``model`` (ModelProto, path, or onnx_ir Model) with our kernels."""
+    if isinstance(model, (str, Path)):
+        model = onnx.load(str(model))
+    elif not isinstance(model, (onnx.ModelProto, onnx.GraphProto, onnx.FunctionProto,
+                                onnx.NodeProto)):
+        import onnx_ir
+
+        if isinstance(model, onnx_ir.Model):
+            model = onnx_ir.to_proto(model)
+    return DqtoolReferenceEvaluator(model, **kwargs)

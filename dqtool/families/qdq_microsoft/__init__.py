@@ -1,0 +1,48 @@
+"""onnxruntime's com.microsoft QuantizeLinear / DequantizeLinear (contrib ops, version 1).
+
+Same inputs and ``axis`` as ai.onnx's; the driver turns them into ai.onnx where the target
+opset expresses their types (``dqtool.convert.microsoft``).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from dqtool.families import qdq
+from dqtool.families.base import Family, Kernel
+
+if TYPE_CHECKING:
+    from dqtool.convert.registry import Registry
+
+DOMAIN = "com.microsoft"
+
+
+def _codecs() -> list[Any]:
+    from dqtool.codecs import microsoft
+
+    return microsoft.codecs()
+
+
+def _evaluator_ops() -> list[type[Any]]:
+    from dqtool.kernel import evaluator
+
+    return [evaluator.named(evaluator.MsDq, "DequantizeLinear", DOMAIN),
+            evaluator.named(evaluator.MsQ, "QuantizeLinear", DOMAIN)]
+
+
+def _converters(reg: Registry) -> None:
+    from dqtool.convert import microsoft
+
+    microsoft.register(reg)
+
+
+FAMILY = Family(
+    name="qdq_microsoft",
+    keys=((DOMAIN, "DequantizeLinear", 1), (DOMAIN, "QuantizeLinear", 1)),
+    codecs=_codecs,
+    evaluator_ops=_evaluator_ops,
+    # The ai.onnx kernels: same inputs, axis defaults to 1 in both.
+    fold=lambda: qdq.fold_support({"dq": Kernel(qdq.run_dq), "q": Kernel(qdq.run_q)}),
+    converters=_converters,
+    prunable=frozenset({DOMAIN}),
+)

@@ -1,0 +1,56 @@
+"""ai.onnx QuantizeLinear / DequantizeLinear, every since-version (10 through 25).
+
+The driver moves these nodes one since-version at a time with the adapters of
+``dqtool.convert.adapters_dq``; the fold computes them with ``dqtool.kernel``.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from dqtool.families import qdq
+from dqtool.families.base import Family, Kernel
+
+if TYPE_CHECKING:
+    from dqtool.convert.registry import Registry
+
+OPS = ("DequantizeLinear", "QuantizeLinear")
+
+
+def _since_versions() -> list[tuple[str, str, int]]:
+    """Every since-version the installed onnx has (read from onnx, not from the codecs:
+    the codecs are built from this registry)."""
+    import onnx
+
+    return sorted({("ai.onnx", s.name, s.since_version)
+                   for s in onnx.defs.get_all_schemas_with_history()
+                   if s.name in OPS and s.domain == ""})
+
+
+def _codecs() -> list[Any]:
+    from dqtool.codecs import onnx_std
+
+    return onnx_std.codecs()
+
+
+def _evaluator_ops() -> list[type[Any]]:
+    from dqtool.kernel import evaluator
+
+    return [evaluator.named(evaluator.Dq, "DequantizeLinear", ""),
+            evaluator.named(evaluator.Q, "QuantizeLinear", "")]
+
+
+def _converters(reg: Registry) -> None:
+    from dqtool.convert import adapters_dq
+
+    adapters_dq.register(reg)
+
+
+FAMILY = Family(
+    name="qdq_onnx",
+    keys=tuple(_since_versions()),
+    codecs=_codecs,
+    evaluator_ops=_evaluator_ops,
+    fold=lambda: qdq.fold_support({"dq": Kernel(qdq.run_dq), "q": Kernel(qdq.run_q)}),
+    converters=_converters,
+)

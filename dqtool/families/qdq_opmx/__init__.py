@@ -1,0 +1,53 @@
+"""OpenPPL's opmx DequantizeLinear (and the legacy ``pmx`` domain, the same operator).
+
+int8, or int4 packed four per int16 along dimension 0; groups along ``quant_axis``; a float
+or integer zero point. The driver turns it into ai.onnx DequantizeLinear where exact
+(``dqtool.convert.opmx``); nothing turns ai.onnx into opmx.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from dqtool.families import qdq
+from dqtool.families.base import Family, Kernel
+
+if TYPE_CHECKING:
+    from dqtool.convert.registry import Registry
+
+DOMAINS = ("opmx", "pmx")
+
+
+def _codecs() -> list[Any]:
+    from dqtool.codecs import opmx
+
+    return opmx.codecs()
+
+
+def _evaluator_ops() -> list[type[Any]]:
+    from dqtool.kernel import evaluator
+
+    return [evaluator.named(evaluator.OpmxDq, "DequantizeLinear", d) for d in DOMAINS]
+
+
+def _converters(reg: Registry) -> None:
+    from dqtool.convert import opmx
+
+    opmx.register(reg)
+
+
+FAMILY = Family(
+    name="qdq_opmx",
+    keys=tuple((d, "DequantizeLinear", 1) for d in DOMAINS),
+    codecs=_codecs,
+    evaluator_ops=_evaluator_ops,
+    # Packed four rows per element, groups on either axis: computed whole, never in rows.
+    fold=lambda: qdq.fold_support({"opmx": Kernel(qdq.run_opmx, sliceable=False)},
+                                  shape=qdq.opmx_shape),
+    converters=_converters,
+    prunable=frozenset(DOMAINS),
+    lint_facts={"onnxruntime": "onnxruntime has no {domain} domain",
+                "directml": "DirectML has no {domain} operator",
+                "opmx": "native"},
+    lint_modules=(),
+)
