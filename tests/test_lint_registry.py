@@ -29,18 +29,24 @@ def test_target_names_come_from_the_modules():
 
 @pytest.mark.parametrize("value, name", [("onnx-opset-13", "onnx-opset-13"),
                                          ("directml-fl6.3", "directml-fl6.3"),
-                                         ("onnxruntime", "onnxruntime"), ("opmx", "opmx")])
+                                         ("onnxruntime", "onnxruntime"),
+                                         ("onnxruntime-1.31", "onnxruntime-1.31"),
+                                         ("onnxruntime-1.32", "onnxruntime-1.32"),
+                                         ("opmx", "opmx")])
 def test_parse(value, name):
     assert targets.parse(value).name == name
 
 
 def test_unknown_and_bad_targets():
-    with pytest.raises(UsageError, match=r"known: onnx-opset-N, onnxruntime, directml-fl1\.0"):
+    with pytest.raises(UsageError, match=r"known: onnx-opset-N, onnxruntime, "
+                       r"onnxruntime-1\.31, onnxruntime-1\.32, directml-fl1\.0"):
         targets.parse("tensorrt")
     with pytest.raises(UsageError, match="opset must be 10 to"):
         targets.parse("onnx-opset-9")
     with pytest.raises(UsageError, match="unknown"):
         targets.parse("directml-fl9.9")
+    with pytest.raises(UsageError, match="unknown"):
+        targets.parse("onnxruntime-1.9")  # no fixed profile for that release
 
 
 def test_target_help_lists_every_target():
