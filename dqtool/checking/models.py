@@ -23,8 +23,13 @@ from onnx.model_container import ModelContainer
 
 from dqtool import io
 
-# onnxruntime 1.31 loads IR versions up to 13; onnx 1.23's helpers write 14 by default.
-ORT_MAX_IR = 13
+
+def ort_max_ir() -> int:
+    """The highest IR version the installed onnxruntime loads (probed once per process:
+    1.31 stops at 13 while onnx's helpers write 14; 1.32 loads 14)."""
+    from dqtool.runtimes import onnxruntime as ort_facts
+
+    return ort_facts.probe().max_ir_version or onnx.IR_VERSION
 
 # Tensors beyond this many bytes in total stay in their files (protobuf's 2 GB limit).
 MAX_IN_PROTO = onnx.checker.MAXIMUM_PROTOBUF
@@ -148,16 +153,17 @@ def for_ort(proto: onnx.ModelProto) -> tuple[onnx.ModelProto, str | None]:
     Only the IR version (the file-format version) is ever lowered, to the lowest the
     model's opsets and types need; the graph is untouched.
     """
-    if proto.ir_version <= ORT_MAX_IR:
+    top = ort_max_ir()
+    if proto.ir_version <= top:
         return proto, None
     lowest = io.lowest_ir_version(ir.serde.deserialize_model(proto))
-    if lowest > ORT_MAX_IR:
+    if lowest > top:
         return proto, None
     copy = onnx.ModelProto()
     copy.CopyFrom(proto)
     copy.ir_version = lowest
     return copy, (f"IR version {proto.ir_version} given to onnxruntime as {lowest} (the lowest "
-                  f"the model needs; onnxruntime loads IR ≤ {ORT_MAX_IR})")
+                  f"the model needs; onnxruntime loads IR ≤ {top})")
 
 
 def qdq_value_bytes(proto: onnx.ModelProto) -> int:

@@ -10,7 +10,7 @@ import onnx
 import onnx_ir as ir
 from onnx import helper, numpy_helper
 
-from dqtool.checking.models import ORT_MAX_IR
+from dqtool.checking.models import ort_max_ir
 
 
 def build(node: ir.Node, values: Sequence[np.ndarray | None], opsets: dict[str, int],
@@ -36,7 +36,8 @@ def build(node: ir.Node, values: Sequence[np.ndarray | None], opsets: dict[str, 
     if not any(op.domain == "" for op in imports):
         imports.append(helper.make_opsetid("", 21))
     model = helper.make_model(g, opset_imports=imports)
-    model.ir_version = min(ir_version, ORT_MAX_IR) if ir_version else ORT_MAX_IR
+    top = ort_max_ir()
+    model.ir_version = min(ir_version, top) if ir_version else top
     return model
 
 
