@@ -22,7 +22,7 @@ def render(app: App, report, as_json: bool) -> None:
     rows = [*((c.node, c.graph, c.op, c.status, f"{c.how}\n  why: {c.why}" if c.why else c.how)
               for c in report.changes),
             *((r.node, r.graph, r.op, "REFUSED", r.reason) for r in report.refusals)]
-    head = (f"{report.source}: {report.direction} ai.onnx opset {report.from_opset} → "
+    head = (f"{report.input}: {report.direction} ai.onnx opset {report.from_opset} → "
             f"{report.to_opset}")
     if rows:
         table = Table(title=head, title_justify="left")
@@ -41,7 +41,7 @@ def render(app: App, report, as_json: bool) -> None:
         app.out.print("check (bit-identical outputs on random inputs):", markup=False)
         for line in report.check.describe():
             app.out.print(f"  {line}", markup=False, overflow="fold")
-    for path in report.written:
+    for path in report.files:
         app.out.print(f"wrote {path}")
 
 

@@ -96,7 +96,7 @@ def _convert(model_or_path: ModelArg, opset: int, out, direction: Literal["upgra
         try:
             report.check = conversion.compare(original, conversion.loaded(converted))
         except InputError as e:
-            raise InputError(f"{report.source}: --check: {e}") from None
+            raise InputError(f"{report.input}: --check: {e}") from None
         if not report.check.ok:
             raise CheckFailed(report)
 
@@ -105,5 +105,5 @@ def _convert(model_or_path: ModelArg, opset: int, out, direction: Literal["upgra
     if out is not None:
         written = io.save(report.model, out, verify=run_check if from_files else None,
                           prefill=prefill)
-        report.written = [str(p) for p in written]
+        report.files = [str(p) for p in written]
     return report
