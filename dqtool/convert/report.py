@@ -62,6 +62,7 @@ class ConvertReport:
     opset_imports: dict[str, int] = field(default_factory=dict)
     check: ConversionCheck | None = None
     files: list[str] = field(default_factory=list)  # every file written
+    external_data: bool = False  # the output was written with external data
     model: Any = None  # the converted ir.Model; not part of the JSON
 
     @property
@@ -84,6 +85,7 @@ class ConvertReport:
             "warnings": list(self.warnings),
             "check": None if self.check is None else self.check.to_json(),
             "files": list(self.files),
+            "external_data": self.external_data,
         }
 
 
