@@ -29,8 +29,8 @@ def test_every_writer_has_the_writer_options(command):
 
 @pytest.mark.parametrize("command", sorted(COMMANDS))
 def test_external_data_and_shards(command, tmp_path):
-    src = MODELS / ("ort_qdq_per_channel.onnx" if command != "upgrade"
-                    else "ms_qdq_contrib.onnx")
+    src = MODELS / ("ort_qdq_per_channel.onnx" if command != "downgrade"
+                    else "ort_int4_blocked_qdq.onnx")
     out = tmp_path / "o.onnx"
     r = CliRunner().invoke(cli, [command, str(src), *COMMANDS[command], "-o", str(out),
                                  "--shard-size", "100B", "--json", "--no-progress"])
