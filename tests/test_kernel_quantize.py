@@ -8,9 +8,9 @@ import os
 import ml_dtypes
 import numpy as np
 import pytest
+from helpers import assert_bits_equal, node_model, ort_quantize, run_ort_node
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from kernel_helpers import assert_bits_equal, node_model, ort_quantize, run_ort
 from onnx import helper
 
 from dqtool.kernel import dequantize, quantize, to_float8
@@ -43,7 +43,7 @@ def test_float8_conversion_matches_onnxruntime_everywhere(dtype, saturate) -> No
     g.node[0].output[0] = "q"
     g.node.append(helper.make_node("Cast", ["q"], ["y"], to=1))
     g.output[0].type.tensor_type.elem_type = 1
-    want = run_ort(m)
+    want = run_ort_node(m)
     got = to_float8(v, np.dtype(dtype), bool(saturate)).astype(np.float32)
     assert_bits_equal(got, want, f"{np.dtype(dtype).name} saturate={saturate}")
 
@@ -104,7 +104,7 @@ def test_quantize_matches_onnxruntime(cfg) -> None:
         g.node[0].output[0] = "q"
         g.node.append(helper.make_node("Cast", ["q"], ["y"], to=1))
         g.output[0].type.tensor_type.elem_type = 1
-        assert_bits_equal(got.astype(np.float32), run_ort(m), str(cfg))
+        assert_bits_equal(got.astype(np.float32), run_ort_node(m), str(cfg))
     else:
         assert_bits_equal(got, ort_quantize(x, scale, zp, opset=21, **attrs), str(cfg))
 

@@ -6,8 +6,8 @@ import ml_dtypes
 import numpy as np
 import onnx
 import pytest
+from helpers import dq_model, save
 from onnx import helper, numpy_helper
-from test_lint_helpers import dq_model, save
 
 from dqtool.linting import lint, rules
 
