@@ -119,3 +119,26 @@ class UniqueNames:
             candidate = f"{name}_{i}"
         taken.add(candidate)
         return candidate
+
+
+class ModelNames:
+    """Fresh value names unique across the whole model (every graph, subgraph and
+    function): ``name``, or ``name_1``, ``name_2``, ... (deterministic). A conversion names
+    helper values so; they may be read from any scope below their graph."""
+
+    def __init__(self, model: ir.Model) -> None:
+        self._taken: set[str] = set()
+        for site in graph.walk(model):
+            for v in (*site.node.inputs, *site.node.outputs):
+                if v is not None and v.name:
+                    self._taken.add(v.name)
+        for g in model.graphs():
+            self._taken.update(v.name for v in (*g.inputs, *g.outputs) if v.name)
+            self._taken.update(g.initializers)
+
+    def __call__(self, base: str) -> str:
+        name, i = base, 1
+        while name in self._taken:
+            name, i = f"{base}_{i}", i + 1
+        self._taken.add(name)
+        return name

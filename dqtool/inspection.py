@@ -66,7 +66,7 @@ def _dims(shape) -> list | None:
 
 @dataclass(frozen=True)
 class InspectReport:
-    model: str
+    input: str  # the path read, "<memory>" for a model object
     ir_version: int
     opset_imports: dict[str, int]
     nodes: tuple[NodeReport, ...]
@@ -76,7 +76,7 @@ class InspectReport:
 
     def to_json(self) -> dict[str, Any]:
         return {
-            "model": self.model,
+            "input": self.input,
             "ir_version": self.ir_version,
             "opset_imports": self.opset_imports,
             "external_data": self.external_data,
@@ -139,7 +139,7 @@ def summarize(model: ir.Model, nodes: list[NodeReport]) -> dict[str, Any]:
     return {
         "dequantize_nodes": len(dq),
         "quantize_nodes": len(nodes) - len(dq),
-        "by_domain_version": count(lambda n: f"{n.spec.domain}:{n.spec.op}:{n.spec.version}"),
+        "by_domain_version": count(lambda n: n.spec.op_id),
         "by_quant_type": count(lambda n: f"{n.spec.op}:{n.spec.quant_type}"),
         "by_granularity": count(lambda n: f"{n.spec.op}:{n.spec.granularity}"),
         "constant_dequantize": sum(n.spec.constant for n in dq),
@@ -166,7 +166,7 @@ def inspect(model: str | os.PathLike | ir.Model) -> InspectReport:
         model = io.load(Path(model))
     nodes = node_reports(model)
     return InspectReport(
-        model=name,
+        input=name,
         ir_version=model.ir_version,
         opset_imports=_opsets(model),
         nodes=tuple(nodes),

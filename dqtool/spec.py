@@ -10,6 +10,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
+
+def op_id(domain: str, op_type: str, version: int | None) -> str:
+    """How every report names an operator: ``ai.onnx:DequantizeLinear-21`` (the domain as
+    reports spell it, the op type, the version in force; no version when none is known)."""
+    domain = "ai.onnx" if domain in ("", "ai.onnx") else domain
+    return f"{domain}:{op_type}" if version is None else f"{domain}:{op_type}-{version}"
+
 Granularity = Literal["per-tensor", "per-axis", "blocked"]
 ZeroPointKind = Literal["none", "integer", "float"]
 Severity = Literal["error", "warning", "info"]
@@ -75,6 +82,10 @@ class QuantSpec:
     saturate: bool | None = None  # QuantizeLinear float8 only
     attributes: tuple[tuple[str, object], ...] = ()  # dialect extras (opmx), name-sorted
     problems: tuple[Problem, ...] = field(default=())
+
+    @property
+    def op_id(self) -> str:
+        return op_id(self.domain, self.op, self.version)
 
     @property
     def is_dequantize(self) -> bool:

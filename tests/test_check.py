@@ -9,8 +9,8 @@ import numpy as np
 import onnx
 import pytest
 from click.testing import CliRunner
+from helpers import dq_model, matmul_model, save
 from onnx import TensorProto
-from test_lint_helpers import dq_model, matmul_model, save
 
 from dqtool.checking import check
 from dqtool.checking.inputs import InputSpec, check_given, load_npz

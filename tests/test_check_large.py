@@ -14,8 +14,8 @@ import numpy as np
 import onnx
 import pytest
 from click.testing import CliRunner
+from helpers import matmul_model
 from onnx import TensorProto, helper, numpy_helper
-from test_lint_helpers import matmul_model
 
 from dqtool.checking import check, models, runners, selfcheck
 from dqtool.cli import cli

@@ -147,7 +147,7 @@ def test_preserves_names_metadata_and_other_nodes(tmp_path):
     assert [n.name for n in out.graph.node] == [n.name for n in orig.graph.node]
     assert {p.key: p.value for p in out.metadata_props}["k"] == "v"
     assert out.graph.doc_string == "doc"
-    assert report.written
+    assert report.files
 
 
 def test_external_data_next_to_output_and_input_untouched(tmp_path):
@@ -228,7 +228,7 @@ def test_check_on_a_path_loads_the_model_once(tmp_path, monkeypatch):
     report = dqtool.upgrade(MODELS / "ort_qdq_contrib.onnx", 21, tmp_path / "out.onnx",
                             check=True)
     assert report.check.ok
-    assert report.source == str(MODELS / "ort_qdq_contrib.onnx")
+    assert report.input == str(MODELS / "ort_qdq_contrib.onnx")
     assert loads == [MODELS / "ort_qdq_contrib.onnx"]
 
 

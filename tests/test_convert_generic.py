@@ -10,6 +10,7 @@ import onnx
 import onnx_ir as ir
 import pytest
 from click.testing import CliRunner
+from helpers import MODELS, save
 
 import dqtool
 from dqtool.checking import conversion
@@ -49,13 +50,6 @@ g (float[4,6] x) => (float[1,6] a, float[2,6] b, float[2,6] b2, float[1,6] c, fl
 }"""
 
 
-def _save(tmp_path, text: str, name: str = "m.onnx"):
-    model = ir.from_onnx_text(text)
-    path = tmp_path / name
-    ir.save(model, path)
-    return path
-
-
 def _bit_identical(a, b) -> dict:
     """Every output byte-equal in both runtimes (conversion.compare alone tolerates final
     outputs that differ after identical Q/DQ results; these models have no Q/DQ)."""
@@ -72,7 +66,7 @@ def _ops(path) -> list[tuple[str, str, tuple[str, ...]]]:
 
 @pytest.mark.parametrize("target", [18, 21, 25])
 def test_decomposed_layernorm_upgrades_bit_identical(tmp_path, target):
-    src = _save(tmp_path, LAYERNORM.format(opset=13))
+    src = save(LAYERNORM.format(opset=13), tmp_path / "m.onnx")
     out = tmp_path / "o.onnx"
     report = dqtool.upgrade(src, target, out, check=True)
     for name in BOTH:
@@ -94,7 +88,7 @@ def test_decomposed_layernorm_upgrades_bit_identical(tmp_path, target):
 
 @pytest.mark.parametrize("via", [13, 18, 21])
 def test_round_trip_through_attribute_moves(tmp_path, via):
-    src = _save(tmp_path, ATTRS_11)
+    src = save(ATTRS_11, tmp_path / "m.onnx")
     up, down = tmp_path / "up.onnx", tmp_path / "down.onnx"
     dqtool.upgrade(src, via, up, check=True)
     dqtool.downgrade(up, 11, down, check=True)
@@ -107,13 +101,13 @@ def test_round_trip_through_attribute_moves(tmp_path, via):
 
 
 def test_round_trip_13_18_13_reduce_and_split(tmp_path):
-    src = _save(tmp_path, """<ir_version: 7, opset_import: ["" : 13]>
+    src = save("""<ir_version: 7, opset_import: ["" : 13]>
         g (float[4,6] x) => (float[2,6] a, float[2,6] b, float[4] m, float[1,1] s) {
             [split] a, b = Split <axis = 0> (x)
             [mean] m = ReduceMean <axes = [1], keepdims = 0> (x)
             [ax] ax = Constant <value = int64[2] {0, 1}> ()
             [sum] s = ReduceSum <keepdims = 1> (x, ax)
-        }""")
+        }""", tmp_path / "m.onnx")
     up, down = tmp_path / "up.onnx", tmp_path / "down.onnx"
     dqtool.upgrade(src, 18, up, check=True)
     dqtool.downgrade(up, 13, down, check=True)
@@ -122,13 +116,13 @@ def test_round_trip_13_18_13_reduce_and_split(tmp_path):
 
 
 def test_downgrade_split_18_without_num_outputs_and_constant_axes(tmp_path):
-    src = _save(tmp_path, """<ir_version: 8, opset_import: ["" : 18]>
+    src = save("""<ir_version: 8, opset_import: ["" : 18]>
         g (float[4,6] x) => (float[1,6] a, float[3,6] b, float[4] m) {
             [sp] sp = Constant <value = int64[2] {1, 3}> ()
             [split] a, b = Split <axis = 0> (x, sp)
             [ax] ax = Constant <value = int64[1] {1}> ()
             [mean] m = ReduceMean <keepdims = 0> (x, ax)
-        }""")
+        }""", tmp_path / "m.onnx")
     out = tmp_path / "o.onnx"
     report = dqtool.downgrade(src, 13, out, check=True)
     for name in BOTH:
@@ -144,13 +138,13 @@ def test_downgrade_split_18_without_num_outputs_and_constant_axes(tmp_path):
 
 
 def test_shared_constant_axes_kept_while_used(tmp_path):
-    src = _save(tmp_path, """<ir_version: 8, opset_import: ["" : 18]>
+    src = save("""<ir_version: 8, opset_import: ["" : 18]>
         g (float[4,6] x) => (float[4] m, int64[1] k) {
             [ax] ax = Constant <value = int64[1] {1}> ()
             [mean] m = ReduceMean <keepdims = 0> (x, ax)
             [id] ax2 = Identity(ax)
             [shape] k = Shape(ax2)
-        }""")
+        }""", tmp_path / "m.onnx")
     out = tmp_path / "o.onnx"
     dqtool.downgrade(src, 13, out, check=True)
     assert "Constant" in [n.op_type for n in onnx.load(out).graph.node]
@@ -158,10 +152,10 @@ def test_shared_constant_axes_kept_while_used(tmp_path):
 
 @pytest.mark.parametrize(("rows", "sizes"), [(6, None), (7, [3, 3, 1]), (5, [2, 2, 1])])
 def test_split_num_outputs_down(tmp_path, rows, sizes):
-    src = _save(tmp_path, f"""<ir_version: 8, opset_import: ["" : 18]>
+    src = save(f"""<ir_version: 8, opset_import: ["" : 18]>
         g (float[{rows},2] x) => (float[?,2] a, float[?,2] b, float[?,2] c) {{
             [split] a, b, c = Split <axis = 0, num_outputs = 3> (x)
-        }}""")
+        }}""", tmp_path / "m.onnx")
     out = tmp_path / "o.onnx"
     dqtool.downgrade(src, 13, out, check=True)
     _bit_identical(src, out)
@@ -175,20 +169,20 @@ def test_split_num_outputs_down(tmp_path, rows, sizes):
 
 
 def test_split_num_outputs_unknown_size_refused(tmp_path):
-    src = _save(tmp_path, """<ir_version: 8, opset_import: ["" : 18]>
+    src = save("""<ir_version: 8, opset_import: ["" : 18]>
         g (float[N,2] x) => (float[?,2] a, float[?,2] b) {
             [split] a, b = Split <axis = 0, num_outputs = 2> (x)
-        }""")
+        }""", tmp_path / "m.onnx")
     with pytest.raises(ConversionRefused) as info:
         dqtool.downgrade(src, 13)
     assert "size of axis 0 of 'x' is unknown" in info.value.report.refusals[0].reason
 
 
 def test_downgrade_runtime_axes_refused_readably(tmp_path):
-    src = _save(tmp_path, """<ir_version: 8, opset_import: ["" : 18]>
+    src = save("""<ir_version: 8, opset_import: ["" : 18]>
         g (float[4,6] x, int64[1] ax) => (float[4] m) {
             [mean] m = ReduceMean <keepdims = 0> (x, ax)
-        }""")
+        }""", tmp_path / "m.onnx")
     with pytest.raises(ConversionRefused) as info:
         dqtool.downgrade(src, 13)
     reason = info.value.report.refusals[0].reason
@@ -197,14 +191,14 @@ def test_downgrade_runtime_axes_refused_readably(tmp_path):
 
 
 def test_upgrade_inside_function_uses_constant_node(tmp_path):
-    src = _save(tmp_path, """<ir_version: 8, opset_import: ["" : 13, "local" : 1]>
+    src = save("""<ir_version: 8, opset_import: ["" : 13, "local" : 1]>
         g (float[3,8] x) => (float[3,1] y) {
             [call] y = local.F(x)
         }
         <domain: "local", opset_import: ["" : 13]>
         F (a) => (b) {
             [mean] b = ReduceMean <axes = [-1]> (a)
-        }""")
+        }""", tmp_path / "m.onnx")
     out = tmp_path / "o.onnx"
     dqtool.upgrade(src, 21, out, check=True)
     _bit_identical(src, out)
@@ -273,11 +267,11 @@ def test_check_runs_like_dqtool_check(tmp_path, monkeypatch):
 
     from dqtool.checking import inputs, runners
 
-    src = _save(tmp_path, """<ir_version: 8, opset_import: ["" : 13]>
+    src = save("""<ir_version: 8, opset_import: ["" : 13]>
         g (int32[N,3] x, int8[2,3] q) => (float[2,3] y, int32[N,3] z) <float s = {0.5}> {
             [dq] y = DequantizeLinear(q, s)
             [neg] z = Neg(x)
-        }""")
+        }""", tmp_path / "m.onnx")
     fed, options = [], []
     real_ref, real_session = runners.reference_session, ort.InferenceSession
 
@@ -311,8 +305,6 @@ def test_check_runs_like_dqtool_check(tmp_path, monkeypatch):
 def test_check_of_a_model_object_reads_its_external_data():
     """A model object loaded from a file with external data: --check reads the tensors
     from the folder they were loaded from (it used to run them without their data)."""
-    from tests.test_convert import MODELS
-
     model = ir.load(MODELS / "external_data" / "model.onnx")
     report = dqtool.downgrade(model, 19, check=True)
     assert report.check.ok, report.check
@@ -323,7 +315,8 @@ def test_check_of_a_model_object_reads_its_external_data():
 def test_check_gives_onnxruntime_the_ir_version_it_loads(tmp_path):
     """An original written with IR version 14 (onnx 1.23's default) runs on onnxruntime with
     the lowest IR version its opsets need, as in dqtool check; the check says so."""
-    src = _save(tmp_path, LAYERNORM.format(opset=13).replace("ir_version: 8", "ir_version: 14"))
+    src = save(LAYERNORM.format(opset=13).replace("ir_version: 8", "ir_version: 14"),
+               tmp_path / "m.onnx")
     report = dqtool.upgrade(src, 18, check=True)
     assert report.check.runtimes[BOTH[1]] == "identical", report.check
     assert list(report.check.notes) == ["the original: IR version 14 given to onnxruntime as 7 "
@@ -336,8 +329,8 @@ def test_check_refuses_inputs_it_cannot_generate_as_bad_input(tmp_path):
     check; it used to be a ValueError with a traceback."""
     from dqtool.errors import InputError
 
-    src = _save(tmp_path, """<ir_version: 8, opset_import: ["" : 13]>
-        g (string[2] x) => (string[2] y) { y = Identity(x) }""")
+    src = save("""<ir_version: 8, opset_import: ["" : 13]>
+        g (string[2] x) => (string[2] y) { y = Identity(x) }""", tmp_path / "m.onnx")
     with pytest.raises(InputError, match="input 'x' is STRING, which dqtool cannot generate"):
         dqtool.upgrade(src, 21, check=True)
     r = CliRunner().invoke(cli, ["upgrade", str(src), "--opset", "21", "--check", "-o",
@@ -350,7 +343,7 @@ def test_check_refuses_inputs_it_cannot_generate_as_bad_input(tmp_path):
 # --- messages ---------------------------------------------------------------------------
 
 def test_wrong_direction_names_the_file(tmp_path):
-    src = _save(tmp_path, LAYERNORM.format(opset=13), "ln.onnx")
+    src = save(LAYERNORM.format(opset=13), tmp_path / "ln.onnx")
     r = CliRunner().invoke(cli, ["downgrade", str(src), "--opset", "19"], env=ENV)
     assert r.exit_code == 2
     assert str(src) in r.stderr and "is at ai.onnx opset 13" in r.stderr
@@ -361,8 +354,6 @@ def test_wrong_direction_names_the_file(tmp_path):
     (20, "int16 is not a quantized type of QuantizeLinear at opset 20 (QuantizeLinear-19)"),
 ])
 def test_refusal_names_the_target_version(target, needle):
-    from tests.test_convert import MODELS
-
     with pytest.raises(ConversionRefused) as info:
         dqtool.downgrade(MODELS / "ort_qdq_int16.onnx", target)
     reasons = [r.reason for r in info.value.report.refusals]
@@ -370,8 +361,6 @@ def test_refusal_names_the_target_version(target, needle):
 
 
 def test_no_value_info_added_and_json_domain_key(tmp_path):
-    from tests.test_convert import MODELS
-
     out = tmp_path / "o.onnx"
     r = CliRunner().invoke(cli, ["upgrade", str(MODELS / "dq13_int8_per_axis.onnx"),
                                  "--opset", "21", "-o", str(out), "--json"], env=ENV)
@@ -382,8 +371,6 @@ def test_no_value_info_added_and_json_domain_key(tmp_path):
 
 
 def test_value_info_kept_where_it_was(tmp_path):
-    from tests.test_convert import MODELS
-
     src = tmp_path / "vi.onnx"
     m = onnx.load(MODELS / "dq13_int8_per_axis.onnx")
     t = m.graph.initializer[0]
@@ -397,8 +384,6 @@ def test_value_info_kept_where_it_was(tmp_path):
 # --- DequantizeLinear inside a model-local function -----------------------------------
 
 def test_dq_in_function_downgrades(tmp_path):
-    from tests.test_convert import MODELS
-
     out = tmp_path / "o.onnx"
     report = dqtool.downgrade(MODELS / "dq_in_function.onnx", 19, out, check=True)
     for name in BOTH:
@@ -418,7 +403,7 @@ F (q, sc) => (out) {
 
 
 def test_dq_in_function_unknown_type_is_said_without_none(tmp_path):
-    src = _save(tmp_path, FUNC_INT16)
+    src = save(FUNC_INT16, tmp_path / "m.onnx")
     with pytest.raises(ConversionRefused) as info:
         dqtool.downgrade(src, 19)
     reason = info.value.report.refusals[0].reason
@@ -452,7 +437,7 @@ def test_a_step_the_converter_leaves_alone_is_not_reported_as_changed(tmp_path):
         F (a) => (b) { b = Relu(a) }""", "function F "),
 ])
 def test_ai_onnx_opset_0_is_bad_input(tmp_path, text, where):
-    src = _save(tmp_path, text, "op0.onnx")
+    src = save(text, tmp_path / "op0.onnx")
     r = CliRunner().invoke(cli, ["upgrade", str(src), "--opset", "21", "-o",
                                  str(tmp_path / "o.onnx")], env=ENV)
     assert r.exit_code == 2, r.output

@@ -11,7 +11,7 @@ import numpy as np
 import onnx_ir as ir
 import pytest
 from click.testing import CliRunner
-from fold_helpers import sha256
+from helpers import sha256
 
 from dqtool.cli import cli
 

@@ -9,7 +9,7 @@ import numpy as np
 import onnx
 import onnx_ir as ir
 import pytest
-from fold_helpers import assert_bitwise_equal, make_model, run_ort, save, tensor
+from helpers import assert_bitwise_equal, make_model, run_ort, save, tensor
 from onnx import TensorProto as TP
 from onnx import helper as h
 

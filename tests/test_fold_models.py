@@ -11,7 +11,7 @@ import numpy as np
 import onnx
 import onnx_ir as ir
 import pytest
-from fold_helpers import assert_bitwise_equal, feeds, run_ort, sha256
+from helpers import assert_bitwise_equal, feeds, run_ort, sha256
 
 from dqtool import codecs, graph
 from dqtool.folding import fold

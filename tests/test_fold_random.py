@@ -9,7 +9,7 @@ from pathlib import Path
 
 import ml_dtypes
 import numpy as np
-from fold_helpers import assert_bitwise_equal, make_model, run_ort, save, tensor
+from helpers import assert_bitwise_equal, make_model, run_ort, save, tensor
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from onnx import TensorProto as TP

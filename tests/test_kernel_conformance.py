@@ -7,7 +7,7 @@ import warnings
 import numpy as np
 import onnx
 import pytest
-from kernel_helpers import assert_bits_equal
+from helpers import assert_bits_equal
 from onnx import helper, numpy_helper
 
 from dqtool import reference_evaluator

@@ -7,7 +7,7 @@ import numpy as np
 import onnx
 import onnx_ir
 import pytest
-from kernel_helpers import assert_bits_equal
+from helpers import assert_bits_equal, node_model
 from onnx import TensorProto, helper, numpy_helper
 
 from dqtool import reference_evaluator
@@ -135,11 +135,8 @@ def test_if_subgraph_and_local_function() -> None:
     assert_bits_equal(_ort(m, {"c": np.array(True)}), want, "ort")
 
 
-def _node_model(node: onnx.NodeProto, inits: list, out_type: int, opset: int = 23):
-    g = helper.make_graph([node], "one", [],
-                          [helper.make_tensor_value_info("y", out_type, None)],
-                          initializer=inits)
-    return helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)], ir_version=10)
+def _one(node: onnx.NodeProto, inits: list, out_type: int) -> onnx.ModelProto:
+    return node_model(node.op_type, inits, out_type, node=node, ir_version=10)
 
 
 def test_output_dtype_attributes() -> None:
@@ -150,14 +147,14 @@ def test_output_dtype_attributes() -> None:
     inits = [numpy_helper.from_array(x, "x"), numpy_helper.from_array(s, "s")]
     dq = helper.make_node("DequantizeLinear", ["x", "s"], ["y"], axis=1, block_size=4,
                           output_dtype=TensorProto.FLOAT16)
-    got = reference_evaluator(_node_model(dq, inits, TensorProto.FLOAT16)).run(None, {})[0]
+    got = reference_evaluator(_one(dq, inits, TensorProto.FLOAT16)).run(None, {})[0]
     want = dequantize(x, s, axis=1, block_size=4, output_dtype=np.float16)
     assert_bits_equal(got, want)
 
     f = (rng.standard_normal((4, 8)) * 3).astype(np.float32)
     q = helper.make_node("QuantizeLinear", ["f", "s"], ["y"], axis=1, block_size=4,
                          output_dtype=TensorProto.FLOAT8E4M3FN, saturate=0)
-    model = _node_model(q, [numpy_helper.from_array(f, "f"), inits[1]],
+    model = _one(q, [numpy_helper.from_array(f, "f"), inits[1]],
                         TensorProto.FLOAT8E4M3FN)
     got = reference_evaluator(model).run(None, {})[0]
     want = quantize(f, s, axis=1, block_size=4, output_dtype=ml_dtypes.float8_e4m3fn,
@@ -168,4 +165,4 @@ def test_output_dtype_attributes() -> None:
     bad = helper.make_node("DequantizeLinear", ["x", "s"], ["y"], axis=1, block_size=4,
                            output_dtype=TensorProto.UINT64)
     with pytest.raises(KernelError, match="output_dtype=13"):
-        reference_evaluator(_node_model(bad, inits, TensorProto.UINT64)).run(None, {})
+        reference_evaluator(_one(bad, inits, TensorProto.UINT64)).run(None, {})

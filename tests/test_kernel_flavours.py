@@ -7,9 +7,9 @@ import os
 
 import ml_dtypes
 import numpy as np
+from helpers import assert_bits_equal
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from kernel_helpers import assert_bits_equal
 
 from dqtool.kernel import dequantize
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from kernel_helpers import assert_bits_equal
+from helpers import assert_bits_equal
 
 from dqtool.errors import KernelError
 from dqtool.kernel import dequantize_opmx, pack_opmx_int4, unpack_opmx_int4

@@ -8,9 +8,9 @@ import os
 import ml_dtypes
 import numpy as np
 import pytest
+from helpers import assert_bits_equal, ort_dequantize
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from kernel_helpers import assert_bits_equal, ort_dequantize
 
 from dqtool.kernel import dequantize
 

@@ -9,9 +9,9 @@ from importlib import metadata
 import ml_dtypes
 import numpy as np
 import pytest
+from helpers import assert_bits_equal, node_model, ort_quantize, run_ort_node
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from kernel_helpers import assert_bits_equal, node_model, ort_quantize, run_ort
 from onnx import helper
 
 from dqtool.kernel import dequantize, quantize, to_float8
@@ -46,7 +46,7 @@ def test_float8_conversion_matches_onnxruntime_everywhere(dtype, saturate) -> No
     g.node[0].output[0] = "q"
     g.node.append(helper.make_node("Cast", ["q"], ["y"], to=1))
     g.output[0].type.tensor_type.elem_type = 1
-    want = run_ort(m)
+    want = run_ort_node(m)
     got = to_float8(v, np.dtype(dtype), bool(saturate)).astype(np.float32)
     assert_bits_equal(got, want, f"{np.dtype(dtype).name} saturate={saturate}")
 
@@ -100,7 +100,7 @@ def test_quantize_matches_onnxruntime(cfg) -> None:
         g.node[0].output[0] = "q"
         g.node.append(helper.make_node("Cast", ["q"], ["y"], to=1))
         g.output[0].type.tensor_type.elem_type = 1
-        assert_bits_equal(got.astype(np.float32), run_ort(m), str(cfg))
+        assert_bits_equal(got.astype(np.float32), run_ort_node(m), str(cfg))
         return
     _assert_spec_saturation(x, got, out)
     _assert_as_this_release(x, got, quantize(np.zeros_like(x), scale, zp, axis=axis,

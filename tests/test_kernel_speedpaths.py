@@ -15,7 +15,7 @@ import importlib
 import ml_dtypes
 import numpy as np
 import pytest
-from kernel_helpers import assert_bits_equal
+from helpers import assert_bits_equal
 
 from dqtool.kernel import dequantize, outputs, parallel
 

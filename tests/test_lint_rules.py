@@ -6,8 +6,8 @@ import ml_dtypes
 import numpy as np
 import onnx
 import pytest
+from helpers import dq_model, save
 from onnx import helper, numpy_helper
-from test_lint_helpers import dq_model, save
 
 from dqtool.linting import lint, rules
 
@@ -105,7 +105,7 @@ def test_rule_positive_and_negative(code, tmp_path):
     found = lint(_path(bad, tmp_path, "bad"), select=code)
     assert [f.code for f in found.findings] and all(f.code == code for f in found.findings)
     f = found.findings[0]
-    assert "\n" not in f.message and f.model in f.message
+    assert "\n" not in f.message and f.input in f.message
     assert f.node and f.node in f.message
     assert not lint(_path(good, tmp_path, "good"), select=code).findings
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import ml_dtypes
 import numpy as np
 import pytest
+from helpers import dq_model, save
 from onnx import TensorProto
-from test_lint_helpers import dq_model, save
 
 from dqtool import codecs, graph, io, versions
 from dqtool.linting import lint

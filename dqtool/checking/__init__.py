@@ -71,7 +71,7 @@ def check(
         comparisons = against_mod.compare_models(
             proto, other, feeds, rtol=rtol, atol=atol, notes=notes,
             model_dir=loaded.external_dir, original_dir=other_loaded.external_dir)
-        return CheckReport(model=name, against=other_name, comparisons=tuple(comparisons),
+        return CheckReport(input=name, against=other_name, comparisons=tuple(comparisons),
                            notes=tuple(notes), **common)
     model = loaded.ir_model()
     sites = selfcheck.quant_sites(model)
@@ -82,7 +82,7 @@ def check(
                               external_dir=loaded.external_dir)
     if not nodes:
         notes.append("the model has no DequantizeLinear node: nothing to compare")
-    return CheckReport(model=name, against=None, structure=structure, nodes=tuple(nodes),
+    return CheckReport(input=name, against=None, structure=structure, nodes=tuple(nodes),
                        notes=tuple(notes), **common)
 
 

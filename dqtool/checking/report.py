@@ -13,7 +13,7 @@ from dqtool.checking.selfcheck import NodeCheck, Structure
 
 @dataclass(frozen=True)
 class CheckReport:
-    model: str
+    input: str  # the checked model (its path, or a name for a model object)
     against: str | None
     runtimes: tuple[Runtime, ...]
     seed: int
@@ -53,7 +53,7 @@ class CheckReport:
 
     def to_json(self) -> dict[str, Any]:
         doc: dict[str, Any] = {
-            "model": self.model, "against": self.against, "mode": self.mode,
+            "input": self.input, "against": self.against, "mode": self.mode,
             "passed": self.passed,
             "runtimes": [r.to_json() for r in self.runtimes],
             "tolerance": {"rtol": self.rtol, "atol": self.atol,

@@ -34,7 +34,7 @@ BIT_EXACT, MISMATCH, KERNEL_ONLY, SKIPPED, ERROR = (
 class NodeCheck:
     name: str
     graph: str
-    op: str  # "ai.onnx:DequantizeLinear:21"
+    op: str  # "ai.onnx:DequantizeLinear-21" (spec.op_id)
     status: str  # one of BIT_EXACT, MISMATCH, KERNEL_ONLY, SKIPPED, ERROR
     reason: str | None = None
     comparison: compare.OutputComparison | None = None
@@ -83,10 +83,6 @@ def structure(proto: onnx.ModelProto, sites: list[tuple[Site, QuantSpec]],
 def quant_sites(model: ir.Model) -> list[tuple[Site, QuantSpec]]:
     return [(s, codecs.read_node(s.node, s.opsets)) for s in graph.walk(model)
             if codecs.is_quant_node(s.node)]
-
-
-def _label(spec: QuantSpec) -> str:
-    return f"{spec.domain}:{spec.op}:{spec.version}"
 
 
 def numeric(proto: onnx.ModelProto, model: ir.Model, sites: list[tuple[Site, QuantSpec]],
@@ -144,7 +140,7 @@ def _exposable(main: list[tuple[Site, QuantSpec]]) -> tuple[list[str], list[str]
 def _check_node(site: Site, spec: QuantSpec, ort_values: dict[str, np.ndarray],
                 ref_values: dict[str, np.ndarray], ir_version: int) -> NodeCheck:
     node = site.node
-    base = {"name": node.name or "", "graph": site.graph, "op": _label(spec)}
+    base = {"name": node.name or "", "graph": site.graph, "op": spec.op_id}
     if single_node.has_reference_attributes(node):
         return NodeCheck(**base, status=SKIPPED,
                          reason="attributes refer to the calling node's; cannot run alone")

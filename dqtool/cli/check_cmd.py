@@ -42,7 +42,7 @@ def _render_against(app: App, doc: dict) -> None:
         if c["skipped"]:
             app.out.print(f"{c['runtime']}: skipped: {c['skipped']}")
             continue
-        table = Table(title=f"{c['runtime']}: {doc['model']} vs {doc['against']}",
+        table = Table(title=f"{c['runtime']}: {doc['input']} vs {doc['against']}",
                       title_justify="left")
         for col in ("output", "ok", "max abs", "max rel", "mean abs", "worst index",
                     "values (checked / original)", "min atol / rtol"):

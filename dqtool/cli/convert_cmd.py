@@ -7,10 +7,12 @@ Exit 0 converted and written; 1 some node refused (nothing written) or --check f
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import click
 
 from dqtool.cli.app import App, user_errors
+from dqtool.cli.options import parse_size, progress_bar, writer_options
 
 
 def render(app: App, report, as_json: bool) -> None:
@@ -22,7 +24,7 @@ def render(app: App, report, as_json: bool) -> None:
     rows = [*((c.node, c.graph, c.op, c.status, f"{c.how}\n  why: {c.why}" if c.why else c.how)
               for c in report.changes),
             *((r.node, r.graph, r.op, "REFUSED", r.reason) for r in report.refusals)]
-    head = (f"{report.source}: {report.direction} ai.onnx opset {report.from_opset} → "
+    head = (f"{report.input}: {report.direction} ai.onnx opset {report.from_opset} → "
             f"{report.to_opset}")
     if rows:
         table = Table(title=head, title_justify="left")
@@ -41,22 +43,23 @@ def render(app: App, report, as_json: bool) -> None:
         app.out.print("check (bit-identical outputs on random inputs):", markup=False)
         for line in report.check.describe():
             app.out.print(f"  {line}", markup=False, overflow="fold")
-    for path in report.written:
+    for path in report.files:
         app.out.print(f"wrote {path}")
 
 
-def _run(app: App, direction: str, model: str, opset: int, out: str | None, per_axis: bool,
-         allow_decompose: bool, check: bool, as_json: bool, in_place: bool) -> None:
+def _run(app: App, direction: str, model: str, opset: int, out: str | None, as_json: bool,
+         in_place: bool, external_data: bool, shard_size: str | None, progress: bool | None,
+         **kwargs: Any) -> None:
     from dqtool import convert
 
     if out is None and not in_place:
         out = str(convert.default_output(model, opset))
-    kwargs = {"per_axis": per_axis, "check": check, "in_place": in_place}
-    if direction == "downgrade":
-        kwargs["allow_decompose"] = allow_decompose
+    kwargs.update(in_place=in_place, external_data=external_data or None,
+                  shard_size=parse_size(shard_size))
     fn = convert.upgrade if direction == "upgrade" else convert.downgrade
     try:
-        report = fn(model, opset, None if in_place else out, **kwargs)
+        with progress_bar(app, model, progress) as bar:
+            report = fn(model, opset, None if in_place else out, progress=bar, **kwargs)
     except (convert.ConversionRefused, convert.CheckFailed) as e:
         render(app, e.report, as_json)
         app.abort(str(e), 1)
@@ -68,14 +71,11 @@ def _run(app: App, direction: str, model: str, opset: int, out: str | None, per_
 _common = [
     click.argument("model", type=click.Path(dir_okay=True, path_type=str)),
     click.option("--opset", "opset", type=int, required=True, help="Target ai.onnx opset N."),
-    click.option("-o", "--output", "out", type=click.Path(path_type=str), default=None,
-                 help="Output file (default: <stem>.opset<N>.onnx next to MODEL)."),
+    writer_options("<stem>.opset<N>.onnx next to MODEL"),
     click.option("--per-axis", is_flag=True,
                  help="Also rewrite every blocked DequantizeLinear to per-axis."),
     click.option("--check", is_flag=True, help="Run both models (dqtool reference, "
                  "onnxruntime) and require bit-identical results before writing."),
-    click.option("--json", "as_json", is_flag=True, help="Print one JSON document."),
-    click.option("--in-place", is_flag=True, help="Overwrite MODEL."),
 ]
 
 
@@ -89,15 +89,15 @@ def _with_common(f):
 @_with_common
 @click.pass_obj
 @user_errors
-def upgrade_cmd(app: App, model: str, opset: int, out: str | None, per_axis: bool, check: bool,
-                as_json: bool, in_place: bool) -> None:
+def upgrade_cmd(app: App, model: str, opset: int, per_axis: bool, check: bool,
+                **writing: Any) -> None:
     """Move MODEL up to ai.onnx opset N, converting every Q/DQ exactly.
 
     com.microsoft and opmx Q/DQ become ai.onnx where N expresses them; invalid Q/DQ that
     real tools write (onnxruntime's per-axis at opset 10/11, nncf's uint4 at 17) are
     repaired. Exit 0 written; 1 refused (nothing written); 2 bad input.
     """
-    _run(app, "upgrade", model, opset, out, per_axis, False, check, as_json, in_place)
+    _run(app, "upgrade", model, opset, per_axis=per_axis, check=check, **writing)
 
 
 @click.command("downgrade")
@@ -106,14 +106,14 @@ def upgrade_cmd(app: App, model: str, opset: int, out: str | None, per_axis: boo
               "version at N expresses as Cast/Sub/Mul (exact, but no longer QDQ).")
 @click.pass_obj
 @user_errors
-def downgrade_cmd(app: App, model: str, opset: int, out: str | None, per_axis: bool,
-                  check: bool, as_json: bool, in_place: bool, allow_decompose: bool) -> None:
+def downgrade_cmd(app: App, model: str, opset: int, per_axis: bool, check: bool,
+                  allow_decompose: bool, **writing: Any) -> None:
     """Lower MODEL to ai.onnx opset N by exact rewrites, or refuse with the reason.
 
     Exit 0 written; 1 refused (nothing written); 2 bad input.
     """
-    _run(app, "downgrade", model, opset, out, per_axis, allow_decompose, check, as_json,
-         in_place)
+    _run(app, "downgrade", model, opset, per_axis=per_axis, check=check,
+         allow_decompose=allow_decompose, **writing)
 
 
 __all__ = ["Path", "downgrade_cmd", "upgrade_cmd"]

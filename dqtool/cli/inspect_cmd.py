@@ -27,7 +27,7 @@ def _shape(dims) -> str:
 
 
 def render(app: App, report) -> None:
-    table = Table(title=escape(f"{report.model}: {len(report.nodes)} Q/DQ nodes"),
+    table = Table(title=escape(f"{report.input}: {len(report.nodes)} Q/DQ nodes"),
                   title_justify="left",
                   box=box.SIMPLE_HEAD, pad_edge=False)
     # Below ~110 columns the sizes, shapes and consumers make every cell wrap: leave them

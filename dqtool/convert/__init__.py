@@ -13,6 +13,8 @@ the input's tensors), whether the conversion succeeds or is refused.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
@@ -30,37 +32,58 @@ __all__ = ["CheckFailed", "ConversionRefused", "ConvertReport", "Registry", "def
 ModelArg = ir.Model | str | os.PathLike
 
 
+@dataclass(frozen=True)
+class Writing:
+    """How the output is written, as ``fold`` writes it: ``external_data`` True forces
+    external data, None (default) uses it when the input did or the output would pass
+    ~1.8 GB; ``shard_size`` splits it into files of at most that many bytes;
+    ``progress(tensor, info)`` is called per tensor written as external data."""
+
+    external_data: bool | None = None
+    shard_size: int | None = None
+    progress: Callable | None = None
+
+
 def upgrade(model_or_path: ModelArg, opset: int, out: str | os.PathLike | None = None, *,
             per_axis: bool = False, check: bool = False, in_place: bool = False,
-            registry: Registry | None = None) -> ConvertReport:
+            registry: Registry | None = None, external_data: bool | None = None,
+            shard_size: int | None = None, progress: Callable | None = None
+            ) -> ConvertReport:
     """Move the model's ai.onnx opset up to ``opset``; com.microsoft / opmx Q/DQ become
     ai.onnx where ``opset`` expresses them; invalid Q/DQ that ``opset`` accepts are repaired.
     ``per_axis`` also rewrites every blocked DequantizeLinear to per-axis. ``registry``:
-    the adapters to use (default: every registered family's)."""
+    the adapters to use (default: every registered family's). ``external_data``,
+    ``shard_size``, ``progress``: how the output is written (``Writing``)."""
     return _convert(model_or_path, opset, out, "upgrade", Options(per_axis=per_axis),
-                    check, in_place, registry)
+                    check, in_place, registry,
+                    Writing(external_data, shard_size, progress))
 
 
 def downgrade(model_or_path: ModelArg, opset: int, out: str | os.PathLike | None = None, *,
               per_axis: bool = False, allow_decompose: bool = False, check: bool = False,
-              in_place: bool = False, registry: Registry | None = None) -> ConvertReport:
+              in_place: bool = False, registry: Registry | None = None,
+              external_data: bool | None = None, shard_size: int | None = None,
+              progress: Callable | None = None) -> ConvertReport:
     """Lower the model to ``opset`` by exact rewrites, or refuse with the reason;
     ``allow_decompose`` turns a DequantizeLinear no version at ``opset`` expresses into
-    Cast/Sub/Mul (exact, but no longer a QDQ pattern)."""
+    Cast/Sub/Mul (exact, but no longer a QDQ pattern). Other options as ``upgrade``."""
     return _convert(model_or_path, opset, out, "downgrade",
                     Options(per_axis=per_axis, allow_decompose=allow_decompose), check,
-                    in_place, registry)
+                    in_place, registry, Writing(external_data, shard_size, progress))
 
 
 def _convert(model_or_path: ModelArg, opset: int, out, direction: Literal["upgrade", "downgrade"],
              options: Options, check: bool, in_place: bool,
-             registry: Registry | None = None) -> ConvertReport:
+             registry: Registry | None = None, writing: Writing = Writing()
+             ) -> ConvertReport:
     from dqtool import io
     from dqtool.checking import conversion
     from dqtool.checking.models import MAX_IN_PROTO
     from dqtool.convert import pipeline
 
     is_path = not isinstance(model_or_path, ir.Model)
+    if writing.shard_size is not None and writing.shard_size <= 0:
+        raise UsageError(f"--shard-size must be positive, got {writing.shard_size}")
     if in_place:
         if not is_path:
             raise UsageError("in_place needs a path")
@@ -83,7 +106,9 @@ def _convert(model_or_path: ModelArg, opset: int, out, direction: Literal["upgra
     if check:
         original = conversion.loaded(path if from_files else model)
     # The input's data file starts copying to the output now, overlapping the conversion.
-    prefill = io.start_prefill(model, out) if out is not None and not check else None
+    # (Not when sharding: the copy is one data file.)
+    prefill = io.start_prefill(model, out) \
+        if out is not None and not check and writing.shard_size is None else None
     try:
         # A model loaded here has no other reference: converted in place, dropped on refusal.
         report = pipeline.run(model, opset, direction, options, registry, path=path,
@@ -96,14 +121,17 @@ def _convert(model_or_path: ModelArg, opset: int, out, direction: Literal["upgra
         try:
             report.check = conversion.compare(original, conversion.loaded(converted))
         except InputError as e:
-            raise InputError(f"{report.source}: --check: {e}") from None
+            raise InputError(f"{report.input}: --check: {e}") from None
         if not report.check.ok:
             raise CheckFailed(report)
 
     if check and not from_files:
         run_check(report.model)
     if out is not None:
-        written = io.save(report.model, out, verify=run_check if from_files else None,
-                          prefill=prefill)
-        report.written = [str(p) for p in written]
+        external = True if writing.shard_size is not None else writing.external_data
+        report.external_data = io.external_choice(report.model, external)
+        written = io.save(report.model, out, external=external,
+                          shard_size=writing.shard_size, callback=writing.progress,
+                          verify=run_check if from_files else None, prefill=prefill)
+        report.files = [str(p) for p in written]
     return report

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import onnx_ir as ir
 
-from dqtool import graph, types
+from dqtool import cleanup, graph, types
 from dqtool.convert.report import ConvertReport
 
 
@@ -32,26 +32,13 @@ class Context:
     target: int  # the ai.onnx opset N being converted to
     options: Options
     report: ConvertReport
-    names: set[str] = field(default_factory=set)
     replaced: list[ir.Value] = field(default_factory=list)  # may be orphaned now
     warnings: list[str] = field(default_factory=list)
+    # ``fresh(base)``: a value name not used anywhere in the model.
+    fresh: cleanup.ModelNames = field(init=False)
 
     def __post_init__(self) -> None:
-        for site in graph.walk(self.model):
-            for v in (*site.node.inputs, *site.node.outputs):
-                if v is not None and v.name:
-                    self.names.add(v.name)
-        for g in self.model.graphs():
-            self.names.update(v.name for v in (*g.inputs, *g.outputs) if v.name)
-            self.names.update(g.initializers)
-
-    def fresh(self, base: str) -> str:
-        """A value name not used anywhere in the model (deterministic)."""
-        name, i = base, 1
-        while name in self.names:
-            name, i = f"{base}_{i}", i + 1
-        self.names.add(name)
-        return name
+        self.fresh = cleanup.ModelNames(self.model)
 
 
 @dataclass

@@ -19,6 +19,7 @@ from dqtool.convert.context import Context, Options, Step
 from dqtool.convert.registry import Outcome, Registry, default_registry
 from dqtool.convert.report import ConversionRefused, ConvertReport, NodeChange, NodeRefusal
 from dqtool.errors import InputError, UsageError
+from dqtool.spec import op_id
 
 
 def run(model_or_path: ir.Model | str | os.PathLike, opset: int,
@@ -43,7 +44,7 @@ def run(model_or_path: ir.Model | str | os.PathLike, opset: int,
             raise InputError(f"{source}: function {fn.name} declares ai.onnx opset {version}, "
                              "which does not exist (opsets start at 1)")
     declared = None if source == "<model>" else value_info.declared(source)
-    report = ConvertReport(source=source, direction=direction, from_opset=src, to_opset=opset,
+    report = ConvertReport(input=source, direction=direction, from_opset=src, to_opset=opset,
                            from_ir_version=model.ir_version)
     if copy:
         model = working_copy(model)
@@ -52,7 +53,9 @@ def run(model_or_path: ir.Model | str | os.PathLike, opset: int,
     for site in list(graph.walk(model)):
         if site.node.graph is None:
             continue  # removed by an earlier rewrite
-        op = f"{graph.domain_name(site.node.domain)}:{site.node.op_type}"  # before rewrites
+        node = site.node  # its identity before rewrites
+        op = op_id(node.domain, node.op_type,
+                   node.version or graph.opset_of(site.opsets, node.domain))
         outcome = _convert_site(site, ctx, reg)
         _record(report, site, op, outcome)
     if report.refusals:

@@ -50,7 +50,7 @@ class ConvertReport:
     """Everything one ``upgrade``/``downgrade`` did. ``model`` is the converted model when
     nothing was refused (None otherwise); ``written`` lists the files saved."""
 
-    source: str
+    input: str  # the path read, "<model>" for a model object
     direction: Literal["upgrade", "downgrade"]
     from_opset: int | None
     to_opset: int
@@ -61,8 +61,9 @@ class ConvertReport:
     warnings: list[str] = field(default_factory=list)
     opset_imports: dict[str, int] = field(default_factory=dict)
     check: ConversionCheck | None = None
-    written: list[str] = field(default_factory=list)
-    model: Any = None  # ir.Model; not part of the JSON
+    files: list[str] = field(default_factory=list)  # every file written
+    external_data: bool = False  # the output was written with external data
+    model: Any = None  # the converted ir.Model; not part of the JSON
 
     @property
     def ok(self) -> bool:
@@ -70,7 +71,7 @@ class ConvertReport:
 
     def to_json(self) -> dict[str, Any]:
         return {
-            "source": self.source,
+            "input": self.input,
             "direction": self.direction,
             "from_opset": self.from_opset,
             "to_opset": self.to_opset,
@@ -83,7 +84,8 @@ class ConvertReport:
             "refused": [r.to_json() for r in self.refusals],
             "warnings": list(self.warnings),
             "check": None if self.check is None else self.check.to_json(),
-            "written": list(self.written),
+            "files": list(self.files),
+            "external_data": self.external_data,
         }
 
 
@@ -94,7 +96,7 @@ class ConversionRefused(RefusedError):
     def __init__(self, report: ConvertReport) -> None:
         first = report.refusals[0]
         more = f" (and {len(report.refusals) - 1} more)" if len(report.refusals) > 1 else ""
-        super().__init__(f"cannot convert {report.source} to opset {report.to_opset}: node "
+        super().__init__(f"cannot convert {report.input} to opset {report.to_opset}: node "
                          f"'{first.node}' ({first.op}): {first.reason}{more}; nothing written")
         self.report = report
 
@@ -105,6 +107,6 @@ class CheckFailed(RefusedError):
 
     def __init__(self, report: ConvertReport) -> None:
         why = report.check.failures() if report.check else "not checked"
-        super().__init__(f"--check failed for {report.source} at opset {report.to_opset}: "
+        super().__init__(f"--check failed for {report.input} at opset {report.to_opset}: "
                          f"{why}; nothing written")
         self.report = report

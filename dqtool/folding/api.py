@@ -57,7 +57,7 @@ def fold(
     ``prepack_guard`` puts an Identity between a folded weight and the MatMul/Gemm/RNN
     input onnxruntime would prepack, so its outputs stay bit-identical to the original's.
 
-    Returns a ``FoldReport``; ``report.result`` is the folded model, ``report.exit_code``
+    Returns a ``FoldReport``; ``report.model`` is the folded model, ``report.exit_code``
     is 1 when a selected constant node had to be refused.
     """
     started = time.perf_counter()
@@ -79,13 +79,13 @@ def fold(
     fold_pass(model)
     model.ir_version = io.lowest_ir_version(model)
     report = FoldReport(
-        model=None if src is None else str(src), output=None if target is None else str(target),
+        input=None if src is None else str(src), output=None if target is None else str(target),
         dry_run=dry_run, dtype=dtype, folded=fold_pass.folded, left=fold_pass.left,
         removed=fold_pass.removed, kept=fold_pass.kept, guarded=fold_pass.guarded,
         fed_op_types=fold_pass.fed_op_types,
         bytes_before=before,
         bytes_after=io.tensor_bytes(model), ir_version=model.ir_version,
-        opset_imports=dict(model.opset_imports), result=None if dry_run else model,
+        opset_imports=dict(model.opset_imports), model=None if dry_run else model,
     )
     if target is not None:
         external = True if shard_size is not None else (external_data or None)

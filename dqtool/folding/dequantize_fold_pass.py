@@ -191,7 +191,7 @@ class DequantizeFoldPass(ir.passes.InPlacePass):
             else graph.stored_bytes(spec.quant_type, folding.shape)
         return FoldedNode(
             name=name, graph=site.graph, output=site.node.outputs[0].name or "",
-            op=f"{spec.domain}:{spec.op}-{spec.version}", quant_type=spec.quant_type,
+            op=spec.op_id, quant_type=spec.quant_type,
             output_type=out.name, stored_type=store.name, shape=folding.shape,
             bytes_quantized=stored, bytes_folded=(n * store.bits + 7) // 8, pair=pair,
             rounding=f"{out.name}→{store.name}" if narrowing else None,

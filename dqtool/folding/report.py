@@ -62,7 +62,7 @@ class LeftNode:
 
 @dataclass
 class FoldReport:
-    model: str | None  # the input path, None for an in-memory model
+    input: str | None  # the path read, None for an in-memory model
     output: str | None  # None for a dry run or an in-memory fold
     dry_run: bool
     dtype: str
@@ -79,7 +79,7 @@ class FoldReport:
     files: list[str] = field(default_factory=list)
     external_data: bool = False
     seconds: float = 0.0
-    result: ir.Model | None = field(default=None, repr=False)  # the folded model
+    model: ir.Model | None = field(default=None, repr=False)  # the folded model
 
     @property
     def refused(self) -> list[LeftNode]:
@@ -91,7 +91,7 @@ class FoldReport:
 
     def to_json(self) -> dict[str, Any]:
         return {
-            "model": self.model, "output": self.output, "dry_run": self.dry_run,
+            "input": self.input, "output": self.output, "dry_run": self.dry_run,
             "dtype": self.dtype,
             "summary": {
                 "folded": len(self.folded),

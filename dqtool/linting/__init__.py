@@ -85,7 +85,7 @@ def lint(
                 findings += [f for f in fn(ctx) if f.code in codes]
         if profile is not None:
             findings += [f for f in targets.run(ctx, profile) if f.code in codes]
-    findings.sort(key=lambda f: (names.index(f.model), _ORDER[f.severity], f.code,
+    findings.sort(key=lambda f: (names.index(f.input), _ORDER[f.severity], f.code,
                                  f.graph or "", f.node or ""))
     return LintReport(tuple(names), tuple(findings), active, profile.name if profile else None,
                       cfg.source)

@@ -63,7 +63,7 @@ class ModelContext:
         """A finding whose message is one line naming the model and the node."""
         if q is not None:
             node, where = q.node.name or "<unnamed>", q.site.graph
-            op = f"{q.spec.domain}:{q.spec.op}:{q.spec.version}"
+            op = q.spec.op_id
             subject = q.label
         else:
             op = None

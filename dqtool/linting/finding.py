@@ -28,14 +28,14 @@ class Finding:
     code: str
     severity: Severity
     message: str  # one line, naming node and model
-    model: str
+    input: str  # the path of the model the finding is in
     node: str | None = None
     graph: str | None = None
-    op: str | None = None  # "ai.onnx:DequantizeLinear:21"
+    op: str | None = None  # "ai.onnx:DequantizeLinear-21" (spec.op_id)
     target: str | None = None
     fix: str | None = None  # the dqtool command that would make a target run it
 
     def to_json(self) -> dict[str, Any]:
         return {"code": self.code, "severity": self.severity, "message": self.message,
-                "model": self.model, "node": self.node, "graph": self.graph, "op": self.op,
+                "input": self.input, "node": self.node, "graph": self.graph, "op": self.op,
                 "target": self.target, "fix": self.fix}

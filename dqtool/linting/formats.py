@@ -25,7 +25,7 @@ def text(report: LintReport, console: Console) -> None:
                       markup=True, highlight=False, soft_wrap=True)
     c = report.counts()
     target = f" (target {report.target})" if report.target else ""
-    console.print(f"{len(report.models)} model(s){target}: {c['error']} errors, "
+    console.print(f"{len(report.inputs)} model(s){target}: {c['error']} errors, "
                   f"{c['warning']} warnings, {c['info']} info", soft_wrap=True)
 
 
@@ -44,7 +44,7 @@ def _escape_property(s: str) -> str:
 def github(report: LintReport) -> str:
     """One workflow command per finding: ``::error file=m.onnx,title=DQ001::message``."""
     lines = [
-        f"::{_GITHUB_LEVEL[f.severity]} file={_escape_property(f.model)},"
+        f"::{_GITHUB_LEVEL[f.severity]} file={_escape_property(f.input)},"
         f"title={_escape_property(f.code)}::{_escape_data(f.message)}"
         for f in report.findings
     ]
@@ -65,7 +65,7 @@ def sarif(report: LintReport) -> dict[str, Any]:
             "ruleId": f.code, "ruleIndex": index[f.code], "level": _SARIF_LEVEL[f.severity],
             "message": {"text": f.message},
             "locations": [{
-                "physicalLocation": {"artifactLocation": {"uri": _uri(f.model)}},
+                "physicalLocation": {"artifactLocation": {"uri": _uri(f.input)}},
                 **({"logicalLocations": [{"name": f.node, "kind": "member",
                                           "fullyQualifiedName": f"{f.graph}/{f.node}"}]}
                    if f.node else {}),
@@ -88,6 +88,6 @@ def sarif(report: LintReport) -> dict[str, Any]:
                 } for r in rules],
             }},
             "results": results,
-            "artifacts": [{"location": {"uri": _uri(m)}} for m in report.models],
+            "artifacts": [{"location": {"uri": _uri(m)}} for m in report.inputs],
         }],
     }

@@ -11,7 +11,7 @@ from dqtool.linting.finding import Finding, Rule
 
 @dataclass(frozen=True)
 class LintReport:
-    models: tuple[str, ...]
+    inputs: tuple[str, ...]  # the paths read
     findings: tuple[Finding, ...]
     rules: tuple[Rule, ...]  # the rules that were run (after select/ignore)
     target: str | None = None
@@ -35,7 +35,7 @@ class LintReport:
 
     def to_json(self) -> dict[str, Any]:
         return {
-            "models": list(self.models), "target": self.target, "config": self.config,
+            "inputs": list(self.inputs), "target": self.target, "config": self.config,
             "passed": self.passed, "counts": self.counts(),
             "rules": [r.to_json() for r in self.rules],
             "findings": [f.to_json() for f in self.findings],

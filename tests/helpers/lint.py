@@ -1,12 +1,12 @@
-"""Tiny DQ models for the check and lint tests (no tests here; imported by them)."""
+"""Tiny DQ models for the check and lint tests."""
 
 from __future__ import annotations
-
-from pathlib import Path
 
 import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
+
+from .build import node_model
 
 
 def dq_model(
@@ -21,22 +21,13 @@ def dq_model(
     out_type: int = TensorProto.FLOAT,
     **attrs,
 ) -> onnx.ModelProto:
-    """One DequantizeLinear of constant inputs; its output is the graph output ``y``."""
-    inits = [numpy_helper.from_array(np.asarray(x), "x"),
-             numpy_helper.from_array(np.asarray(scale), "s")]
-    inputs = ["x", "s"]
-    if zp is not None:
-        inits.append(numpy_helper.from_array(np.asarray(zp), "zp"))
-        inputs.append("zp")
-    node = helper.make_node("DequantizeLinear", inputs, ["y"], name="W_dq", domain=domain,
-                            **attrs)
-    g = helper.make_graph([node], "g", [], [helper.make_tensor_value_info(
-        "y", out_type, list(np.shape(x)))], inits)
-    opsets = [helper.make_opsetid("", opset)]
-    opsets += [helper.make_opsetid(d, v) for d, v in (extra_opsets or {}).items()]
-    m = helper.make_model(g, opset_imports=opsets)
-    m.ir_version = ir_version
-    return m
+    """One DequantizeLinear ``W_dq`` of constant inputs; its output is the graph output
+    ``y``. ``domain`` is imported only through ``extra_opsets``."""
+    return node_model("DequantizeLinear", {"x": np.asarray(x), "s": np.asarray(scale),
+                                           "zp": None if zp is None else np.asarray(zp)},
+                      out_type, opset=opset, domain=domain, ir_version=ir_version,
+                      name="W_dq", out_shape=list(np.shape(x)), extra_opsets=extra_opsets,
+                      import_domain=False, **attrs)
 
 
 def matmul_model(w: np.ndarray, scale: np.ndarray, zp: np.ndarray | None = None, *,
@@ -56,7 +47,3 @@ def matmul_model(w: np.ndarray, scale: np.ndarray, zp: np.ndarray | None = None,
     m.ir_version = 7 if opset < 19 else 9
     return m
 
-
-def save(model: onnx.ModelProto, path: Path) -> Path:
-    onnx.save(model, str(path))
-    return path

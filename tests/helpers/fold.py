@@ -1,4 +1,4 @@
-"""Helpers for the fold tests: run a model in onnxruntime (ORT_DISABLE_ALL) on fixed inputs
+"""Fold tests: run a model in onnxruntime (ORT_DISABLE_ALL) on fixed inputs
 and compare two models' outputs bit for bit."""
 
 from __future__ import annotations
@@ -44,13 +44,17 @@ def feeds(path: str | Path, seed: int = 0) -> dict[str, np.ndarray]:
     return out
 
 
-def run_ort(path: str | Path, inputs: dict[str, np.ndarray]) -> list[np.ndarray]:
+def run_ort(model: str | Path | onnx.ModelProto, inputs: dict[str, np.ndarray]
+            ) -> list[np.ndarray]:
+    """Every output of ``model`` (a path or a ModelProto) on onnxruntime, CPU, one thread,
+    ORT_DISABLE_ALL."""
     import onnxruntime as ort
 
     so = ort.SessionOptions()
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     so.intra_op_num_threads = 1
-    sess = ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
+    source = model.SerializeToString() if isinstance(model, onnx.ModelProto) else str(model)
+    sess = ort.InferenceSession(source, so, providers=["CPUExecutionProvider"])
     return sess.run(None, inputs)
 
 
@@ -67,25 +71,3 @@ def assert_bitwise_equal(a: list[np.ndarray], b: list[np.ndarray]) -> None:
     for x, y in zip(a, b, strict=True):
         assert x.dtype == y.dtype and x.shape == y.shape
         assert x.tobytes() == y.tobytes(), f"max diff {np.max(np.abs(x - y))}"
-
-
-def tensor(name: str, arr) -> onnx.TensorProto:
-    return onnx.numpy_helper.from_array(np.asarray(arr), name)
-
-
-def make_model(nodes, inits, inputs, outputs, *, opset: int = 21, functions=(),
-               extra_opsets: dict[str, int] | None = None) -> onnx.ModelProto:
-    """A model from onnx.helper pieces; inputs/outputs are (name, elem_type, shape)."""
-    g = onnx.helper.make_graph(
-        nodes, "g", [onnx.helper.make_tensor_value_info(*i) for i in inputs],
-        [onnx.helper.make_tensor_value_info(*o) for o in outputs], inits)
-    opsets = [onnx.helper.make_opsetid("", opset)]
-    opsets += [onnx.helper.make_opsetid(d, v) for d, v in (extra_opsets or {}).items()]
-    m = onnx.helper.make_model(g, opset_imports=opsets, functions=list(functions))
-    m.ir_version = 10
-    return m
-
-
-def save(model: onnx.ModelProto, path: Path) -> Path:
-    onnx.save(model, str(path))
-    return path

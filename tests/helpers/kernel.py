@@ -1,4 +1,4 @@
-"""Shared helpers for the kernel tests: tiny one-node models run in onnxruntime."""
+"""Kernel tests: one-node models run in onnxruntime, and bit-for-bit comparison."""
 
 from __future__ import annotations
 
@@ -6,50 +6,17 @@ from typing import Any
 
 import numpy as np
 import onnx
-from onnx import helper, numpy_helper
+from onnx import helper
 
 from dqtool import types as dt
 
-_IR_FOR_OPSET = {10: 5, 13: 7, 19: 9, 21: 10, 23: 11, 24: 11, 25: 12}
+from .build import node_model, onnx_type
+from .fold import run_ort
 
 
-def onnx_type(dtype: np.dtype) -> int:
-    return int(dt.from_dtype(dtype).ir_type)
-
-
-def node_model(
-    op: str,
-    inputs: dict[str, np.ndarray | None],
-    out_dtype: np.dtype,
-    *,
-    opset: int = 23,
-    domain: str = "",
-    **attrs: Any,
-) -> onnx.ModelProto:
-    """One node whose inputs are all initializers (None = omitted optional input)."""
-    names = [name if arr is not None else "" for name, arr in inputs.items()]
-    while names and names[-1] == "":
-        names.pop()
-    inits = [numpy_helper.from_array(np.asarray(a), n) for n, a in inputs.items() if a is not None]
-    node = helper.make_node(op, names, ["y"], domain=domain, **attrs)
-    out = helper.make_tensor_value_info("y", onnx_type(np.dtype(out_dtype)), None)
-    graph = helper.make_graph([node], "g", [], [out], initializer=inits)
-    opsets = [helper.make_opsetid("", opset)]
-    if domain:
-        opsets.append(helper.make_opsetid(domain, 1))
-    return helper.make_model(graph, opset_imports=opsets, ir_version=_IR_FOR_OPSET.get(opset, 10))
-
-
-def run_ort(model: onnx.ModelProto) -> np.ndarray:
-    import onnxruntime as ort
-
-    so = ort.SessionOptions()
-    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    so.intra_op_num_threads = 1
-    sess = ort.InferenceSession(
-        model.SerializeToString(), so, providers=["CPUExecutionProvider"]
-    )
-    return sess.run(None, {})[0]
+def run_ort_node(model: onnx.ModelProto) -> np.ndarray:
+    """The output of a model without inputs, on onnxruntime (ORT_DISABLE_ALL)."""
+    return run_ort(model, {})[0]
 
 
 def ort_dequantize(
@@ -65,7 +32,7 @@ def ort_dequantize(
     if out_dtype is not None:
         attrs["output_dtype"] = onnx_type(out)
     m = node_model("DequantizeLinear", {"x": x, "s": scale, "zp": zp}, out, opset=opset, **attrs)
-    return run_ort(m)
+    return run_ort_node(m)
 
 
 def ort_quantize(
@@ -90,8 +57,8 @@ def ort_quantize(
         g.node[0].output[0] = "q"
         g.node.append(helper.make_node("Cast", ["q"], ["y"], to=onnx_type(wide)))
         g.output[0].type.tensor_type.elem_type = onnx_type(wide)
-        return run_ort(m).astype(out)
-    return run_ort(m)
+        return run_ort_node(m).astype(out)
+    return run_ort_node(m)
 
 
 def bits(a: np.ndarray) -> np.ndarray:
