@@ -34,24 +34,24 @@ def installed() -> dict[str, str]:
 
 
 def drift(lock: dict[str, str], have: dict[str, str]) -> list[str]:
-    lines = []
-    for name in sorted(lock):
-        got = have.get(name)
-        if got is None:
-            lines.append(f"  {name}: locked {lock[name]}, not installed")
-        elif got != lock[name]:
-            lines.append(f"  {name}: locked {lock[name]}, installed {got}")
-    return lines
+    """One line per locked package installed at another version. Locked packages that are
+    not installed (the build tools, where pip built dqtool in isolation) are not drift."""
+    return [f"  {name}: locked {lock[name]}, installed {have[name]}"
+            for name in sorted(lock) if name in have and have[name] != lock[name]]
 
 
 def main(argv: list[str]) -> int:
     path = Path(argv[1] if len(argv) > 1 else "requirements.lock")
-    lines = drift(locked(path), installed())
+    lock, have = locked(path), installed()
+    lines = drift(lock, have)
+    absent = sorted(set(lock) - set(have))
     if lines:
         print(f"drift: {len(lines)} package(s) differ from {path}:")
         print("\n".join(lines))
     else:
-        print(f"drift: none (every package of {path} is installed at its locked version)")
+        print(f"drift: none (every installed package of {path} is at its locked version)")
+    if absent:
+        print(f"  (not installed here: {', '.join(absent)})")
     return 0
 
 
