@@ -35,7 +35,7 @@ class Problem:
         return self.message
 
 
-# Stable problem codes; lint's rule codes reuse them (README lists each).
+# Stable problem codes; lint's rule codes reuse them (``docs/commands/lint.md`` lists each).
 P_TYPE = "DQ010"  # quantized / scale / output type not allowed at the version in force
 P_ATTR = "DQ011"  # attribute unknown at the version in force
 P_SHAPE = "DQ012"  # scale / zero-point shape rules

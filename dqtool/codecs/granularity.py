@@ -1,6 +1,6 @@
 """The granularity rules shared by every encoding: scale and zero-point shapes, axis, blocks.
 
-Granularity comes from the scale's shape (SEMANTICS.md §1, decision 3): scalar or one
+Granularity comes from the scale's shape (``docs/semantics.md#granularity``): scalar or one
 element → per-tensor; 1-D → per-axis; same rank as x → blocked, with
 ``scale.shape[axis] == ceil(x.shape[axis] / block_size)``. These are onnxruntime's rules;
 onnx's reference evaluator does not enforce them, dqtool does.

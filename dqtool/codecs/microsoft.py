@@ -2,7 +2,7 @@
 
 Types are those of onnxruntime's CPU kernels (wider than the published doc). The doc says a
 missing axis means per-tensor, but the kernel defaults axis to 1; granularity comes from
-the scale's shape (SEMANTICS.md §2).
+the scale's shape (``docs/semantics.md#commicrosoft-dequantizelinear``).
 """
 
 from __future__ import annotations

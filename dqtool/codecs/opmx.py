@@ -3,7 +3,7 @@
 int4 is packed four unsigned nibbles per int16 along dimension 0, with an implicit zero
 point of 8; ``quant_axis`` names the dimension along which a scale is shared, in groups of
 ``group_size`` that must divide exactly; a float zero point is a bias added after the
-multiply (SEMANTICS.md §5). The spec reads the *logical* (unpacked) shape.
+multiply (``docs/semantics.md#opmx``). The spec reads the *logical* (unpacked) shape.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """OpenPPL OPMX (domain ``opmx``, older ``pmx``) DequantizeLinear.
 
-Layout (SEMANTICS.md section 5): int4 data comes packed four nibbles per int16 along
+Layout (``docs/semantics.md#opmx``): int4 data comes packed four nibbles per int16 along
 dimension 0, ``packed[r, c] = sum_j (q[4r+j, c] & 0xF) << 4j``, nibbles unsigned. Scale shapes:
 
 * scalar or ``(1,)``: per-tensor;

@@ -16,7 +16,7 @@ class Rule:
     name: str  # kebab-case slug: "scale-value"
     severity: Severity  # the usual severity; a finding may state its own
     summary: str  # one line: what the rule means
-    example: str  # one finding it makes, for the README
+    example: str  # one finding it makes, for the docs' rule table
 
     def to_json(self) -> dict[str, Any]:
         return {"code": self.code, "name": self.name, "severity": self.severity,

@@ -1,4 +1,4 @@
-"""Target profiles (``--target``): what a runtime or opset can run, from SEMANTICS.md.
+"""Target profiles (``--target``): what a runtime or opset can run, from ``docs/semantics.md``.
 
 Each profile module says, for one DequantizeLinear, which operators of the target could run
 it and why each cannot; ``run`` turns the best candidate's issues into DQ1xx findings, each

@@ -1,5 +1,5 @@
 """``directml-flX.Y``: DML_ELEMENT_WISE_DEQUANTIZE_LINEAR by feature level, and from 6.3
-DML_DEQUANTIZE for blocked int4/int8 (SEMANTICS.md §4, seed 003).
+DML_DEQUANTIZE for blocked int4/int8 (``docs/semantics.md#directml``).
 
 The element-wise operator broadcasts scale and zero point by zero strides, so per-tensor
 and per-axis fit and blocked does not; its output type is the scale's type.

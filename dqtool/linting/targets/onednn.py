@@ -1,7 +1,7 @@
 """``onednn-graph``: oneDNN Graph's Dequantize (u8/s8/f8 → f32, per-tensor or per-channel,
 scales and zero points as attributes) and DynamicDequantize (u8/s8/s4/u4, scale tensors,
 output = scale type, per-group on the last two dimensions with exact division)
-(SEMANTICS.md §3, seed 002)."""
+(``docs/semantics.md#onednn-graph``)."""
 
 from __future__ import annotations
 

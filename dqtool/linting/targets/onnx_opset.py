@@ -1,5 +1,6 @@
 """``onnx-opset-N``: can ai.onnx DequantizeLinear at opset N express the node, and if not,
-which ``dqtool downgrade`` rewrite gets it there (SEMANTICS.md §1; issue 4's rewrites)."""
+which ``dqtool downgrade`` rewrite gets it there (``docs/semantics.md#ainnx-dequantizelinear``;
+the rewrites are ``dqtool/convert``'s adapters)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""``opmx``: what OpenPPL's opmx DequantizeLinear can hold (SEMANTICS.md §5, seed 004):
+"""``opmx``: what OpenPPL's opmx DequantizeLinear can hold (``docs/semantics.md#opmx``):
 int8, or int4 packed four per int16 along dimension 0; float32/float16 scales with output =
 scale type; constant scale and zero point; groups along ``quant_axis`` 0 or 1, dividing
 exactly. dqtool converts opmx to ai.onnx, not back, so most fixes are "none"."""
