@@ -17,7 +17,6 @@ defer_sympy()  # before anything imports onnx_ir: saves ~0.4 s of every command'
 
 import click  # noqa: E402
 
-from dqtool import __version__  # noqa: E402
 from dqtool.cli.app import App  # noqa: E402
 
 # command -> (module, attribute, one-line help shown in `dqtool --help`)
@@ -47,6 +46,16 @@ def _unavailable(name: str, reason: str) -> click.Command:
     return cmd
 
 
+def _print_versions(ctx: click.Context, _param: click.Parameter, value: bool) -> None:
+    # Metadata only: importing onnxruntime or onnx to ask would cost most of a second.
+    if not value or ctx.resilient_parsing:
+        return
+    from dqtool.cli.version import text
+
+    click.echo(text())
+    ctx.exit()
+
+
 class LazyGroup(click.Group):
     def list_commands(self, ctx: click.Context) -> list[str]:
         return list(COMMANDS)
@@ -67,7 +76,9 @@ class LazyGroup(click.Group):
 
 
 @click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
-@click.version_option(__version__, prog_name="dqtool")
+@click.option("--version", is_flag=True, expose_value=False, is_eager=True,
+              callback=_print_versions,
+              help="Show the versions of dqtool, onnx, onnx_ir, onnxruntime and numpy, and exit.")
 @click.option("-v", "--verbose", count=True, help="More detail on stderr.")
 @click.pass_context
 def cli(ctx: click.Context, verbose: int) -> None:
