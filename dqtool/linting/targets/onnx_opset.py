@@ -1,5 +1,5 @@
 """``onnx-opset-N``: can ai.onnx DequantizeLinear at opset N express the node, and if not,
-which ``dqtool downgrade`` rewrite gets it there (``docs/semantics.md#ainnx-dequantizelinear``;
+which ``dqtool downgrade`` rewrite gets it there (``docs/semantics.md#aionnx-dequantizelinear``;
 the rewrites are ``dqtool/convert``'s adapters)."""
 
 from __future__ import annotations
