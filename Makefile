@@ -18,7 +18,7 @@ ORT    ?= 1.31.1
 # Hypothesis and size tests run small by default; `make test DQTOOL_SLOW=1` runs them bigger.
 export DQTOOL_SLOW ?=
 
-.PHONY: run test lint models bench bench-quick clean lock test-latest test-ort
+.PHONY: run test lint models docs bench bench-quick clean lock test-latest test-ort
 
 # $(1): the virtualenv folder. Installs the lock (hash-checked), then dqtool itself, built
 # with the locked hatchling (no build isolation: nothing unpinned is fetched).
@@ -71,6 +71,10 @@ lint: $(STAMP)
 
 models: $(STAMP)
 	$(BIN)/python models/build.py
+
+# The generated parts of docs/: the lint rule table and every documented example's output.
+docs: $(STAMP)
+	$(BIN)/python docs/build.py
 
 bench: $(STAMP)
 	@$(BIN)/python -m compileall -q dqtool
