@@ -7,7 +7,7 @@ The model is generated in a temporary folder without ever holding its weights in
 the data file is written 4 MB at a time and only the graph is built in Python. The
 conversion runs in a subprocess (the CLI), timed by wall clock, best of
 DQTOOL_BENCH_REPEAT runs (3), with its peak RSS read from RUSAGE_CHILDREN. Targets
-(issue 4): ≤ 2 s and ≤ 300 MB at full size.
+(``docs/benchmarks.md``): ≤ 2 s and ≤ 300 MB at full size.
 """
 
 from __future__ import annotations

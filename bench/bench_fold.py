@@ -13,11 +13,12 @@ folder and times, in a fresh process each, with wall time and peak RSS of that p
 * onnxscript: ``onnxscript.optimizer.fold_constants`` with ``should_fold`` forcing
   DequantizeLinear and no size limits, then ``onnx_ir.save`` with external data.
 
-Prints times, peak memory, ratios against the best peer, and PASS/MISS per target of
-issue 5 item 5. Each output is checked: no DequantizeLinear left. Tools run in turn within
-each round, so a burst of load on a shared machine hits them alike; each keeps its best
-round. Also printed: the startup floor, a fresh process importing what ``dqtool fold``
-imports and doing nothing, which bounds how fast the CLI can be on small models.
+Prints times, peak memory, ratios against the best peer, and PASS/MISS per target
+(``docs/benchmarks.md#fold``). Each output is checked: no DequantizeLinear left. Tools run
+in turn within each round, so a burst of load on a shared machine hits them alike; each
+keeps its best round. Also printed: the startup floor, a fresh process importing what
+``dqtool fold`` imports and doing nothing, which bounds how fast the CLI can be on small
+models.
 """
 
 from __future__ import annotations

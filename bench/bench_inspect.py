@@ -1,6 +1,6 @@
 """Benchmark: ``dqtool inspect`` on a large external-data model.
 
-Target (issue 2): a 2 GB external-data model inspects in under 2 s and 300 MB peak RSS.
+Target: a 2 GB external-data model inspects in under 2 s and 300 MB peak RSS.
 The peer measured in the same run is ``onnx.load`` with its external data, what a user
 without dqtool does to look inside such a model.
 

@@ -2,8 +2,8 @@
 
 Run: ``.venv/bin/python bench/bench_kernel.py`` (``DQTOOL_BENCH_QUICK=1`` for 1024x1024).
 Prints, per case, the best-of-N time of each implementation, the ratios, and PASS/MISS for
-the targets of issue 3. Every kernel result is also checked bit for bit against onnxruntime
-(or against onnx.reference where onnxruntime lacks the type).
+its targets (``docs/benchmarks.md#kernel``). Every kernel result is also checked bit for
+bit against onnxruntime (or against onnx.reference where onnxruntime lacks the type).
 
 It also prints two **floors**, the time to write an N*N float32 output once on the kernel's
 threads: into a freshly allocated array (page faults, and the OS zeroing every page) and into

@@ -3,7 +3,7 @@
     .venv/bin/python models/build.py [--out DIR] [--no-verify]
 
 Writes small ONNX models covering every dequantization flavour dqtool reads (see
-``models/README.md`` for the list and ../shared/SEMANTICS.md for what each one means):
+``models/README.md`` for the list and ``docs/semantics.md`` for what each one means):
 one or more models per ai.onnx DequantizeLinear version (10, 13, 19, 21, 23, 24, 25, 28),
 QDQ activation pairs around Conv and MatMul, weight QuantizeLinear(const)->DequantizeLinear
 pairs, com.microsoft Q/DQ, OpenPPL opmx/pmx DequantizeLinear, a DQ inside an If subgraph and

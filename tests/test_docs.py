@@ -225,10 +225,13 @@ def test_code_cites_semantics_sections_that_exist():
 
 
 def test_code_cites_no_document_outside_the_repository():
-    pattern = re.compile(r"SEMANTICS\.md|\b[Ss]eed 0\d\d\b|\b[Ii]ssue #?\d+\b|§")
-    hits = [f"{f.relative_to(ROOT)}:{i}" for f in (ROOT / "dqtool").rglob("*.py")
+    pattern = re.compile(r"SEMANTICS\.md|\b[Ss]eed 0\d\d\b|\b[Ii]ssue #?\d+\b|§|seed document")
+    files = [*(ROOT / "dqtool").rglob("*.py"), *(ROOT / "models").glob("*.py"),
+             *(ROOT / "bench").glob("*.py"), *(ROOT / "tests").rglob("*.py"),
+             *(ROOT / "models").glob("*.md")]
+    hits = [f"{f.relative_to(ROOT)}:{i}" for f in files if f.name != "test_docs.py"
             for i, line in enumerate(f.read_text().splitlines(), 1) if pattern.search(line)]
-    assert hits == []
+    assert len(files) > 50 and hits == []
 
 
 def test_readme_is_short_and_every_command_is_one_click_away():

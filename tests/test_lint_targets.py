@@ -1,4 +1,4 @@
-"""Target profiles reproduce their seed tables (SEMANTICS.md §1–5)."""
+"""Target profiles reproduce their seed tables (``docs/semantics.md``)."""
 
 from __future__ import annotations
 
