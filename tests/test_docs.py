@@ -80,6 +80,17 @@ def test_every_command_has_a_page_listed_in_the_index(name: str):
     assert f"]({name}.md)" in (COMMAND_PAGES / "README.md").read_text()
 
 
+@pytest.mark.parametrize("name", list(COMMANDS))
+def test_every_command_page_has_the_sections_a_user_looks_for(name: str):
+    text = (COMMAND_PAGES / f"{name}.md").read_text()
+    headings = set(re.findall(r"^##\s+(.*?)\s*$", text, re.M))
+    wanted = {"Options", "Exit codes", "Examples"}
+    if {"--json", "--format"} & help_options(command(name)):
+        wanted.add("JSON")
+    assert wanted - headings == set()
+    assert text.startswith(f"# dqtool {name}\n")
+
+
 @pytest.mark.parametrize("name", [None, *COMMANDS])
 def test_options_on_the_page_are_the_options_of_help(name: str | None):
     page = COMMAND_PAGES / ("README.md" if name is None else f"{name}.md")
