@@ -112,7 +112,15 @@ def test_the_option_reader_sees_a_missing_and_an_extra_option():
 
 def test_rule_table_is_the_one_the_registry_generates():
     assert (DOCS / "rules.md").read_text() == build.rules_page(), \
-        "docs/rules.md differs from the rule registry: run `make docs`"
+        "docs/rules.md differs from the rule or target registry: run `make docs`"
+
+
+def test_target_table_has_one_row_per_registered_target():
+    from dqtool.linting.targets import names
+
+    text = (DOCS / "rules.md").read_text()
+    rows = re.findall(r"^\| `([\w.-]+)` \|", text.split("## Targets")[1], re.M)
+    assert rows == list(names()) and "onnxruntime" in rows
 
 
 def test_rule_table_has_one_row_per_registered_rule():
