@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
+import numpy as np
 import onnx_ir as ir
 import pytest
+from onnx.reference.op_run import OpRun
 
 import dqtool
-from dqtool import cleanup, codecs, families
+from dqtool import cleanup, codecs, families, reference_evaluator
 from dqtool.convert.registry import Outcome, Registry, default_registry
 from dqtool.families.base import Family
+from dqtool.linting import targets
+from dqtool.spec import QuantSpec
 
 
 def test_the_qdq_families_are_registered_and_own_their_operators():
@@ -98,3 +104,62 @@ def test_cleanup_prunes_only_family_domains():
     before[None].add("com.microsoft")
     cleanup.prune_opsets(m, before)
     assert "com.microsoft" not in m.opset_imports and "com.example" in m.opset_imports
+
+
+
+@dataclass(frozen=True)
+class TwiceCodec:
+    """A toy codec: what it reads is beside the point, that it is found is."""
+
+    op: str = "Twice"
+    since_version: int = 1
+    domain: str = "com.example"
+
+    def read(self, node: ir.Node, version: int) -> QuantSpec:
+        return QuantSpec(op=self.op, domain=self.domain, version=version, since_version=1,
+                         quant_type=None, scale_type=None, float_type=None, granularity=None)
+
+
+class Twice(OpRun):
+    op_domain = "com.example"
+
+    def _run(self, x):
+        return (x * 2,)
+
+
+def test_a_family_registered_later_reaches_every_derived_table(tmp_path, monkeypatch):
+    """A plugin's family, registered after dqtool is in use: its codec reads its nodes, the
+    evaluator runs them, lint knows its target and facts, cleanup prunes its domain; and
+    all of it goes again when the family is removed."""
+    (tmp_path / "toy_lint.py").write_text(
+        "from dqtool.linting.targets.base import Profile, fixed\n"
+        "TARGETS = [fixed(Profile('toy-npu', 'a toy NPU', lambda spec, opset: []), 99)]\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    toy = Family("toy", (("com.example", "Twice", 1),), codecs=lambda: [TwiceCodec()],
+                 evaluator_ops=lambda: [Twice], prunable=frozenset({"com.example"}),
+                 lint_facts={"onnxruntime": "onnxruntime has no {domain} domain"},
+                 lint_modules=("toy_lint",))
+    m = ir.from_onnx_text("""
+        <ir_version: 8, opset_import: ["" : 17, "com.example" : 3]>
+        g (float[2] x) => (float[2] y) { y = com.example.Twice (x) }""")
+    node = next(iter(m.graph))
+    assert codecs.read_node(node, {"com.example": 3}).since_version == 0  # unknown yet
+    before = families.generation()
+    families.register(toy)
+    try:
+        assert families.generation() != before
+        assert families.owner("com.example", "Twice") is toy
+        assert codecs.read_node(node, {"com.example": 3}).since_version == 1
+        assert ("com.example", "Twice", 1) in codecs.REGISTRY
+        got = reference_evaluator(m).run(None, {"x": np.array([1.5, -2], np.float32)})[0]
+        assert got.tolist() == [3.0, -4.0]
+        assert "toy-npu" in targets.names()
+        assert families.lint_fact("com.example", "onnxruntime") == \
+            "onnxruntime has no com.example domain"
+        assert "com.example" in families.prunable_domains()
+    finally:
+        families.unregister("toy")
+    assert families.owner("com.example", "Twice") is None
+    assert codecs.lookup("com.example", "Twice", 3) is None
+    assert "toy-npu" not in targets.names()
+    assert "com.example" not in families.prunable_domains()

@@ -16,26 +16,53 @@ from dqtool.spec import P_NO_IMPORT, P_VERSION, Problem, QuantSpec
 
 QUANT_OPS = frozenset({"DequantizeLinear", "QuantizeLinear"})
 
-# Every registered family's codecs (dqtool.families).
-REGISTRY: dict[tuple[str, str, int], Codec] = {
-    (c.domain, c.op, c.since_version): c for c in families.codecs()
-}
-DOMAINS = frozenset(domain for domain, _, _ in REGISTRY)
-_KNOWN_OPS = frozenset((domain, op) for domain, op, _ in REGISTRY)
-# (domain, op) -> its since-versions, oldest first: lookup runs once per node and step.
-_SINCE = {key: sorted(v for d, o, v in REGISTRY if (d, o) == key) for key in _KNOWN_OPS}
+
+
+class _Tables:
+    """Every registered family's codecs (dqtool.families), indexed; rebuilt when a family
+    is registered later (a plugin)."""
+
+    def __init__(self) -> None:
+        self.generation = families.generation()
+        self.registry: dict[tuple[str, str, int], Codec] = {
+            (c.domain, c.op, c.since_version): c for c in families.codecs()}
+        self.domains = frozenset(domain for domain, _, _ in self.registry)
+        self.known_ops = frozenset((domain, op) for domain, op, _ in self.registry)
+        # (domain, op) -> its since-versions, oldest first: lookup runs per node and step.
+        self.since = {key: sorted(v for d, o, v in self.registry if (d, o) == key)
+                      for key in self.known_ops}
+
+
+_tables = _Tables()
+
+
+def _current() -> _Tables:
+    global _tables
+    if _tables.generation != families.generation():
+        _tables = _Tables()
+    return _tables
+
+
+def __getattr__(name: str) -> object:
+    # REGISTRY: (domain, op, since-version) -> codec; DOMAINS: the domains codecs read.
+    if name == "REGISTRY":
+        return _current().registry
+    if name == "DOMAINS":
+        return _current().domains
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def lookup(domain: str, op: str, version: int) -> Codec | None:
     """The codec governing ``op`` of ``domain`` at ``version``, or None if none does."""
+    tables = _current()
     domain = graph.domain_name(domain)
-    since = _SINCE.get((domain, op), [])
+    since = tables.since.get((domain, op), [])
     i = bisect.bisect_right(since, version)
-    return REGISTRY[(domain, op, since[i - 1])] if i else None
+    return tables.registry[(domain, op, since[i - 1])] if i else None
 
 
 def is_quant_node(node: ir.Node) -> bool:
-    return (graph.domain_name(node.domain), node.op_type) in _KNOWN_OPS
+    return (graph.domain_name(node.domain), node.op_type) in _current().known_ops
 
 
 def read_node(node: ir.Node, opsets: dict[str, int]) -> QuantSpec:

@@ -27,8 +27,8 @@ if TYPE_CHECKING:
 
 __all__ = ["BUILTIN", "Family", "FoldKernel", "FoldSupport", "Kernel", "Key", "all_families",
            "codecs", "evaluator_ops", "fill_converters", "fold_kernel", "fold_support",
-           "is_fold_root", "lint_fact", "lint_modules", "owner", "prunable_domains",
-           "register"]
+           "generation", "is_fold_root", "lint_fact", "lint_modules", "owner",
+           "prunable_domains", "register", "unregister"]
 
 # One line per family dqtool ships; each module defines FAMILY.
 BUILTIN = (
@@ -40,20 +40,49 @@ BUILTIN = (
 _FAMILIES: dict[str, Family] = {}
 _OWNER: dict[tuple[str, str], Family] = {}
 _loaded = False
+_generation = 0  # changes whenever the set of families does (derived tables rebuild)
+
+
+def generation() -> int:
+    """A number that changes whenever a family is registered or removed: a table derived
+    from the families (the codecs', the evaluator's, lint's targets) rebuilds when it
+    differs from the one it was built at."""
+    _load()
+    return _generation
 
 
 def register(family: Family) -> Family:
     """Add ``family``; an operator owned twice is an error (one home per operator)."""
+    global _generation
+    _load()
     if family.name in _FAMILIES:
         raise ValueError(f"family {family.name} registered twice")
     for op in family.ops:
         if op in _OWNER:
             raise ValueError(f"{op[0]}:{op[1]} belongs to {_OWNER[op].name} already, not "
                              f"also to {family.name}")
+    _add(family)
+    _generation += 1
+    return family
+
+
+def unregister(name: str) -> Family:
+    """Remove the family called ``name`` (a plugin unloaded, a test's own family)."""
+    global _generation
+    _load()
+    family = _FAMILIES.pop(name)
+    for op in family.ops:
+        del _OWNER[op]
+    _FOLD.pop(name, None)
+    _KERNELS.clear()
+    _generation += 1
+    return family
+
+
+def _add(family: Family) -> None:
     _FAMILIES[family.name] = family
     for op in family.ops:
         _OWNER[op] = family
-    return family
 
 
 def _load() -> None:
@@ -62,7 +91,12 @@ def _load() -> None:
         return
     _loaded = True
     for module in BUILTIN:
-        register(importlib.import_module(module).FAMILY)
+        family = importlib.import_module(module).FAMILY
+        for op in family.ops:
+            if op in _OWNER:
+                raise ValueError(f"{op[0]}:{op[1]} belongs to {_OWNER[op].name} already, "
+                                 f"not also to {family.name}")
+        _add(family)
 
 
 def all_families() -> list[Family]:

@@ -9,7 +9,6 @@ onnx builds the evaluators of model-local functions with ``self.__class__`` and 
 
 from __future__ import annotations
 
-from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -18,10 +17,15 @@ from onnx.reference import ReferenceEvaluator
 
 from dqtool import families
 
+_OPS: tuple[int, tuple[type[Any], ...]] = (-1, ())
 
-@cache
+
 def _ops() -> tuple[type[Any], ...]:
-    return tuple(families.evaluator_ops())
+    """Every family's evaluator ops, built once per set of families."""
+    global _OPS
+    if _OPS[0] != families.generation():
+        _OPS = (families.generation(), tuple(families.evaluator_ops()))
+    return _OPS[1]
 
 
 class DqtoolReferenceEvaluator(ReferenceEvaluator):

@@ -20,13 +20,17 @@ from dqtool.linting.targets.base import Profile, Target, best
 # Modules of this package that hold no target.
 _NOT_TARGETS = frozenset({"base", "codes"})
 _TABLE: list[Target] = []
+_TABLE_GENERATION = -1  # families.generation() the table was built at
 
 
 def table() -> list[Target]:
     """Every target: the ``TARGETS`` of each module of this package and of the families'
     ``lint_modules``, by ``Target.order``. ``--target`` help, the error
     for an unknown name and the docs' table all come from here."""
-    if not _TABLE:
+    global _TABLE_GENERATION
+    if families.generation() != _TABLE_GENERATION:
+        _TABLE.clear()
+        _TABLE_GENERATION = families.generation()
         names = sorted(m.name for m in pkgutil.iter_modules(__path__)
                        if m.name not in _NOT_TARGETS)
         modules = [f"{__name__}.{n}" for n in names] + families.lint_modules()
