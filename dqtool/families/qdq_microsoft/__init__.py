@@ -45,4 +45,5 @@ FAMILY = Family(
     fold=lambda: qdq.fold_support({"dq": Kernel(qdq.run_dq), "q": Kernel(qdq.run_q)}),
     converters=_converters,
     prunable=frozenset({DOMAIN}),
+    lint_modules=("dqtool.families.qdq_microsoft.lint",),
 )

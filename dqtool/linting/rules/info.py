@@ -1,10 +1,10 @@
-"""DQ030 and DQ031: information, never failures — what dqtool could simplify."""
+"""DQ030: information, never a failure — what dqtool could simplify. (DQ031, a
+com.microsoft node ai.onnx can express, is the com.microsoft family's own rule.)"""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 
-from dqtool import versions
 from dqtool.linting.context import ModelContext
 from dqtool.linting.finding import Finding
 from dqtool.linting.registry import check, define
@@ -13,22 +13,11 @@ define("DQ030", "foldable", "info",
        "a DequantizeLinear whose inputs are all constant: it could be folded",
        "node 'W_DequantizeLinear' (ai.onnx DequantizeLinear-13): all inputs are constant; "
        "`dqtool fold` would store its float output instead")
-define("DQ031", "contrib-expressible", "info",
-       "a com.microsoft DequantizeLinear that ai.onnx DequantizeLinear can express",
-       "node 'W_DequantizeLinear' (com.microsoft DequantizeLinear-1): expressible as ai.onnx "
-       "DequantizeLinear-21; `dqtool upgrade --opset 21` converts it")
 
 
-@check("DQ030", "DQ031")
+@check("DQ030")
 def simplifications(ctx: ModelContext) -> Iterator[Finding]:
-    opset = ctx.onnx_opset or 0
     for q in ctx.dequantize:
         if q.spec.constant and q.spec.valid:
             yield ctx.finding("DQ030", "info", "all inputs are constant; `dqtool fold` would "
                               f"store its {q.spec.float_type or 'float'} output instead", q)
-        if q.spec.domain == "com.microsoft":
-            lowest = versions.lowest_version(q.spec)
-            if lowest is not None:
-                n = max(lowest, opset)
-                yield ctx.finding("DQ031", "info", f"expressible as ai.onnx DequantizeLinear-"
-                                  f"{lowest}; `dqtool upgrade --opset {n}` converts it", q)
