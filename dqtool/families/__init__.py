@@ -5,9 +5,13 @@
     families.prunable_domains()                                 # {"com.microsoft", "opmx", ...}
 
 A new family is one folder ``dqtool/families/<name>/`` whose ``__init__.py`` defines
-``FAMILY`` (a ``dqtool.families.base.Family``), plus one line in ``BUILTIN`` below. Code
-outside dqtool may call ``register(family)``. The protocol (what a family may offer) is
-documented in ``dqtool.families.base``.
+``FAMILY`` (a ``dqtool.families.base.Family``), plus one line in ``BUILTIN`` below; its
+code (codec, kernel, adapters, lint rules) lives in that folder. Code outside dqtool may
+call ``register(family)`` (and ``unregister``); whatever derives from the registry
+(``dqtool.codecs``, the evaluator, lint's targets) follows. The protocol (what a family may
+offer) is documented in ``dqtool.families.base``; ``qdq_onnx``, ``qdq_microsoft`` and
+``qdq_opmx`` are worked examples (their code predates the registry and stays in
+``dqtool/codecs``, ``dqtool/kernel`` and ``dqtool/convert``; the folders name it).
 
 The registry is filled on first use, not at import: low layers (the codecs, the kernel's
 evaluator) read it, and the family modules import those layers only inside their hooks.
@@ -55,12 +59,6 @@ def register(family: Family) -> Family:
     """Add ``family``; an operator owned twice is an error (one home per operator)."""
     global _generation
     _load()
-    if family.name in _FAMILIES:
-        raise ValueError(f"family {family.name} registered twice")
-    for op in family.ops:
-        if op in _OWNER:
-            raise ValueError(f"{op[0]}:{op[1]} belongs to {_OWNER[op].name} already, not "
-                             f"also to {family.name}")
     _add(family)
     _generation += 1
     return family
@@ -80,6 +78,12 @@ def unregister(name: str) -> Family:
 
 
 def _add(family: Family) -> None:
+    if family.name in _FAMILIES:
+        raise ValueError(f"family {family.name} registered twice")
+    for op in family.ops:
+        if op in _OWNER:
+            raise ValueError(f"{op[0]}:{op[1]} belongs to {_OWNER[op].name} already, not "
+                             f"also to {family.name}")
     _FAMILIES[family.name] = family
     for op in family.ops:
         _OWNER[op] = family
@@ -91,12 +95,7 @@ def _load() -> None:
         return
     _loaded = True
     for module in BUILTIN:
-        family = importlib.import_module(module).FAMILY
-        for op in family.ops:
-            if op in _OWNER:
-                raise ValueError(f"{op[0]}:{op[1]} belongs to {_OWNER[op].name} already, "
-                                 f"not also to {family.name}")
-        _add(family)
+        _add(importlib.import_module(module).FAMILY)
 
 
 def all_families() -> list[Family]:
