@@ -163,3 +163,22 @@ def test_a_family_registered_later_reaches_every_derived_table(tmp_path, monkeyp
     assert codecs.lookup("com.example", "Twice", 3) is None
     assert "toy-npu" not in targets.names()
     assert "com.example" not in families.prunable_domains()
+
+
+def test_an_ai_onnx_op_of_a_family_without_version_adapters_converts_generically():
+    """A family may own an ai.onnx op (the integer family's QLinearMatMul) without version
+    adapters: the driver then moves it as any ai.onnx op, and no codec judges it."""
+    fam = Family("qlinear_test", (("ai.onnx", "QLinearMatMul", 10),))
+    m = ir.from_onnx_text("""
+        <ir_version: 8, opset_import: ["" : 13]>
+        g (uint8[2,2] a, float as, uint8 az, uint8[2,2] b, float bs, uint8 bz, float ys,
+           uint8 yz) => (uint8[2,2] y) {
+            y = QLinearMatMul (a, as, az, b, bs, bz, ys, yz)
+        }""")
+    families.register(fam)
+    try:
+        report = dqtool.upgrade(m, 21)
+    finally:
+        families.unregister("qlinear_test")
+    assert report.ok and [n.op_type for n in report.model.graph] == ["QLinearMatMul"]
+    assert report.model.opset_imports[""] == 21

@@ -13,7 +13,7 @@ from typing import Literal
 
 import onnx_ir as ir
 
-from dqtool import cleanup, codecs, families, graph, io, versions
+from dqtool import cleanup, codecs, graph, io, versions
 from dqtool.convert import blocked, decompose, generic, value_info
 from dqtool.convert.context import Context, Options, Step
 from dqtool.convert.registry import Outcome, Registry, default_registry
@@ -122,8 +122,9 @@ def _convert_site(site: graph.Site, ctx: Context, reg: Registry) -> Outcome:
     domain = graph.domain_name(node.domain)
     src = graph.opset_of(site.opsets, "") or ctx.target
     step = Step(node, site.graph, site.function is not None, src, ctx.target, ctx)
-    family = families.owner(domain, node.op_type)
-    if domain == "ai.onnx" and family is not None:
+    if domain == "ai.onnx" and reg.steps("ai.onnx", node.op_type):
+        # A family's ai.onnx op with its own version adapters (the Q/DQ); any other
+        # ai.onnx op, a family's without adapters too, goes through the generic steps.
         out = _walk_versions(node, step, src, reg)
     elif domain == "ai.onnx":
         return generic.convert(node, step, src)
@@ -131,8 +132,8 @@ def _convert_site(site: graph.Site, ctx: Context, reg: Registry) -> Outcome:
         version = graph.opset_of(site.opsets, node.domain) or 1
         out = _from_foreign(node, step, domain, version, reg)
     if out.status == "refused" or node.graph is None or node.domain not in ("", "ai.onnx") \
-            or families.owner("", node.op_type) is None:
-        return out  # gone, still foreign, or an ai.onnx op no family reads (nothing to check)
+            or not _read_by_codec(node.op_type):
+        return out  # gone, still foreign, or an ai.onnx op no codec reads (nothing to check)
     return _finish(node, step, out)
 
 
@@ -192,7 +193,7 @@ def _from_foreign(node: ir.Node, step: Step, domain: str, version: int,
     step.src, step.dst = version, step.target if dst is None else dst
     out = adapter(node, step)
     if out.status != "changed" or node.domain not in ("", "ai.onnx") or \
-            families.owner("", node.op_type) is None:
+            not _read_by_codec(node.op_type):
         return out
     # The ai.onnx form may need a newer version than the target (opmx int4 → 21): lower it.
     spec = codecs.read_node(node, {"": generic.since_versions(node.op_type)[-1]})
@@ -201,6 +202,11 @@ def _from_foreign(node: ir.Node, step: Step, domain: str, version: int,
         return out
     lowered = _walk_versions(node, step, step.target, reg, src_since=lowest)
     return lowered if lowered.status == "refused" else Outcome.merge([out, lowered])
+
+
+def _read_by_codec(op: str) -> bool:
+    """A family's codec reads the ai.onnx op (so its result can be validated)."""
+    return any(codecs.lookup("ai.onnx", op, v) is not None for v in generic.since_versions(op))
 
 
 def _finish(node: ir.Node, step: Step, out: Outcome) -> Outcome:

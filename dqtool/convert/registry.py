@@ -66,6 +66,7 @@ class Registry:
     def __init__(self) -> None:
         self._table: dict[Key, Adapter] = {}
         self._widening: set[Key] = set()
+        self._stepped: set[tuple[str, str]] = set()  # (domain, op) with "up"/"down" steps
 
     def register(self, domain: str, op: str, versions: int | Iterable[int],
                  direction: Direction, *, widening: bool = False
@@ -81,6 +82,8 @@ class Registry:
                 if key in self._table:
                     raise ValueError(f"adapter for {key} registered twice")
                 self._table[key] = func
+                if direction in ("up", "down"):
+                    self._stepped.add((domain, op))
                 if widening:
                     self._widening.add(key)
             return func
@@ -96,6 +99,10 @@ class Registry:
         since = [v for d, o, v, r in self._table if (d, o, r) == (domain, op, direction)
                  and v <= version]
         return self._table[(domain, op, max(since), direction)] if since else None
+
+    def steps(self, domain: str, op: str) -> bool:
+        """Whether ``op`` has version-step adapters ("up"/"down") here."""
+        return (domain, op) in self._stepped
 
     def widening(self, domain: str, op: str, version: int, direction: Direction) -> bool:
         return (domain, op, version, direction) in self._widening
