@@ -182,3 +182,83 @@ def test_an_ai_onnx_op_of_a_family_without_version_adapters_converts_generically
         families.unregister("qlinear_test")
     assert report.ok and [n.op_type for n in report.model.graph] == ["QLinearMatMul"]
     assert report.model.opset_imports[""] == 21
+
+
+@dataclass(frozen=True)
+class ScaledMatMulCodec:
+    """A toy fused weight-only op: ``Y = A @ (Wq * scale)``, Wq int8, scale per-tensor."""
+
+    op: str = "ScaledMatMul"
+    since_version: int = 1
+    domain: str = "com.example"
+
+    def read(self, node: ir.Node, version: int) -> QuantSpec:
+        from dqtool import graph
+
+        w, s = graph.input_value(node, 1), graph.input_value(node, 2)
+        return QuantSpec(op=self.op, domain=self.domain, version=version, since_version=1,
+                         quant_type="int8", scale_type="float", float_type="float",
+                         granularity="per-tensor", x_shape=graph.shape_of(w),
+                         x_constant=graph.constant_tensor(w) is not None,
+                         scale_constant=graph.constant_tensor(s) is not None)
+
+
+class ScaledMatMul(OpRun):
+    op_domain = "com.example"
+
+    def _run(self, a, w, s):
+        return (a @ (w.astype(np.float32) * s),)
+
+
+def _scaled_step(node: ir.Node, spec: QuantSpec, out):
+    from dqtool import graph
+    from dqtool.folding.compute import Step
+
+    return Step(kind="scaled", scale=graph.constant_tensor(graph.input_value(node, 2)),
+                zero_point=None, axis=0, block_size=0, granularity="per-tensor",
+                norm_axis=None, output_dtype=out)
+
+
+def _fold_support():
+    from dqtool.families.base import FoldSupport, Kernel
+
+    return FoldSupport(
+        roots=frozenset({"ScaledMatMul"}),
+        kernels={"scaled": Kernel(lambda x, s, zp, step: x.astype(np.float32) * s)},
+        step=_scaled_step, weight_input=1,
+        replace=lambda node, w: [ir.node("MatMul", [node.inputs[0], w], name=node.name)])
+
+
+SCALED = """
+    <ir_version: 8, opset_import: ["" : 17, "com.example" : 1]>
+    g (float[2,3] a) => (float[2,4] y) {
+        w = Constant <value = int8[3,4] {1, -2, 3, -4, 5, -6, 7, -8, 9, -10, 11, -12}> ()
+        s = Constant <value = float {0.5}> ()
+        y = com.example.ScaledMatMul (a, w, s)
+    }"""
+
+
+def test_a_fused_family_folds_through_its_fold_support(tmp_path):
+    """A fused weight-only op in its own family: fold turns its weight into a float constant
+    and the op into the MatMul the family names, with the same outputs."""
+    toy = Family("scaled", (("com.example", "ScaledMatMul", 1),),
+                 codecs=lambda: [ScaledMatMulCodec()], evaluator_ops=lambda: [ScaledMatMul],
+                 fold=_fold_support, prunable=frozenset({"com.example"}))
+    a = np.arange(6, dtype=np.float32).reshape(2, 3) - 2.5
+    families.register(toy)
+    try:
+        want = reference_evaluator(ir.from_onnx_text(SCALED)).run(None, {"a": a})[0]
+        report = dqtool.fold(ir.from_onnx_text(SCALED), tmp_path / "f.onnx",
+                             prepack_guard=False)
+    finally:
+        families.unregister("scaled")
+    (folded,) = report.folded
+    assert folded.op == "com.example:ScaledMatMul-1" and folded.output == "y"
+    ops = [(n.domain, n.op_type) for n in report.model.graph]
+    assert ops == [("", "MatMul")]
+    weight = report.model.graph.initializers[next(iter(report.model.graph.initializers))]
+    assert weight.const_value.numpy().tolist() == \
+        (np.arange(1, 13).reshape(3, 4) * np.array([1, -1, 1, -1]) * 0.5).tolist()
+    assert "com.example" not in report.model.opset_imports
+    got = reference_evaluator(tmp_path / "f.onnx").run(None, {"a": a})[0]
+    assert got.tobytes() == want.tobytes() and got.shape == (2, 4)

@@ -98,9 +98,12 @@ class FoldSupport:
     - ``replace``: for an operator whose output is not the dequantized weight (a fused
       MatMul): ``(node, folded weight) → the float nodes`` that replace ``node``, reading
       the folded weight; None when the folded constant replaces the node's output itself.
-      (Not called by the fold pass yet: a family that needs it wires it in there.)
+      The last node returned takes over the node's outputs (values, names, consumers); the
+      fold pass inserts them, names the weight ``<node>_weight`` and removes the node.
     - ``shape``: ``(source shape, spec) → the value's shape`` when they differ (packed
       sources: opmx int4 holds four rows per element); None: the same shape.
+    - ``weight_input``: which input of the node holds the quantized source (0 for a
+      DequantizeLinear's x; a fused MatMul's packed weight is its input 1).
     """
 
     roots: frozenset[str]
@@ -108,6 +111,7 @@ class FoldSupport:
     step: Callable[[ir.Node, QuantSpec, np.dtype | None], Step]
     replace: Callable[[ir.Node, ir.Value], Sequence[ir.Node]] | None = None
     shape: Callable[[tuple[int, ...], QuantSpec], tuple[int, ...]] | None = None
+    weight_input: int = 0
 
 
 @dataclass(frozen=True)

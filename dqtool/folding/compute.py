@@ -51,10 +51,16 @@ class Step:
     output_dtype: np.dtype | None = None
     saturate: bool = True
     opmx: tuple[tuple[str, Any], ...] = ()
+    # The kernel ``kind`` names, bound when planned (a folded value computes at save time,
+    # whatever the registry holds by then); None: looked up by name.
+    kernel: families.FoldKernel | None = None
+
+    def _kernel(self) -> families.FoldKernel:
+        return self.kernel if self.kernel is not None else families.fold_kernel(self.kind)
 
     def row_align(self) -> int | None:
         """Rows a chunk must be a multiple of, or None when rows cannot be sliced."""
-        if not families.fold_kernel(self.kind).sliceable:
+        if not self._kernel().sliceable:
             return None
         if self.granularity == "blocked" and self.norm_axis == 0:
             return self.block_size
@@ -78,7 +84,7 @@ class Step:
 
     def run(self, x: np.ndarray, r0: int | None, r1: int | None) -> np.ndarray:
         scale, zp = self.params(r0, r1)
-        return families.fold_kernel(self.kind)(x, scale, zp, self)
+        return self._kernel()(x, scale, zp, self)
 
 
 @dataclass

@@ -106,20 +106,28 @@ class DequantizeFoldPass(ir.passes.InPlacePass):
             return False
         if site.function is not None or self.dtype != "keep":
             self._import_default_domain(site.function)
-        self._replace(node, folding, in_function=site.function is not None)
+        support = families.fold_support(node.domain, node.op_type)
+        assert support is not None  # plan() found it
+        self._replace(node, folding, support, in_function=site.function is not None)
         self.folded.append(self._record(name, site, spec, folding))
         return True
 
-    def _replace(self, node: ir.Node, folding: Folding, *, in_function: bool) -> None:
+    def _replace(self, node: ir.Node, folding: Folding, support: families.FoldSupport, *,
+                 in_function: bool) -> None:
         y = node.outputs[0]
         owner = node.graph
         assert owner is not None
         y_name = y.name or f"{node.name}_folded"
-        tensor = FoldedTensor(folding, name=y_name)
-        const_name = y_name
+        # The folded value keeps y's name; a fused op's folded weight gets its own (y stays
+        # the result of the float op that replaces it).
+        fused = support.replace is not None
+        value_name = self._unique_name(owner, f"{node.name or y_name}_weight") if fused \
+            else y_name
+        tensor = FoldedTensor(folding, name=value_name)
+        const_name = value_name
         if folding.store_dtype != folding.out_dtype:
             store = types.from_dtype(folding.store_dtype).name
-            const_name = self._unique_name(owner, f"{y_name}_{store}")
+            const_name = self._unique_name(owner, f"{value_name}_{store}")
         if in_function:
             # Functions have no initializers: the value lives in a Constant node.
             const_node = ir.node("Constant", [], attributes={"value": tensor},
@@ -139,17 +147,36 @@ class DequantizeFoldPass(ir.passes.InPlacePass):
             replacement = cast.outputs[0]
             replacement.type = ir.TensorType(to)
             replacement.shape = ir.Shape(folding.shape)
-        ir.convenience.replace_all_uses_with(y, replacement, replace_graph_outputs=True)
+        renames = [] if replacement is const else [(replacement, value_name)]
+        if fused:
+            renames += self._replace_op(node, replacement, support)
+        else:
+            ir.convenience.replace_all_uses_with(y, replacement, replace_graph_outputs=True)
         owner.remove(node, safe=True)
-        # Names are set after the DQ is gone so that y's name is free to take.
+        # Names are set after the node is gone so that its outputs' names are free to take.
         const.name = const_name
-        if replacement is not const:
-            replacement.name = y_name
+        for value, name in renames:
+            value.name = name
         if not in_function:
             assert isinstance(owner, ir.Graph)
             owner.register_initializer(const)
-        if self.prepack_guard and self._guard(replacement, y_name):
+        if self.prepack_guard and self._guard(replacement, value_name):
             self.guarded += 1
+
+    @staticmethod
+    def _replace_op(node: ir.Node, weight: ir.Value, support: families.FoldSupport
+                    ) -> list[tuple[ir.Value, str]]:
+        """Insert the float nodes the family builds on ``weight``; the last one takes over
+        ``node``'s outputs. Returns the names its outputs take once ``node`` is gone."""
+        assert support.replace is not None and node.graph is not None
+        new = list(support.replace(node, weight))
+        node.graph.insert_before(node, new)
+        renames = []
+        for old, fresh in zip(node.outputs, new[-1].outputs, strict=True):
+            fresh.type, fresh.shape = old.type, old.shape
+            ir.convenience.replace_all_uses_with(old, fresh, replace_graph_outputs=True)
+            renames.append((fresh, old.name or ""))
+        return renames
 
     def _guard(self, value: ir.Value, name: str) -> bool:
         """Route prepacked uses of ``value`` through one Identity per consuming graph."""

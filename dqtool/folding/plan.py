@@ -5,12 +5,14 @@ Refusals are returned as reasons (strings), not raised: the pass lists them.
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import onnx_ir as ir
 
 from dqtool import codecs, families, graph, types
 from dqtool.errors import KernelError
-from dqtool.folding.compute import Folding
+from dqtool.folding.compute import Folding, Step
 from dqtool.spec import QuantSpec
 
 # Validation computes at most this many elements at fold time (the rest waits for the save).
@@ -44,6 +46,10 @@ def _np_dtype(name: str | None) -> np.dtype | None:
     return types.TYPES[name].dtype if name in types.TYPES else None
 
 
+def _bound(support: families.FoldSupport, step: Step) -> Step:
+    return dataclasses.replace(step, kernel=support.kernels[step.kind])
+
+
 def plan(node: ir.Node, spec: QuantSpec, opsets: dict[str, int],
          store: str | None) -> Folding | str:
     """The folding of a constant, valid DQ; a reason string when it cannot be folded."""
@@ -55,8 +61,8 @@ def plan(node: ir.Node, spec: QuantSpec, opsets: dict[str, int],
     if support is None:
         return f"no registered family folds {spec.domain}:{node.op_type}"
     # The spec's output type is the one in force (output_dtype, else the scale's type).
-    steps = [support.step(node, spec, out_dtype)]
-    x = graph.input_value(node, 0)
+    steps = [_bound(support, support.step(node, spec, out_dtype))]
+    x = graph.input_value(node, support.weight_input)
     source = graph.constant_tensor(x)
     if source is None:
         q_node = x.producer() if x is not None else None
@@ -68,7 +74,8 @@ def plan(node: ir.Node, spec: QuantSpec, opsets: dict[str, int],
         q_support = families.fold_support(q_spec.domain, q_node.op_type)
         if q_support is None:
             return f"no registered family folds {q_spec.domain}:{q_node.op_type}"
-        steps.insert(0, q_support.step(q_node, q_spec, _np_dtype(q_spec.quant_type)))
+        steps.insert(0, _bound(q_support, q_support.step(q_node, q_spec,
+                                                          _np_dtype(q_spec.quant_type))))
         source = graph.constant_tensor(graph.input_value(q_node, 0))
         assert source is not None
     shape = tuple(int(d) for d in source.shape.numpy())
