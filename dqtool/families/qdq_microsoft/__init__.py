@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from dqtool.families import qdq
-from dqtool.families.base import Family, Kernel
+from dqtool.families.base import Family
 
 if TYPE_CHECKING:
     from dqtool.convert.registry import Registry
@@ -42,7 +42,7 @@ FAMILY = Family(
     codecs=_codecs,
     evaluator_ops=_evaluator_ops,
     # The ai.onnx kernels: same inputs, axis defaults to 1 in both.
-    fold=lambda: qdq.fold_support({"dq": Kernel(qdq.run_dq), "q": Kernel(qdq.run_q)}),
+    fold=qdq.fold_support,
     converters=_converters,
     prunable=frozenset({DOMAIN}),
     lint_modules=("dqtool.families.qdq_microsoft.lint",),

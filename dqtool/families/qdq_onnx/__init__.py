@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from dqtool.families import qdq
-from dqtool.families.base import Family, Kernel
+from dqtool.families.base import Family
 
 if TYPE_CHECKING:
     from dqtool.convert.registry import Registry
@@ -51,6 +51,6 @@ FAMILY = Family(
     keys=tuple(_since_versions()),
     codecs=_codecs,
     evaluator_ops=_evaluator_ops,
-    fold=lambda: qdq.fold_support({"dq": Kernel(qdq.run_dq), "q": Kernel(qdq.run_q)}),
+    fold=qdq.fold_support,
     converters=_converters,
 )

@@ -9,8 +9,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from dqtool.families import qdq
-from dqtool.families.base import Family, Kernel
+from dqtool.families.base import Family
 
 if TYPE_CHECKING:
     from dqtool.convert.registry import Registry
@@ -30,6 +29,12 @@ def _evaluator_ops() -> list[type[Any]]:
     return [evaluator.named(evaluator.OpmxDq, "DequantizeLinear", d) for d in DOMAINS]
 
 
+def _fold() -> Any:
+    from dqtool.families.qdq_opmx import fold
+
+    return fold.fold_support()
+
+
 def _converters(reg: Registry) -> None:
     from dqtool.convert import opmx
 
@@ -41,9 +46,7 @@ FAMILY = Family(
     keys=tuple((d, "DequantizeLinear", 1) for d in DOMAINS),
     codecs=_codecs,
     evaluator_ops=_evaluator_ops,
-    # Packed four rows per element, groups on either axis: computed whole, never in rows.
-    fold=lambda: qdq.fold_support({"opmx": Kernel(qdq.run_opmx, sliceable=False)},
-                                  shape=qdq.opmx_shape),
+    fold=_fold,
     converters=_converters,
     prunable=frozenset(DOMAINS),
     lint_facts={"onnxruntime": "onnxruntime has no {domain} domain",
