@@ -1,7 +1,7 @@
 """onnxruntime's com.microsoft QuantizeLinear / DequantizeLinear (contrib ops, version 1).
 
 Same inputs and ``axis`` as ai.onnx's; the driver turns them into ai.onnx where the target
-opset expresses their types (``dqtool.convert.microsoft``).
+opset expresses their types (``convert.py`` here).
 """
 
 from __future__ import annotations
@@ -31,9 +31,9 @@ def _evaluator_ops() -> list[type[Any]]:
 
 
 def _converters(reg: Registry) -> None:
-    from dqtool.convert import microsoft
+    from dqtool.families.qdq_microsoft import convert
 
-    microsoft.register(reg)
+    convert.register(reg)
 
 
 FAMILY = Family(

@@ -2,7 +2,7 @@
 
 int8, or int4 packed four per int16 along dimension 0; groups along ``quant_axis``; a float
 or integer zero point. The driver turns it into ai.onnx DequantizeLinear where exact
-(``dqtool.convert.opmx``); nothing turns ai.onnx into opmx.
+(``convert.py`` here); nothing turns ai.onnx into opmx.
 """
 
 from __future__ import annotations
@@ -36,9 +36,9 @@ def _fold() -> Any:
 
 
 def _converters(reg: Registry) -> None:
-    from dqtool.convert import opmx
+    from dqtool.families.qdq_opmx import convert
 
-    opmx.register(reg)
+    convert.register(reg)
 
 
 FAMILY = Family(
