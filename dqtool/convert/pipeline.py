@@ -6,6 +6,7 @@ Nothing is written when any node is refused; the report says which and why.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import os
 from pathlib import Path
@@ -13,7 +14,7 @@ from typing import Literal
 
 import onnx_ir as ir
 
-from dqtool import cleanup, codecs, graph, io, versions
+from dqtool import cleanup, codecs, families, graph, io, versions
 from dqtool.convert import blocked, decompose, generic, value_info
 from dqtool.convert.context import Context, Options, Step
 from dqtool.convert.registry import Outcome, Registry, default_registry
@@ -122,9 +123,11 @@ def _convert_site(site: graph.Site, ctx: Context, reg: Registry) -> Outcome:
     domain = graph.domain_name(node.domain)
     src = graph.opset_of(site.opsets, "") or ctx.target
     step = Step(node, site.graph, site.function is not None, src, ctx.target, ctx)
-    if domain == "ai.onnx" and reg.steps("ai.onnx", node.op_type):
-        # A family's ai.onnx op with its own version adapters (the Q/DQ); any other
-        # ai.onnx op, a family's without adapters too, goes through the generic steps.
+    if domain == "ai.onnx" and (reg.steps("ai.onnx", node.op_type)
+                                or _read_by_codec(node.op_type)):
+        # An op with version adapters, or one a codec reads (the Q/DQ: exact or refused,
+        # never onnx's converter); any other ai.onnx op, a family's without adapters
+        # (QLinearMatMul) too, goes through the generic steps.
         out = _walk_versions(node, step, src, reg)
     elif domain == "ai.onnx":
         return generic.convert(node, step, src)
@@ -206,6 +209,11 @@ def _from_foreign(node: ir.Node, step: Step, domain: str, version: int,
 
 def _read_by_codec(op: str) -> bool:
     """A family's codec reads the ai.onnx op (so its result can be validated)."""
+    return _codec_reads(op, families.generation())
+
+
+@functools.lru_cache(maxsize=1024)
+def _codec_reads(op: str, _generation: int) -> bool:  # asked once per node: cached
     return any(codecs.lookup("ai.onnx", op, v) is not None for v in generic.since_versions(op))
 
 
