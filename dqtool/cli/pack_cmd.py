@@ -36,7 +36,7 @@ def pack_cmd(app: App, model: str, out: str | None, accuracy_level: int, zero_po
                   gather=not no_gather)
     if as_json:
         app.print_json({
-            "model": model, "written": report.written,
+            "input": model, "files": report.written,
             "packed": [vars(p) for p in report.packed],
             "skipped": [vars(s) for s in report.skipped],
         })
