@@ -24,6 +24,8 @@ _API = {
     "quantize_ms": "dqtool.kernel",
     "unpack_opmx_int4": "dqtool.kernel",
     "reference_evaluator": "dqtool.families.evaluator",
+    "dequantize_matmul_nbits": "dqtool.families.fused.kernel",
+    "dequantize_gather_block_quantized": "dqtool.families.fused.kernel",
     "QuantSpec": "dqtool.spec",
     "read_node": "dqtool.codecs",
     "load": "dqtool.io",
@@ -32,6 +34,7 @@ _API = {
     "upgrade": "dqtool.convert",
     "downgrade": "dqtool.convert",
     "fold": "dqtool.folding",
+    "pack": "dqtool.families.fused.pack_api",
     "check": "dqtool.checking",
     "lint": "dqtool.linting",
 }

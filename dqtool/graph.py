@@ -145,8 +145,23 @@ def elem_type(value: ir.Value | None) -> str | None:
         dtype = tensor.dtype if tensor is not None else None
     if dtype is None:
         bound = value.meta.get(CALL_SITE)
-        return bound[0] if bound else _quantize_output_type(value)
+        return bound[0] if bound else (_quantize_output_type(value) or _moved_type(value))
     return types.name_of(dtype)
+
+
+# Operators whose first output has their first input's element type (data movement only):
+# enough of onnx's type inference to type a DequantizeLinear fed by a Gather of a table.
+_TYPE_KEEPING = frozenset({"Gather", "GatherElements", "GatherND", "Reshape", "Transpose",
+                           "Squeeze", "Unsqueeze", "Flatten", "Slice", "Identity", "Expand",
+                           "Tile", "Concat", "Split", "Pad"})
+
+
+def _moved_type(value: ir.Value) -> str | None:
+    producer = value.producer()
+    if producer is None or producer.op_type not in _TYPE_KEEPING or \
+            producer.domain not in DEFAULT_DOMAINS or not producer.inputs:
+        return None
+    return elem_type(producer.inputs[0])
 
 
 def _quantize_output_type(value: ir.Value) -> str | None:

@@ -11,6 +11,9 @@ from typing import Any
 import onnx_ir as ir
 
 from dqtool import codecs, graph, io, versions
+from dqtool.families.fused import facts as fused_facts
+from dqtool.families.fused import read as fused_read
+from dqtool.families.fused.spec import FusedSpec
 from dqtool.spec import QuantSpec
 
 
@@ -18,16 +21,21 @@ from dqtool.spec import QuantSpec
 class NodeReport:
     name: str
     graph: str
-    spec: QuantSpec
+    spec: QuantSpec | FusedSpec
     consumers: tuple[str, ...]
     bytes_stored: int | None
     bytes_folded: int | None
     lowest_onnx_opset: int | None
 
+    @property
+    def fused(self) -> bool:
+        return isinstance(self.spec, FusedSpec)
+
     def to_json(self) -> dict[str, Any]:
         s = self.spec
-        return {
+        doc = {
             "name": self.name,
+            "kind": "fused" if self.fused else "qdq",
             "op_type": s.op,
             "domain": s.domain,
             "version": s.version,
@@ -58,6 +66,9 @@ class NodeReport:
                 for p in s.problems
             ],
         }
+        if isinstance(s, FusedSpec):
+            doc.update(fused_facts.json_extras(s))
+        return doc
 
 
 def _dims(shape) -> list | None:
@@ -105,6 +116,16 @@ def node_reports(model: ir.Model) -> list[NodeReport]:
     out = []
     for site in graph.walk(model):
         node = site.node
+        if fused_read.is_fused(node):
+            fspec = fused_read.read(node, site.opsets)
+            stored, folded = fused_facts.bytes_of(fspec)
+            out.append(NodeReport(
+                name=node.name or "", graph=site.graph, spec=fspec,
+                consumers=tuple(u.node.op_type for u in node.outputs[0].uses())
+                if node.outputs else (),
+                bytes_stored=stored, bytes_folded=folded,
+                lowest_onnx_opset=fused_facts.lowest_onnx_opset(fspec)))
+            continue
         if not codecs.is_quant_node(node):
             continue
         spec = codecs.read_node(node, site.opsets)
@@ -125,15 +146,21 @@ def _opsets(model: ir.Model) -> dict[str, int]:
 
 
 def summarize(model: ir.Model, nodes: list[NodeReport]) -> dict[str, Any]:
-    def count(key) -> dict[str, int]:
-        return dict(sorted(Counter(key(n) for n in nodes).items()))
+    fused = [n for n in nodes if n.fused]
+    every = nodes
+    nodes = [n for n in nodes if not n.fused]
+
+    def count(key, among=None) -> dict[str, int]:
+        return dict(sorted(Counter(key(n) for n in (nodes if among is None else among)
+                                   ).items()))
 
     dq = [n for n in nodes if n.spec.is_dequantize]
-    typed = [n for n in nodes if n.spec.quant_type and n.spec.scale_type]
+    typed = [n for n in every if n.spec.quant_type and n.spec.scale_type]
     not_expressible = [n.name for n in typed if n.lowest_onnx_opset is None]
     lowest = None if not_expressible else max(
         (n.lowest_onnx_opset for n in typed), default=None)
     weights = [n for n in dq if n.spec.x_constant or n.spec.x_from_quantize]
+    weights += [n for n in fused if n.spec.x_constant]
     stored = [n.bytes_stored for n in weights]
     folded = [n.bytes_folded for n in weights]
     return {
@@ -149,14 +176,19 @@ def summarize(model: ir.Model, nodes: list[NodeReport]) -> dict[str, Any]:
         "bytes_unknown": sum(b is None for b in stored),
         "lowest_onnx_opset": lowest,
         "not_expressible_in_onnx": not_expressible,
-        "types_unknown": [n.name for n in nodes if n not in typed],
+        "types_unknown": [n.name for n in every if n not in typed],
         "functions": len(model.functions),
+        "fused_nodes": len(fused),
+        "by_fused_op": count(lambda n: f"{n.spec.op}:{n.spec.quant_type}", fused),
+        "fused_constant": sum(n.spec.constant for n in fused),
+        "fused_with_problems": sum(bool(n.spec.errors) for n in fused),
     }
 
 
 def inspect(model: str | os.PathLike | ir.Model) -> InspectReport:
     """Every DequantizeLinear / QuantizeLinear in the model (main graph, subgraphs,
-    functions), read into its meaning, with the rules each breaks and a summary.
+    functions), and every com.microsoft MatMulNBits / GatherBlockQuantized (``kind``
+    "fused"), read into its meaning, with the rules each breaks and a summary.
 
     Reads no tensor data but zero points where a rule needs their values.
     """

@@ -1683,6 +1683,103 @@ def ort_uint4_blocked_ragged_qdq(name):
     )
 
 
+# ---- com.microsoft fused: MatMulNBits / GatherBlockQuantized (MatMulNBitsQuantizer) ----
+# A tiny language model (Gather of an embedding table, MatMul up, Relu, MatMul down)
+# quantized by onnxruntime's MatMulNBitsQuantizer in its default QOperator format: the
+# dequantization lives inside the fused operators.
+
+
+def float_lm(opset: int, vocab: int, d: int, h: int) -> onnx.ModelProto:
+    r = rng_for(f"float_lm_{vocab}_{d}_{h}")
+    inits = [
+        T("embed.weight", f32(r.standard_normal((vocab, d)))),
+        T("up.weight", f32(r.standard_normal((d, h)) / np.sqrt(d))),
+        T("down.weight", f32(r.standard_normal((h, d)) / np.sqrt(h))),
+    ]
+    nodes = [
+        node("Gather", ["embed.weight", "ids"], ["x"], "embed/Gather"),
+        node("MatMul", ["x", "up.weight"], ["u"], "up/MatMul"),
+        node("Relu", ["u"], ["a"], "act"),
+        node("MatMul", ["a", "down.weight"], ["logits"], "down/MatMul"),
+    ]
+    g = helper.make_graph(
+        nodes, "lm", [vi("ids", TensorProto.INT64, [1, 4])], [vi("logits", FLOAT, [1, 4, d])],
+        inits,
+    )
+    return make_model(g, {"": opset})
+
+
+def _matmul_nbits_qop(bits: int, symmetric: bool, block: int, d: int, gather: bool
+                      ) -> onnx.ModelProto:
+    from onnxruntime.quantization.matmul_nbits_quantizer import (
+        DefaultWeightOnlyQuantConfig,
+        MatMulNBitsQuantizer,
+    )
+
+    ops = ("MatMul", "Gather") if gather else ("MatMul",)
+    cfg = DefaultWeightOnlyQuantConfig(block_size=block, is_symmetric=symmetric, bits=bits,
+                                       op_types_to_quantize=ops)
+    qz = MatMulNBitsQuantizer(float_lm(21, 64, d, 96), algo_config=cfg)
+    with _quiet():
+        qz.process()
+    return normalize(
+        qz.model.model,
+        "onnxruntime.quantization.matmul_nbits_quantizer.MatMulNBitsQuantizer(DefaultWeight"
+        f"OnlyQuantConfig(block_size={block}, is_symmetric={symmetric}, bits={bits}, "
+        f"op_types_to_quantize={ops})) of a float Gather/MatMul model",
+    )
+
+
+@spec(
+    file="ort_matmulnbits_4bit_sym_b32.onnx",
+    holds="tiny LM quantized by MatMulNBitsQuantizer (QOperator), 4-bit symmetric, block 32: "
+    "GatherBlockQuantized (int4 table (64, 64), no zero point) + 2 MatMulNBits without zero "
+    "points (the default 8)",
+    domain="com.microsoft 1 (fused)",
+    types="int4, uint4 in uint8 / float",
+    granularity="blocked along K / along axis 1",
+)
+def ort_matmulnbits_4bit_sym_b32(name):
+    return _matmul_nbits_qop(4, True, 32, 64, gather=True)
+
+
+@spec(
+    file="ort_matmulnbits_4bit_asym_b128.onnx",
+    holds="tiny LM quantized by MatMulNBitsQuantizer, 4-bit asymmetric, block 128: "
+    "GatherBlockQuantized (uint4 table (64, 200), uint4 zero points) + MatMulNBits K=200 "
+    "(2 blocks, the last ragged; packed zero points) and K=96 (one block spans K)",
+    domain="com.microsoft 1 (fused)",
+    types="uint4, uint4 in uint8 / float",
+    granularity="blocked (ragged) / one block",
+)
+def ort_matmulnbits_4bit_asym_b128(name):
+    return _matmul_nbits_qop(4, False, 128, 200, gather=True)
+
+
+@spec(
+    file="ort_matmulnbits_8bit_b32.onnx",
+    holds="tiny LM quantized by MatMulNBitsQuantizer, 8-bit asymmetric, block 32: 2 "
+    "MatMulNBits with uint8 zero points (the Gather stays float: Gather is 4-bit only)",
+    domain="com.microsoft 1 (fused)",
+    types="uint8 / float",
+    granularity="blocked along K",
+)
+def ort_matmulnbits_8bit_b32(name):
+    return _matmul_nbits_qop(8, False, 32, 64, gather=False)
+
+
+@spec(
+    file="ort_matmulnbits_2bit_b32.onnx",
+    holds="tiny LM quantized by MatMulNBitsQuantizer, 2-bit asymmetric, block 32: 2 "
+    "MatMulNBits, four codes per byte, packed 2-bit zero points",
+    domain="com.microsoft 1 (fused)",
+    types="uint2 in uint8 / float",
+    granularity="blocked along K",
+)
+def ort_matmulnbits_2bit_b32(name):
+    return _matmul_nbits_qop(2, False, 32, 64, gather=False)
+
+
 # --------------------------------------------------------------------------------------
 # writing and verifying
 # --------------------------------------------------------------------------------------
@@ -1744,6 +1841,9 @@ def ort_run(path: Path) -> str:
     feeds = {}
     for i in sess.get_inputs():
         shape = [d if isinstance(d, int) else 1 for d in i.shape]
+        if i.type == "tensor(int64)":  # token ids of the fused samples' embedding
+            feeds[i.name] = r.integers(0, 4, shape, dtype=np.int64)
+            continue
         feeds[i.name] = r.standard_normal(shape).astype(np_types[i.type])
     try:
         outs = sess.run(None, feeds)

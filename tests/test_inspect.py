@@ -17,6 +17,7 @@ MODELS = Path(__file__).resolve().parent.parent / "models"
 SAMPLES = sorted(MODELS.glob("*.onnx")) + sorted(MODELS.glob("*/*.onnx"))
 
 _Q_OPS = ("DequantizeLinear", "QuantizeLinear")
+_FUSED_OPS = ("MatMulNBits", "GatherBlockQuantized")  # com.microsoft, inspect's kind "fused"
 
 
 def _independent_census(path: Path) -> Counter:
@@ -30,6 +31,8 @@ def _independent_census(path: Path) -> Counter:
             if n.op_type in _Q_OPS and n.domain in ("", "ai.onnx", "com.microsoft", "opmx",
                                                     "pmx"):
                 found[(n.domain or "ai.onnx", n.op_type)] += 1
+            if n.op_type in _FUSED_OPS and n.domain == "com.microsoft":
+                found[(n.domain, n.op_type)] += 1
             for a in n.attribute:
                 if a.HasField("g"):
                     visit(a.g.node)

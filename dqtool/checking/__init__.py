@@ -71,8 +71,11 @@ def check(
         comparisons = against_mod.compare_models(
             proto, other, feeds, rtol=rtol, atol=atol, notes=notes,
             model_dir=loaded.external_dir, original_dir=other_loaded.external_dir)
+        from dqtool.families.fused.weights import compare_weights
+
+        weights = compare_weights(loaded.ir_model(), other_loaded.ir_model())
         return CheckReport(input=name, against=other_name, comparisons=tuple(comparisons),
-                           notes=tuple(notes), **common)
+                           notes=tuple(notes), weights=tuple(weights), **common)
     model = loaded.ir_model()
     sites = selfcheck.quant_sites(model)
     # Past protobuf's limit onnx's checker must read the file itself.

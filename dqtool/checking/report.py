@@ -25,6 +25,7 @@ class CheckReport:
     nodes: tuple[NodeCheck, ...] = ()  # check alone
     comparisons: tuple[RuntimeComparison, ...] = ()  # --against
     notes: tuple[str, ...] = field(default=())
+    weights: tuple = ()  # --against: fused weights of the original, compared bit for bit
 
     @property
     def mode(self) -> str:
@@ -33,7 +34,8 @@ class CheckReport:
     @property
     def passed(self) -> bool:
         if self.against is not None:
-            return self.compared and all(c.passed for c in self.comparisons)
+            return self.compared and all(c.passed for c in self.comparisons) and \
+                all(w.passed for w in self.weights)
         return (self.structure is None or self.structure.passed) and all(
             n.passed for n in self.nodes)
 
@@ -71,4 +73,5 @@ class CheckReport:
                                         "error")}
         else:
             doc["comparisons"] = [c.to_json() for c in self.comparisons]
+            doc["weights"] = [w.to_json() for w in self.weights]
         return doc

@@ -27,6 +27,8 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
                 "Move a model up to an opset, converting every Q/DQ exactly."),
     "downgrade": ("dqtool.cli.convert_cmd", "downgrade_cmd",
                   "Lower a model to an opset by exact rewrites, or refuse with the reason."),
+    "pack": ("dqtool.cli.pack_cmd", "pack_cmd",
+             "DequantizeLinear → MatMul / Gather into MatMulNBits / GatherBlockQuantized."),
     "fold": ("dqtool.cli.fold_cmd", "fold_cmd",
              "Fold constant dequantization into float initializers."),
     "check": ("dqtool.cli.check_cmd", "check_cmd",

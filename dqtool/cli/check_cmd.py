@@ -54,6 +54,14 @@ def _render_against(app: App, doc: dict) -> None:
                           _num(o["max_abs"]), _num(o["max_rel"]), _num(o["mean_abs"]),
                           worst, vals, f"{_num(o['min_atol'])} / {_num(o['min_rtol'])}")
         app.out.print(table)
+    weights = doc.get("weights") or []
+    for w in weights:
+        app.out.print(f"weight of {w['node']} ({w['op']}): {w['status']}"
+                      + (f" ({w['detail']})" if w["detail"] else ""), markup=False)
+    if weights and any(w["op"] == "MatMulNBits" for w in weights):
+        app.out.print("note: MatMulNBits accumulates in its own order (and with "
+                      "accuracy_level > 0 may quantize A): output differences above are "
+                      "that, not the weights", markup=False)
 
 
 def render(app: App, doc: dict) -> None:

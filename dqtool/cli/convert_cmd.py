@@ -76,6 +76,8 @@ _common = [
                  help="Also rewrite every blocked DequantizeLinear to per-axis."),
     click.option("--check", is_flag=True, help="Run both models (dqtool reference, "
                  "onnxruntime) and require bit-identical results before writing."),
+    click.option("--keep-contrib", is_flag=True, help="Leave com.microsoft MatMulNBits / "
+                 "GatherBlockQuantized as they are (only the opset moves)."),
 ]
 
 
@@ -90,14 +92,17 @@ def _with_common(f):
 @click.pass_obj
 @user_errors
 def upgrade_cmd(app: App, model: str, opset: int, per_axis: bool, check: bool,
-                **writing: Any) -> None:
+                keep_contrib: bool, **writing: Any) -> None:
     """Move MODEL up to ai.onnx opset N, converting every Q/DQ exactly.
 
     com.microsoft and opmx Q/DQ become ai.onnx where N expresses them; invalid Q/DQ that
     real tools write (onnxruntime's per-axis at opset 10/11, nncf's uint4 at 17) are
-    repaired. Exit 0 written; 1 refused (nothing written); 2 bad input.
+    repaired; MatMulNBits / GatherBlockQuantized become DequantizeLinear + MatMul / Gather
+    with bit-identical weights (--keep-contrib leaves them). Exit 0 written; 1 refused
+    (nothing written); 2 bad input.
     """
-    _run(app, "upgrade", model, opset, per_axis=per_axis, check=check, **writing)
+    _run(app, "upgrade", model, opset, per_axis=per_axis, check=check,
+         keep_contrib=keep_contrib, **writing)
 
 
 @click.command("downgrade")
@@ -107,13 +112,13 @@ def upgrade_cmd(app: App, model: str, opset: int, per_axis: bool, check: bool,
 @click.pass_obj
 @user_errors
 def downgrade_cmd(app: App, model: str, opset: int, per_axis: bool, check: bool,
-                  allow_decompose: bool, **writing: Any) -> None:
+                  keep_contrib: bool, allow_decompose: bool, **writing: Any) -> None:
     """Lower MODEL to ai.onnx opset N by exact rewrites, or refuse with the reason.
 
     Exit 0 written; 1 refused (nothing written); 2 bad input.
     """
     _run(app, "downgrade", model, opset, per_axis=per_axis, check=check,
-         allow_decompose=allow_decompose, **writing)
+         allow_decompose=allow_decompose, keep_contrib=keep_contrib, **writing)
 
 
 __all__ = ["Path", "downgrade_cmd", "upgrade_cmd"]

@@ -32,6 +32,11 @@ def render(app: App, report) -> None:
     for left in report.left:
         tag = "refused" if left.refused else "left"
         _line(app, f"{tag} {left.name} [{left.graph}]: {left.reason}")
+    if report.fused:
+        _line(app, f"{len(report.fused)} MatMulNBits / GatherBlockQuantized rewritten "
+                   "exactly into DequantizeLinear + MatMul / Gather before folding")
+    for name, why in report.fused_left:
+        _line(app, f"left fused {name}: {why}")
     _line(app,
         f"{len(report.folded)} {verb}, {len(report.left)} left ({len(report.refused)} "
         f"refused); initializers {_size(report.bytes_before)} → {_size(report.bytes_after)}; "

@@ -10,6 +10,13 @@ from rich.table import Table
 from dqtool.cli.app import App, user_errors
 
 _SHORT = {"com.microsoft": "ms"}
+_FUSED_SHORT = {"MatMulNBits": "MatMulNBits", "GatherBlockQuantized": "GatherBQ"}
+
+
+def _zp(s) -> str:
+    if s.zero_point == "none" and getattr(s, "default_zero_point", None):
+        return f"={s.default_zero_point}"  # a fused op's implied zero point
+    return {"none": "-", "integer": "int"}.get(s.zero_point, s.zero_point)
 
 
 def _size(n: int | None) -> str:
@@ -27,7 +34,11 @@ def _shape(dims) -> str:
 
 
 def render(app: App, report) -> None:
-    table = Table(title=escape(f"{report.input}: {len(report.nodes)} Q/DQ nodes"),
+    fused = report.summary.get("fused_nodes", 0)
+    title = f"{report.input}: {len(report.nodes) - fused} Q/DQ nodes"
+    if fused:
+        title += f", {fused} fused (dequantization inside an operator)"
+    table = Table(title=escape(title),
                   title_justify="left",
                   box=box.SIMPLE_HEAD, pad_edge=False)
     # Below ~110 columns the sizes, shapes and consumers make every cell wrap: leave them
@@ -45,6 +56,8 @@ def render(app: App, report) -> None:
         s = n.spec
         dom = "" if s.domain == "ai.onnx" else f"{_SHORT.get(s.domain, s.domain)}:"
         op = f"{dom}{'DQ' if s.is_dequantize else 'Q'}-{s.version}"
+        if n.fused:
+            op = f"{dom}{_FUSED_SHORT.get(s.op, s.op)}-{s.version}"
         gran = {"per-tensor": "tensor", "per-axis": f"axis {s.axis}",
                 "blocked": f"axis {s.axis} block {s.block_size}"}.get(s.granularity or "", "?")
         out = s.float_type if s.is_dequantize else s.quant_type
@@ -54,7 +67,7 @@ def render(app: App, report) -> None:
         flags = "E" if s.errors else ("W" if s.problems else "")
         stored = s.is_dequantize and (s.x_constant or s.x_from_quantize)
         cells = [escape(where), op, s.quant_type or "?", s.scale_type or "?", out or "?", gran,
-                 {"none": "-", "integer": "int"}.get(s.zero_point, s.zero_point),
+                 _zp(s),
                  "yes" if s.constant else "no"]
         if wide:
             cells += [_shape(s.x_shape), _size(n.bytes_stored) if stored else "-",
@@ -76,6 +89,11 @@ def render(app: App, report) -> None:
     app.out.print(f"{sm['dequantize_nodes']} DequantizeLinear, {sm['quantize_nodes']} "
                   f"QuantizeLinear; {sm['constant_dequantize']} constant DequantizeLinear; "
                   f"{sm['nodes_with_problems']} with errors")
+    if sm.get("fused_nodes"):
+        app.out.print(f"{sm['fused_nodes']} fused (dequantization inside "
+                      f"com.microsoft operators; {sm['fused_constant']} constant, "
+                      f"{sm['fused_with_problems']} with errors): "
+                      + ", ".join(f"{k} ×{v}" for k, v in sm["by_fused_op"].items()))
     for key, label in (("by_domain_version", "by domain/version"),
                        ("by_quant_type", "by quantized type"),
                        ("by_granularity", "by granularity")):

@@ -134,6 +134,9 @@ class OnnxCodec:
         sch = self.schema
         x, scale, zp = (graph.input_value(node, i) for i in range(3))
         x_type, s_type = graph.elem_type(x), graph.elem_type(scale)
+        if x_type is None and zp is not None:
+            # x computed by a node without value_info: the zero point has x's type.
+            x_type = graph.elem_type(zp)
         problems = self._common(node)
         problems += base.type_problem("quantized", x_type, sch.quant_types, self.where)
         problems += base.type_problem("scale", s_type, sch.scale_types, self.where)

@@ -47,14 +47,17 @@ class Writing:
 def upgrade(model_or_path: ModelArg, opset: int, out: str | os.PathLike | None = None, *,
             per_axis: bool = False, check: bool = False, in_place: bool = False,
             registry: Registry | None = None, external_data: bool | None = None,
-            shard_size: int | None = None, progress: Callable | None = None
-            ) -> ConvertReport:
+            shard_size: int | None = None, progress: Callable | None = None,
+            keep_contrib: bool = False) -> ConvertReport:
     """Move the model's ai.onnx opset up to ``opset``; com.microsoft / opmx Q/DQ become
     ai.onnx where ``opset`` expresses them; invalid Q/DQ that ``opset`` accepts are repaired.
-    ``per_axis`` also rewrites every blocked DequantizeLinear to per-axis. ``registry``:
-    the adapters to use (default: every registered family's). ``external_data``,
-    ``shard_size``, ``progress``: how the output is written (``Writing``)."""
-    return _convert(model_or_path, opset, out, "upgrade", Options(per_axis=per_axis),
+    ``per_axis`` also rewrites every blocked DequantizeLinear to per-axis. com.microsoft
+    MatMulNBits / GatherBlockQuantized become DequantizeLinear + MatMul / Gather (exact),
+    unless ``keep_contrib``. ``registry``: the adapters to use (default: every registered
+    family's). ``external_data``, ``shard_size``, ``progress``: how the output is written
+    (``Writing``)."""
+    return _convert(model_or_path, opset, out, "upgrade",
+                    Options(per_axis=per_axis, keep_contrib=keep_contrib),
                     check, in_place, registry,
                     Writing(external_data, shard_size, progress))
 
@@ -63,12 +66,14 @@ def downgrade(model_or_path: ModelArg, opset: int, out: str | os.PathLike | None
               per_axis: bool = False, allow_decompose: bool = False, check: bool = False,
               in_place: bool = False, registry: Registry | None = None,
               external_data: bool | None = None, shard_size: int | None = None,
-              progress: Callable | None = None) -> ConvertReport:
+              progress: Callable | None = None, keep_contrib: bool = False
+              ) -> ConvertReport:
     """Lower the model to ``opset`` by exact rewrites, or refuse with the reason;
     ``allow_decompose`` turns a DequantizeLinear no version at ``opset`` expresses into
     Cast/Sub/Mul (exact, but no longer a QDQ pattern). Other options as ``upgrade``."""
     return _convert(model_or_path, opset, out, "downgrade",
-                    Options(per_axis=per_axis, allow_decompose=allow_decompose), check,
+                    Options(per_axis=per_axis, allow_decompose=allow_decompose,
+                            keep_contrib=keep_contrib), check,
                     in_place, registry, Writing(external_data, shard_size, progress))
 
 

@@ -24,6 +24,7 @@ from dqtool.convert.report import ConvertReport
 class Options:
     per_axis: bool = False
     allow_decompose: bool = False
+    keep_contrib: bool = False  # leave MatMulNBits / GatherBlockQuantized as they are
 
 
 @dataclass

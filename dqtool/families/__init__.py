@@ -39,6 +39,7 @@ BUILTIN = (
     "dqtool.families.qdq_onnx",
     "dqtool.families.qdq_microsoft",
     "dqtool.families.qdq_opmx",
+    "dqtool.families.fused",
 )
 
 _FAMILIES: dict[str, Family] = {}

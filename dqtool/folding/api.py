@@ -11,6 +11,7 @@ import onnx_ir as ir
 
 from dqtool import io
 from dqtool.errors import UsageError
+from dqtool.families.fused import fold as fused_fold
 from dqtool.folding.dequantize_fold_pass import DequantizeFoldPass
 from dqtool.folding.report import FoldReport
 from dqtool.folding.selection import Selection
@@ -75,6 +76,8 @@ def fold(
         model = io.load(src)
     target = _output(src, out, dry_run=dry_run, in_place=in_place)
     before = io.tensor_bytes(model)
+    # MatMulNBits / GatherBlockQuantized: rewritten exactly into DequantizeLinear first.
+    unfused, fused_left = fused_fold.unfuse(model)
     fold_pass = DequantizeFoldPass(selection, _DTYPE_NAMES[dtype], prepack_guard)
     fold_pass(model)
     model.ir_version = io.lowest_ir_version(model)
@@ -86,6 +89,7 @@ def fold(
         bytes_before=before,
         bytes_after=io.tensor_bytes(model), ir_version=model.ir_version,
         opset_imports=dict(model.opset_imports), model=None if dry_run else model,
+        fused=unfused, fused_left=fused_left,
     )
     if target is not None:
         external = True if shard_size is not None else (external_data or None)

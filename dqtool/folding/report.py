@@ -80,6 +80,8 @@ class FoldReport:
     external_data: bool = False
     seconds: float = 0.0
     model: ir.Model | None = field(default=None, repr=False)  # the folded model
+    fused: list[str] = field(default_factory=list)  # MatMulNBits / GatherBlockQuantized unfused
+    fused_left: list[tuple[str, str]] = field(default_factory=list)  # (name, why) left fused
 
     @property
     def refused(self) -> list[LeftNode]:
@@ -101,7 +103,10 @@ class FoldReport:
                 "bytes_before": self.bytes_before, "bytes_after": self.bytes_after,
                 "removed_initializers": len(self.removed),
                 "kept_initializers": len(self.kept), "prepack_guarded": self.guarded,
+                "fused_unfused": len(self.fused), "fused_left": len(self.fused_left),
             },
+            "fused": list(self.fused),
+            "fused_left": [{"name": n, "reason": r} for n, r in self.fused_left],
             "folded": [n.to_json() for n in self.folded],
             "left": [n.to_json() for n in self.left],
             "removed": list(self.removed), "kept": list(self.kept),

@@ -66,6 +66,10 @@ def run(ctx: ModelContext, profile: Profile) -> Iterator[Finding]:
         yield ctx.finding("DQ100", "error", f"the model's ai.onnx opset {opset} is above the "
                           f"target's {profile.max_opset}{who}",
                           target=profile.name, fix=fix)
+    for module in families.lint_modules():  # a family's nodes that are not Q/DQ
+        hook = getattr(importlib.import_module(module), "target_findings", None)
+        if hook is not None:
+            yield from hook(ctx, profile.name)
     for q in ctx.dequantize:
         worst = best(profile.candidates(q.spec, opset))
         if worst is None:

@@ -1,0 +1,227 @@
+"""Benchmark: an LLM-shaped model of ~2 GB of 4-bit MatMulNBits weights, to ai.onnx and back.
+
+    .venv/bin/python bench/bench_fused.py             # full size (~2 GB model, ~13 GB disk)
+    DQTOOL_BENCH_QUICK=1 .venv/bin/python bench/bench_fused.py
+
+The model (float16, external data): a GatherBlockQuantized embedding, then 32 layers of 7
+MatMulNBits (q, k, v, o: D→D; gate, up: D→F; down: F→D), 4-bit symmetric, block 128. Its
+data file is written a few MB at a time, never held in memory. Each command runs in its
+own subprocess (the CLI), timed by wall clock, with its own peak RSS. Printed as ratios
+against copying the data file (the disk speed peer, measured in the same run):
+
+- ``upgrade --opset 21`` (→ DequantizeLinear + MatMul / Gather), then ``pack`` of that
+  (→ back to MatMulNBits / GatherBlockQuantized): target ≤ 2× the copy, ≤ 300 MB each;
+- ``fold --dtype float16`` (an fp16 checkpoint, 4× the bytes): ratio against copying the
+  same number of bytes, ≤ 300 MB.
+Every result is loaded by onnxruntime (the folded one only where the machine has the
+memory for it; DQTOOL_BENCH_NO_ORT=1 skips the loads).
+"""
+
+from __future__ import annotations
+
+import compileall
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+from onnx import TensorProto, helper
+
+QUICK = bool(os.environ.get("DQTOOL_BENCH_QUICK"))
+LAYERS = 2 if QUICK else 32
+D = 256 if QUICK else 3072  # hidden size
+F = 512 if QUICK else 8192  # MLP size
+V = 1024 if QUICK else 32000  # vocabulary
+BLOCK = 128
+
+_WRAP = """
+import resource, sys
+sys.argv = ["dqtool", *sys.argv[1:]]
+code = 0
+try:
+    from dqtool.cli import main
+    main()
+except SystemExit as e:
+    code = e.code or 0
+print("MAXRSS", resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, file=sys.stderr)
+sys.exit(code)
+"""
+
+
+class DataWriter:
+    """Appends tensors to one data file and returns their external-data TensorProtos."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.f = open(path, "wb")  # noqa: SIM115 - closed by close()
+        self.offset = 0
+        self.noise = np.random.default_rng(0).integers(0, 256, 4 << 20, dtype=np.uint8)
+
+    def tensor(self, name: str, dtype: int, dims: list[int], nbytes: int,
+               fill: bytes | None = None) -> TensorProto:
+        if fill is None:  # random codes, written 4 MB at a time
+            left = nbytes
+            while left:
+                chunk = self.noise[: min(left, self.noise.size)]
+                self.f.write(chunk.tobytes())
+                left -= chunk.size
+        else:
+            self.f.write(fill * (nbytes // len(fill)))
+        t = TensorProto(name=name, data_type=dtype, dims=dims)
+        t.data_location = TensorProto.EXTERNAL
+        for key, value in (("location", self.path.name), ("offset", str(self.offset)),
+                           ("length", str(nbytes))):
+            t.external_data.add(key=key, value=value)
+        self.offset += nbytes
+        return t
+
+    def close(self) -> None:
+        self.f.close()
+
+
+def build(folder: Path) -> Path:
+    data = DataWriter(folder / "model.onnx.data")
+    scale_fill = np.float16(0.01).tobytes()
+    inits, nodes = [], []
+
+    def nbits(name: str, x: str, k: int, n: int) -> str:
+        kb = -(-k // BLOCK)
+        inits.append(data.tensor(f"{name}.B", TensorProto.UINT8, [n, kb, BLOCK // 2],
+                                 n * kb * BLOCK // 2))
+        inits.append(data.tensor(f"{name}.scales", TensorProto.FLOAT16, [n, kb], n * kb * 2,
+                                 scale_fill))
+        nodes.append(helper.make_node("MatMulNBits", [x, f"{name}.B", f"{name}.scales"],
+                                      [name], name=name, domain="com.microsoft", K=k, N=n,
+                                      bits=4, block_size=BLOCK))
+        return name
+
+    inits.append(data.tensor("embed.data", TensorProto.INT4, [V, D], V * D // 2))
+    inits.append(data.tensor("embed.scales", TensorProto.FLOAT16, [V, D // BLOCK],
+                             V * D // BLOCK * 2, scale_fill))
+    nodes.append(helper.make_node("GatherBlockQuantized", ["embed.data", "ids", "embed.scales"],
+                                  ["x0"], name="embed", domain="com.microsoft", gather_axis=0,
+                                  quantize_axis=1, block_size=BLOCK))
+    x = "x0"
+    for i in range(LAYERS):
+        p = f"l{i}"
+        q, k, v = (nbits(f"{p}.{w}", x, D, D) for w in ("q", "k", "v"))
+        nodes.append(helper.make_node("Add", [q, k], [f"{p}.qk"], name=f"{p}.add1"))
+        nodes.append(helper.make_node("Add", [f"{p}.qk", v], [f"{p}.qkv"], name=f"{p}.add2"))
+        o = nbits(f"{p}.o", f"{p}.qkv", D, D)
+        g, u = nbits(f"{p}.gate", o, D, F), nbits(f"{p}.up", o, D, F)
+        nodes.append(helper.make_node("Mul", [g, u], [f"{p}.gu"], name=f"{p}.mul"))
+        x = nbits(f"{p}.down", f"{p}.gu", F, D)
+    data.close()
+    graph = helper.make_graph(
+        nodes, "llm", [helper.make_tensor_value_info("ids", TensorProto.INT64, [1, "seq"])],
+        [helper.make_tensor_value_info(x, TensorProto.FLOAT16, [1, "seq", D])], inits)
+    model = helper.make_model(graph, ir_version=10, opset_imports=[
+        helper.make_opsetid("", 21), helper.make_opsetid("com.microsoft", 1)])
+    path = folder / "model.onnx"
+    path.write_bytes(model.SerializeToString())
+    return path
+
+
+def run(*args: str) -> tuple[float, float, str]:
+    """(wall seconds, peak RSS MB, stdout) of one dqtool command in its own process."""
+    os.sync()  # start from a quiet disk (no write-back of the previous step)
+    t0 = time.perf_counter()
+    proc = subprocess.run([sys.executable, "-c", _WRAP, *args], capture_output=True,
+                          text=True)
+    wall = time.perf_counter() - t0
+    rss = [line for line in proc.stderr.splitlines() if line.startswith("MAXRSS")]
+    if proc.returncode != 0 or not rss:
+        raise SystemExit(f"dqtool {' '.join(args)} failed:\n{proc.stderr[-2000:]}")
+    return wall, int(rss[-1].split()[1]) / 1024, proc.stdout
+
+
+def copy_time(src: Path, dst: Path) -> float:
+    os.sync()
+    t0 = time.perf_counter()
+    shutil.copyfile(src, dst)
+    wall = time.perf_counter() - t0
+    dst.unlink()
+    return wall
+
+
+def data_bytes(model: Path) -> int:
+    return sum(p.stat().st_size for p in model.parent.glob(model.name + "*")
+               if p.name != model.name) or model.stat().st_size
+
+
+def ort_loads(model: Path) -> str:
+    if os.environ.get("DQTOOL_BENCH_NO_ORT"):
+        return "skipped"
+    code = ("import onnxruntime as o, sys; s = o.SessionOptions(); "
+            "s.graph_optimization_level = o.GraphOptimizationLevel.ORT_DISABLE_ALL; "
+            "o.InferenceSession(sys.argv[1], s, providers=['CPUExecutionProvider'])")
+    proc = subprocess.run([sys.executable, "-c", code, str(model)], capture_output=True,
+                          text=True)
+    return "loads" if proc.returncode == 0 else "FAILS: " + proc.stderr.strip()[-300:]
+
+
+def fused_count(model: Path) -> int:
+    import onnx
+
+    m = onnx.load(model, load_external_data=False)
+    return sum(n.domain == "com.microsoft" for n in m.graph.node)
+
+
+def available_mb() -> float:
+    with open("/proc/meminfo") as f:
+        for line in f:
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def main() -> int:
+    compileall.compile_dir(Path(__file__).resolve().parents[1] / "dqtool", quiet=1)
+    with tempfile.TemporaryDirectory(prefix="dqtool-bench-fused-") as tmp:
+        folder = Path(tmp)
+        src = build(folder)
+        size = data_bytes(src)
+        copy = copy_time(folder / "model.onnx.data", folder / "copy.data")
+        up, back, folded = folder / "up.onnx", folder / "back.onnx", folder / "fp16.onnx"
+        t_up, rss_up, _ = run("upgrade", str(src), "--opset", "21", "-o", str(up))
+        t_back, rss_back, _ = run("pack", str(up), "-o", str(back))
+        t_fold, rss_fold, _ = run("fold", str(src), "--dtype", "float16", "-o", str(folded))
+        fold_bytes = data_bytes(folded)
+        # The fold writes ~4x the bytes: its peer is copying as many bytes.
+        copy_fold = copy * fold_bytes / size
+        loads = {"upgrade": ort_loads(up), "pack": ort_loads(back)}
+        loads["fold"] = ort_loads(folded) if available_mb() > 3 * fold_bytes / 2**20 \
+            else "skipped (not enough free memory to load it)"
+        result = {
+            "quick": QUICK, "layers": LAYERS, "matmulnbits": 7 * LAYERS,
+            "data_bytes": size, "copy_s": round(copy, 3),
+            "upgrade_s": round(t_up, 3), "upgrade_rss_mb": round(rss_up, 1),
+            "pack_s": round(t_back, 3), "pack_rss_mb": round(rss_back, 1),
+            "fold_fp16_s": round(t_fold, 3), "fold_rss_mb": round(rss_fold, 1),
+            "fold_bytes": fold_bytes, "onnxruntime": loads,
+            "fused": {"source": fused_count(src), "upgraded": fused_count(up),
+                      "packed": fused_count(back), "folded": fused_count(folded)},
+        }
+        print(json.dumps(result))
+        print(f"copy of the data file ({size / 2**30:.2f} GiB): {copy:6.2f} s")
+        for label, t, rss, peer in (("upgrade --opset 21", t_up, rss_up, copy),
+                                    ("pack (back to MatMulNBits)", t_back, rss_back, copy),
+                                    ("fold --dtype float16", t_fold, rss_fold, copy_fold)):
+            print(f"{label:28s}: {t:6.2f} s  {rss:6.0f} MB peak  -> {t / peer:.2f}x the "
+                  "copy" + (" of as many bytes" if peer is copy_fold else ""))
+        print("onnxruntime loads: " + ", ".join(f"{k} {v}" for k, v in loads.items()))
+        print("fused ops: " + ", ".join(f"{k} {v}" for k, v in result["fused"].items()))
+        if not QUICK:
+            ok = all(t <= 2 * p and r <= 300 for t, r, p in (
+                (t_up, rss_up, copy), (t_back, rss_back, copy), (t_fold, rss_fold, copy_fold)))
+            print(f"target <= 2x the copy and <= 300 MB each: {'PASS' if ok else 'MISS'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

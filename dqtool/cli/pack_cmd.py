@@ -1,0 +1,51 @@
+"""``dqtool pack MODEL``: DequantizeLinear → MatMul / Gather into onnxruntime's MatMulNBits /
+GatherBlockQuantized, bit-identical weights."""
+
+from __future__ import annotations
+
+import click
+
+from dqtool.cli.app import App, user_errors
+
+
+@click.command("pack")
+@click.argument("model", type=click.Path(dir_okay=True, path_type=str))
+@click.option("-o", "--output", "out", type=click.Path(path_type=str), default=None,
+              help="Output file (default: <stem>.packed.onnx next to MODEL).")
+@click.option("--accuracy-level", type=click.IntRange(0, 4), default=0, show_default=True,
+              help="MatMulNBits accuracy_level written (0 leaves it out; >0 lets "
+              "onnxruntime quantize or downcast A, so outputs change by design).")
+@click.option("--zero-points", type=click.Choice(["auto", "packed"]), default="auto",
+              show_default=True, help="auto: leave zero points out when all are "
+              "2^(bits-1) (onnxruntime's symmetric form); packed: always write them.")
+@click.option("--no-gather", is_flag=True, help="Leave DequantizeLinear → Gather alone.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
+@click.pass_obj
+@user_errors
+def pack_cmd(app: App, model: str, out: str | None, accuracy_level: int, zero_points: str,
+             no_gather: bool, as_json: bool) -> None:
+    """Turn DequantizeLinear(constant) → MatMul into com.microsoft MatMulNBits and
+    DequantizeLinear(constant table) → Gather into GatherBlockQuantized.
+
+    Weights stay bit-identical (2/4/8-bit, blocked along K or per-axis). Exit 0 written;
+    2 bad input.
+    """
+    from dqtool.families.fused.pack_api import pack
+
+    report = pack(model, out, accuracy_level=accuracy_level, zero_points=zero_points,
+                  gather=not no_gather)
+    if as_json:
+        app.print_json({
+            "input": model, "files": report.written,
+            "packed": [vars(p) for p in report.packed],
+            "skipped": [vars(s) for s in report.skipped],
+        })
+        return
+    for p in report.packed:
+        app.out.print(f"{p.node} [{p.graph}]: {p.how}", markup=False, soft_wrap=True)
+    for s in report.skipped:
+        app.out.print(f"{s.node} [{s.graph}]: left as it is: {s.why}", markup=False,
+                      soft_wrap=True)
+    app.out.print(f"{len(report.packed)} packed, {len(report.skipped)} left")
+    for path in report.written:
+        app.out.print(f"wrote {path}")

@@ -1,0 +1,44 @@
+"""The fused family: onnxruntime's com.microsoft MatMulNBits and GatherBlockQuantized, whose
+dequantization lives inside the operator.
+
+Everything about them is in this folder: reading them into a ``FusedSpec`` (``read``), the
+kernel (``kernel``, ``packing``), the exact rewrite to ai.onnx DequantizeLinear + MatMul /
+Gather (``to_onnx``, the family's "onnx" converter) and back (``pack_pass``), folding
+(``fold``), the weights ``check --against`` compares (``weights``) and the lint facts
+(``lint``). See ``docs/fused.md``.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from dqtool.families.base import Family
+
+if TYPE_CHECKING:
+    from dqtool.convert.registry import Registry
+
+DOMAIN = "com.microsoft"
+OPS = ("MatMulNBits", "GatherBlockQuantized")
+
+
+def _evaluator_ops() -> list[type[Any]]:
+    from dqtool.families.fused import evaluator_ops
+
+    return list(evaluator_ops.OPS)
+
+
+def _converters(reg: Registry) -> None:
+    from dqtool.families.fused import to_onnx
+
+    for op in OPS:
+        reg.register(DOMAIN, op, 1, "onnx")(to_onnx.convert)
+
+
+FAMILY = Family(
+    name="fused",
+    keys=tuple((DOMAIN, op, 1) for op in OPS),
+    evaluator_ops=_evaluator_ops,
+    converters=_converters,
+    prunable=frozenset({DOMAIN}),
+    lint_modules=("dqtool.families.fused.lint",),
+)

@@ -1,0 +1,42 @@
+"""ReferenceEvaluator operators for MatMulNBits and GatherBlockQuantized: dequantize with
+the fused family's kernel, then a float32 MatMul (+ bias) or a gather."""
+
+from __future__ import annotations
+
+import numpy as np
+from onnx.reference.op_run import OpRun
+
+from dqtool.families.fused.kernel import (
+    dequantize_gather_block_quantized,
+    dequantize_matmul_nbits,
+)
+
+DOMAIN = "com.microsoft"
+
+
+class MatMulNBits(OpRun):
+    op_domain = DOMAIN
+    op_schema = None  # only the node's own attributes reach _run; defaults are ours
+
+    def _run(self, a, b, scales, zero_points=None, g_idx=None, bias=None, K=0, N=0, bits=4,
+             block_size=0, **_ignored):
+        w = dequantize_matmul_nbits(b, scales, zero_points, K=K, N=N, bits=bits,
+                                    block_size=block_size, g_idx=g_idx)
+        y = np.matmul(a.astype(np.float32), w.astype(np.float32))
+        if bias is not None:
+            y = y + bias.astype(np.float32)
+        return (y.astype(a.dtype),)
+
+
+class GatherBlockQuantized(OpRun):
+    op_domain = DOMAIN
+    op_schema = None
+
+    def _run(self, data, indices, scales, zero_points=None, gather_axis=0, quantize_axis=1,
+             block_size=128, bits=4, **_ignored):
+        return (dequantize_gather_block_quantized(
+            data, scales, zero_points, quantize_axis=quantize_axis, block_size=block_size,
+            bits=bits, indices=indices, gather_axis=gather_axis),)
+
+
+OPS = [MatMulNBits, GatherBlockQuantized]

@@ -1,0 +1,56 @@
+"""What reports say about a fused node: bytes stored vs folded, the ai.onnx opset its
+DequantizeLinear form needs, and the JSON fields QuantSpec does not have."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from dqtool import graph
+from dqtool.families.fused.spec import FusedSpec
+
+
+def lowest_onnx_opset(spec: FusedSpec) -> int | None:
+    """The lowest ai.onnx opset ``upgrade`` can rewrite this node at, None if none can."""
+    from dqtool.families.fused.to_onnx import needed_opset
+
+    if spec.errors or spec.quant_type is None or spec.g_idx in ("act-order", "unknown"):
+        return None
+    if spec.quant_type == "uint8" and not spec.constant and spec.granularity == "blocked":
+        return 21  # only a constant weight can be laid out as per-axis rows
+    return needed_opset(spec)
+
+
+def bytes_of(spec: FusedSpec) -> tuple[int | None, int | None]:
+    """Bytes stored (codes + scales + zero points) and once folded to the float type."""
+    if not spec.x_constant:
+        return None, None
+    codes = graph.stored_bytes("uint8", spec.stored_shape) if spec.op == "MatMulNBits" \
+        else graph.stored_bytes(spec.quant_type if spec.packing == "none" else "uint8",
+                                spec.stored_shape)
+    scales = graph.stored_bytes(spec.scale_type, spec.scale_shape)
+    zp = 0
+    if spec.zero_point != "none":
+        n = graph.num_elements(spec.scale_shape)
+        bits = spec.bits or 8
+        if n is None:
+            zp = None
+        elif spec.zero_point == "float":
+            zp = graph.stored_bytes(spec.zero_point_type, spec.scale_shape)
+        else:
+            zp = (n * bits + 7) // 8
+    stored = None if None in (codes, scales, zp) else codes + scales + zp
+    return stored, graph.stored_bytes(spec.float_type, spec.x_shape)
+
+
+def json_extras(spec: FusedSpec) -> dict[str, Any]:
+    return {
+        "kind": "fused",
+        "bits": spec.bits,
+        "zero_point_packed": spec.zero_point_packed,
+        "default_zero_point": spec.default_zero_point,
+        "stored_shape": None if spec.stored_shape is None else list(spec.stored_shape),
+        "g_idx": spec.g_idx,
+        "has_bias": spec.has_bias,
+        "accuracy_level": spec.accuracy_level,
+        "gather_axis": spec.gather_axis,
+    }

@@ -1,0 +1,467 @@
+"""``dqtool pack``: ai.onnx DequantizeLinear → MatMul / Gather back into onnxruntime's fused
+MatMulNBits / GatherBlockQuantized, with bit-identical weights.
+
+Cases rewritten (``FusedPackPass``):
+- ``DequantizeLinear(x const (K, N), scale, zp)`` blocked along axis 0 (block a power of 2
+  ≥ 16) or per-axis on axis 1 (or per-tensor), 2/4/8-bit, whose only use is MatMul's B
+  → MatMulNBits; an ``Add`` of a constant ``(N,)`` bias that is the MatMul's only use
+  becomes its bias input. Signed codes move to unsigned ones with the zero point
+  (``q - zp`` is unchanged); a ragged last block is padded with code 0 and unused
+  zero-point slots with ``2^(bits-1)``, as onnxruntime's quantizer writes them; zero
+  points that are all ``2^(bits-1)`` are left out (``zero_points="auto"``), as that
+  quantizer does for symmetric weights.
+- the float-zero-point chain ``upgrade`` writes for HQQ weights (DequantizeLinear with a
+  float32 scale → Reshape → Add(-(zp·s), from the stored zero points) → Reshape (→ Slice)
+  (→ Cast) → MatMul)
+  → MatMulNBits with float zero points.
+- ``DequantizeLinear(table const, blocked along one axis) → Gather`` on another axis
+  → GatherBlockQuantized (int4/uint4 tables reused as stored; uint8 → bits 8; uint2 →
+  uint8-packed bits 2).
+Left alone, with the reason in the report: anything else (a computed weight, a
+DequantizeLinear with several uses, blocks along N, scale type differing from A's, ...).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import onnx_ir as ir
+
+from dqtool import codecs, graph, types
+from dqtool.families.fused import arrays, packing
+from dqtool.families.fused.surgery import Builder, name_factory
+from dqtool.spec import QuantSpec
+
+_BITS = {"uint2": 2, "int2": 2, "uint4": 4, "int4": 4, "uint8": 8, "int8": 8}
+
+
+@dataclass
+class Packed:
+    node: str
+    graph: str
+    op: str  # the fused op written
+    how: str
+
+
+@dataclass
+class Skipped:
+    node: str
+    graph: str
+    why: str
+
+
+@dataclass
+class PackReport:
+    packed: list[Packed] = field(default_factory=list)
+    skipped: list[Skipped] = field(default_factory=list)
+    model: ir.Model | None = None
+    written: list[str] = field(default_factory=list)
+
+
+class NoMatch(Exception):
+    pass
+
+
+def _t(v: ir.Value | None) -> ir.TensorProtocol:
+    t = graph.constant_tensor(v)
+    if t is None:
+        raise NoMatch("not a constant")
+    return t
+
+
+def _array(v: ir.Value) -> np.ndarray:
+    return arrays.value_array(v)
+
+
+def _only_use(v: ir.Value) -> tuple[ir.Node, int] | None:
+    uses = list(v.uses())
+    if len(uses) != 1 or v.is_graph_output():
+        return None
+    return uses[0].node, uses[0].idx
+
+
+def _pow2_16(b: int) -> bool:
+    return b >= 16 and (b & (b - 1)) == 0
+
+
+def _next_pow2_16(n: int) -> int:
+    b = 16
+    while b < n:
+        b *= 2
+    return b
+
+
+def _unsigned_codes(arr: np.ndarray, bits: int, signed: bool) -> np.ndarray:
+    a = arr.astype(np.int16)
+    return (a + (1 << (bits - 1)) if signed else a).astype(np.uint8)
+
+
+class FusedPackPass:
+    """Rewrites the patterns in the module docstring; ``report`` lists what it did."""
+
+    def __init__(self, accuracy_level: int = 0, zero_points: str = "auto",
+                 gather: bool = True) -> None:
+        if zero_points not in ("auto", "packed"):
+            raise ValueError(f"zero_points must be auto or packed, got {zero_points!r}")
+        self.accuracy_level = accuracy_level
+        self.zero_points = zero_points
+        self.gather = gather
+        self.report = PackReport()
+
+    def __call__(self, model: ir.Model) -> PackReport:
+        fresh = name_factory(model)
+        self.fresh = fresh
+        replaced: list[ir.Value] = []
+        for site in list(graph.walk(model)):
+            node = site.node
+            if node.graph is None or node.op_type != "DequantizeLinear" or \
+                    graph.domain_name(node.domain) != "ai.onnx":
+                continue
+            spec = codecs.read_node(node, site.opsets)
+            use = _only_use(node.outputs[0])
+            if use is None:
+                continue
+            consumer, idx = use
+            try:
+                self.in_function = site.function is not None
+                if consumer.op_type == "MatMul" and idx == 1:
+                    how, old = self._matmul(node, spec, consumer)
+                    op = "MatMulNBits"
+                elif consumer.op_type == "Reshape" and idx == 0:
+                    how, old = self._float_zp_chain(node, spec, consumer)
+                    op = "MatMulNBits"
+                elif consumer.op_type == "Gather" and idx == 0 and self.gather:
+                    how, old = self._gather(node, spec, consumer)
+                    op = "GatherBlockQuantized"
+                else:
+                    continue
+            except NoMatch as e:
+                if str(e):
+                    self.report.skipped.append(Skipped(node.name or "<unnamed>", site.graph,
+                                                       str(e)))
+                continue
+            replaced.extend(old)
+            self.report.packed.append(Packed(node.name or "<unnamed>", site.graph, op, how))
+        _drop_unused(replaced)
+        if self.report.packed:
+            model.opset_imports.setdefault("com.microsoft", 1)
+            for fn in model.functions.values():
+                if any(n.domain == "com.microsoft" for n in fn):
+                    fn.opset_imports.setdefault("com.microsoft", 1)
+        return self.report
+
+    # --- DequantizeLinear → MatMul ---------------------------------------------------
+
+    def _weight_facts(self, spec: QuantSpec, x_shape) -> tuple[int, int, int, int]:
+        """(K, N, bits, block) of a (K, N) weight DequantizeLinear, or NoMatch."""
+        if spec.errors or not spec.constant or spec.x_from_quantize:
+            raise NoMatch("not a valid DequantizeLinear of constants")
+        if spec.quant_type not in _BITS:
+            raise NoMatch(f"{spec.quant_type} codes: MatMulNBits takes 2, 4 or 8 bits")
+        if x_shape is None or len(x_shape) != 2:
+            raise NoMatch("the weight is not 2-D")
+        k, n = x_shape
+        if spec.granularity == "blocked":
+            if spec.axis != 0:
+                raise NoMatch("blocks run along N (axis 1); MatMulNBits blocks run along K")
+            if not _pow2_16(spec.block_size):
+                raise NoMatch(f"block size {spec.block_size} is not a power of 2 ≥ 16")
+            block = spec.block_size
+        elif spec.granularity == "per-axis" and spec.axis != 1:
+            raise NoMatch("per-axis along K (axis 0) is not blocks of K")
+        else:
+            block = _next_pow2_16(k)  # one block spans K
+        return k, n, _BITS[spec.quant_type], block
+
+    def _scales_zps(self, dq: ir.Node, spec: QuantSpec, k: int, n: int, bits: int, block: int):
+        """(scales (N, kb) as stored, unsigned zero-point codes (N, kb)) as lazy makers."""
+        kb = -(-k // block)
+        scale, zp = graph.input_value(dq, 1), graph.input_value(dq, 2)
+        signed = types.by_name(spec.quant_type).signed
+
+        def kn(v: ir.Value) -> np.ndarray:
+            a = _array(v)
+            if spec.granularity == "blocked":
+                return a.reshape(kb, n)
+            return np.broadcast_to(a.reshape(1, -1) if a.size > 1 else a.reshape(1, 1), (kb, n))
+
+        def scales() -> np.ndarray:
+            return np.ascontiguousarray(kn(scale).T)
+
+        def zps() -> np.ndarray:
+            if zp is None:
+                return np.full((n, kb), (1 << (bits - 1)) if signed else 0, np.uint8)
+            return np.ascontiguousarray(_unsigned_codes(kn(zp), bits, signed).T)
+
+        return scales, zps, kb, signed
+
+    def _matmul(self, dq: ir.Node, spec: QuantSpec, mm: ir.Node) -> tuple[str, list]:
+        x = graph.input_value(dq, 0)
+        k, n, bits, block = self._weight_facts(spec, graph.shape_of(x))
+        a = graph.input_value(mm, 0)
+        # MatMul's A and B share a type, so an undeclared A has the weight's type.
+        if graph.elem_type(a) not in (None, spec.scale_type):
+            raise NoMatch(f"A is {graph.elem_type(a)} and the scale {spec.scale_type}: "
+                          "MatMulNBits needs them equal")
+        a_shape = graph.shape_of(a)
+        if a_shape is not None and len(a_shape) < 2:
+            raise NoMatch("A is 1-D")
+        scales, zps, kb, signed = self._scales_zps(dq, spec, k, n, bits, block)
+        zp_present = graph.input_value(dq, 2) is not None
+        omit_zp = self.zero_points == "auto" and self._all_default(zps, bits)
+        bias, add = self._bias(mm, n, spec.scale_type)
+        b = Builder(mm if add is None else add, self.fresh, self.in_function)
+        b.base = mm.name or dq.name or "matmul"
+
+        def b_bytes() -> np.ndarray:
+            # A ragged last block is padded with code 0, as onnxruntime's quantizer does.
+            if bits in (4, 8) and n % 2 == 0 and k % 2 == 0:
+                # On the stored bytes: adding 2^(bits-1) to every signed code (mod 2^bits)
+                # flips its top bit.
+                raw = arrays.raw_bytes(_t(x))
+                if signed:
+                    raw = raw ^ np.uint8(0x88 if bits == 4 else 0x80)
+                return packing.onnx_to_nbits(raw if bits == 4 else raw.reshape(k, n), k, n,
+                                             bits, block)
+            return packing.onnx_to_nbits(_unsigned_codes(_array(x), bits, signed), k, n, bits,
+                                         block)
+
+        s_type = types.by_name(spec.scale_type).ir_type
+        bq = b.constant("B", ir.DataType.UINT8, (n, kb, block * bits // 8), b_bytes)
+        s = b.constant("scales", s_type, (n, kb), scales)
+        inputs: list[ir.Value | None] = [a, bq, s]
+        if not omit_zp:
+            zl = -(-kb * bits // 8)
+            # Unused slots of the last byte hold 2^(bits-1), as onnxruntime's quantizer
+            # writes them.
+            inputs.append(b.constant("zero_points", ir.DataType.UINT8, (n, zl),
+                                     lambda: packing.pack(zps(), bits, 1 << (bits - 1))))
+        if bias is not None:
+            inputs += [None] * (5 - len(inputs)) + [bias]
+        y = self._mnb(b, inputs, k, n, bits, block)
+        old = [v for v in dq.inputs if v is not None]
+        b.nodes.append(y.producer())
+        b.finish(y)
+        _remove_unused([mm, dq])
+        how = (f"{spec.quant_type} ({k}, {n}) {spec.granularity} → MatMulNBits bits={bits} "
+               f"block_size={block}" + (" + bias" if bias is not None else "")
+               + ("" if omit_zp else ", packed zero points")
+               + ("" if zp_present or omit_zp else " (zero point 0 made explicit)"))
+        return how, old
+
+    def _all_default(self, zps, bits: int) -> bool:
+        return bool(np.all(zps() == (1 << (bits - 1))))
+
+    def _bias(self, mm: ir.Node, n: int, s_type: str | None):
+        use = _only_use(mm.outputs[0])
+        if use is None or use[0].op_type != "Add":
+            return None, None
+        add = use[0]
+        other = add.inputs[1 - use[1]]
+        if other is None or graph.constant_tensor(other) is None or \
+                graph.shape_of(other) != (n,) or graph.elem_type(other) != s_type:
+            return None, None
+        return other, add
+
+    def _mnb(self, b: Builder, inputs, k, n, bits, block) -> ir.Value:
+        attrs = {"K": k, "N": n, "bits": bits, "block_size": block}
+        if self.accuracy_level:
+            attrs["accuracy_level"] = self.accuracy_level
+        node = ir.node("MatMulNBits", inputs, attrs, domain="com.microsoft",
+                       name=f"{b.base}/nbits")
+        out = node.outputs[0]
+        out.name = self.fresh(f"{b.base}/nbits")
+        return out
+
+    # --- the float-zero-point chain upgrade writes -------------------------------------
+
+    def _float_zp_chain(self, dq: ir.Node, spec: QuantSpec, reshape: ir.Node
+                        ) -> tuple[str, list]:
+        def one(v: ir.Value, op: str, idx: int = 0) -> ir.Node:
+            use = _only_use(v)
+            if use is None or use[0].op_type != op or use[1] != idx:
+                raise NoMatch("")
+            return use[0]
+
+        x = graph.input_value(dq, 0)
+        rows_n = graph.shape_of(x)
+        if spec.zero_point != "none" or spec.scale_type != "float" or rows_n is None:
+            raise NoMatch("")
+        add = next((u.node for u in reshape.outputs[0].uses() if u.node.op_type == "Add"),
+                   None)
+        if add is None or len(reshape.outputs[0].uses()) != 1:
+            raise NoMatch("")
+        off = add.inputs[1] if add.inputs[0] is reshape.outputs[0] else add.inputs[0]
+        neg = off.producer()
+        mul = neg.inputs[0].producer() if neg is not None and neg.op_type == "Neg" else None
+        if mul is None or mul.op_type != "Mul":
+            raise NoMatch("")
+        zc = mul.inputs[0]
+        if zc.producer() is not None and zc.producer().op_type == "Cast":
+            zc = zc.producer().inputs[0]
+        if graph.constant_tensor(zc) is None:
+            raise NoMatch("")
+        last = one(add.outputs[0], "Reshape")
+        rows, n = rows_n
+        k = rows
+        tail = last
+        nxt = _only_use(tail.outputs[0])
+        if nxt is not None and nxt[0].op_type == "Slice":
+            ends = graph.constant_array(graph.input_value(nxt[0], 2))
+            k = int(ends.reshape(-1)[0]) if ends is not None else k
+            tail = nxt[0]
+            nxt = _only_use(tail.outputs[0])
+        out_type = "float"
+        if nxt is not None and nxt[0].op_type == "Cast":
+            tail = nxt[0]
+            out_type = graph.elem_type(tail.outputs[0])
+            nxt = _only_use(tail.outputs[0])
+        if nxt is None or nxt[0].op_type != "MatMul" or nxt[1] != 1:
+            raise NoMatch("")
+        mm = nxt[0]
+        _, _, bits, block = self._weight_facts(spec, (rows, n))
+        kb = rows // block if spec.granularity == "blocked" else 1
+        if spec.granularity != "blocked":
+            block = rows
+            if not _pow2_16(block):
+                raise NoMatch("")
+        a = graph.input_value(mm, 0)
+        if graph.elem_type(a) not in (None, out_type) or graph.elem_type(zc) != out_type:
+            raise NoMatch("")
+        bias, badd = self._bias(mm, n, out_type)
+        b = Builder(mm if badd is None else badd, self.fresh, self.in_function)
+        b.base = mm.name or dq.name or "matmul"
+        s_type = types.by_name(out_type)
+        scale = graph.input_value(dq, 1)
+        signed = types.by_name(spec.quant_type).signed
+
+        def b_bytes() -> np.ndarray:
+            codes = _unsigned_codes(_array(x), bits, signed)
+            return packing.onnx_to_nbits(codes, rows, n, bits, block)
+
+        bq = b.constant("B", ir.DataType.UINT8, (n, kb, block * bits // 8), b_bytes)
+        s = b.constant("scales", s_type.ir_type, (n, kb),
+                       lambda: np.ascontiguousarray(_array(scale).reshape(kb, n).T)
+                       .astype(s_type.dtype))
+        z = b.constant("zero_points", s_type.ir_type, (n, kb),
+                       lambda: np.ascontiguousarray(_array(zc).reshape(kb, n).T))
+        inputs: list[ir.Value | None] = [a, bq, s, z]
+        if bias is not None:
+            inputs += [None, bias]
+        y = self._mnb(b, inputs, k, n, bits, block)
+        b.nodes.append(y.producer())
+        b.finish(y)
+        chain = [mm, tail, last, add, neg, mul, reshape, dq, mul.inputs[0].producer(),
+                 mul.inputs[1].producer(), *(u.node for u in last.outputs[0].uses())]
+        old = _remove_unused([n for n in chain if n is not None])
+        how = (f"float-zero-point chain ({spec.quant_type} ({k}, {n})) → MatMulNBits "
+               f"bits={bits} block_size={block}, float zero points")
+        return how, old
+
+    # --- DequantizeLinear → Gather -----------------------------------------------------
+
+    def _gather(self, dq: ir.Node, spec: QuantSpec, gather: ir.Node) -> tuple[str, list]:
+        if spec.errors or not spec.constant or spec.x_from_quantize:
+            raise NoMatch("not a valid DequantizeLinear of constants")
+        x, scale, zp = (graph.input_value(dq, i) for i in range(3))
+        shape = graph.shape_of(x)
+        if shape is None or not all(isinstance(d, int) for d in shape):
+            raise NoMatch("the table has no static shape")
+        rank = len(shape)
+        ga_attr = gather.attributes.get("axis")
+        ga = (ga_attr.as_int() if ga_attr is not None else 0) % rank
+        q = spec.quant_type
+        if spec.granularity == "blocked":
+            qa, block = spec.axis, spec.block_size
+            if not _pow2_16(block):
+                raise NoMatch(f"block size {block} is not a power of 2 ≥ 16")
+        elif spec.granularity == "per-axis" and rank == 2:
+            qa = 1 - spec.axis
+            block = _next_pow2_16(shape[qa])
+        else:
+            raise NoMatch(f"{spec.granularity} table: GatherBlockQuantized needs blocks")
+        if qa == ga:
+            raise NoMatch("the gather axis is the quantized axis")
+        b = Builder(gather, self.fresh, self.in_function)
+        b.base = gather.name or dq.name or "gather"
+        s_shape = tuple(-(-d // block) if i == qa else d for i, d in enumerate(shape))
+        s_type = types.by_name(spec.scale_type).ir_type
+        reshaped = spec.granularity != "blocked"
+        s_val = scale if not reshaped else b.constant(
+            "scales", s_type, s_shape, lambda: _array(scale).reshape(s_shape))
+        if q in ("int4", "uint4"):
+            bits, data = 4, x
+            z = zp
+            if zp is not None and reshaped:
+                z = b.constant("zero_points", types.by_name(q).ir_type, s_shape,
+                               lambda: _array(zp).reshape(s_shape))
+        elif q in ("uint8", "uint2"):
+            if ga != 0 or qa != rank - 1:
+                raise NoMatch(f"{q} tables need gather axis 0 and blocks along the last axis")
+            bits = _BITS[q]
+            per = 8 // bits
+            if bits == 8:
+                data = x
+            else:
+                if shape[-1] % per:
+                    raise NoMatch(f"rows of {shape[-1]} {q} codes do not fill whole bytes")
+                packed_shape = (*shape[:-1], shape[-1] // per)
+                data = b.constant("data", ir.DataType.UINT8, packed_shape, lambda: packing.pack(
+                    _array(x).astype(np.uint8), bits))
+            zl = (*s_shape[:-1], -(-s_shape[-1] // per))
+
+            def zp_bytes() -> np.ndarray:
+                codes = np.zeros(s_shape, np.uint8) if zp is None else \
+                    _array(zp).astype(np.uint8).reshape(s_shape)
+                return packing.pack(codes, bits)
+
+            z = b.constant("zero_points", ir.DataType.UINT8, zl, zp_bytes)
+        else:
+            raise NoMatch(f"{q} tables: GatherBlockQuantized takes int4, uint4, uint8, uint2")
+        inputs = [data, gather.inputs[1], s_val] + ([z] if z is not None else [])
+        attrs = {"gather_axis": ga, "quantize_axis": qa, "block_size": block}
+        if bits != 4:  # 4 is the default; onnxruntime's quantizer leaves it out
+            attrs["bits"] = bits
+        node = ir.node("GatherBlockQuantized", inputs, attrs, domain="com.microsoft",
+                       name=f"{b.base}/gbq")
+        out = node.outputs[0]
+        out.name = self.fresh(f"{b.base}/gbq")
+        old = [v for v in dq.inputs if v is not None]
+        b.nodes.append(node)
+        b.finish(out)
+        _remove_unused([dq])
+        how = (f"{q} table {shape} blocked axis {qa} → GatherBlockQuantized bits={bits} "
+               f"block_size={block} gather_axis={ga}")
+        return how, old
+
+
+def _remove_unused(nodes: list[ir.Node]) -> list[ir.Value]:
+    """Remove those of ``nodes`` whose outputs nobody uses (repeatedly, so a chain goes
+    consumer first); returns the inputs they had."""
+    inputs: list[ir.Value] = []
+    changed = True
+    while changed:
+        changed = False
+        for node in nodes:
+            if node.graph is not None and all(not o.uses() and not o.is_graph_output()
+                                              for o in node.outputs):
+                inputs.extend(v for v in node.inputs if v is not None)
+                node.graph.remove(node, safe=True)
+                changed = True
+    return inputs
+
+
+def _drop_unused(values: list[ir.Value]) -> None:
+    seen: set[int] = set()
+    for v in values:
+        if id(v) in seen or v.uses() or v.is_graph_output() or v.is_graph_input():
+            continue
+        seen.add(id(v))
+        if v.is_initializer() and v.graph is not None:
+            v.graph.initializers.pop(v.name, None)
+            continue
+        producer = v.producer()
+        if producer is not None and producer.op_type == "Constant" and \
+                producer.graph is not None:
+            producer.graph.remove(producer, safe=True)

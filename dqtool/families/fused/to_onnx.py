@@ -1,0 +1,319 @@
+"""MatMulNBits / GatherBlockQuantized → ai.onnx DequantizeLinear, exactly.
+
+Cases rewritten:
+- MatMulNBits with integer zero points (packed uint8, or none: ``2^(bits-1)`` made
+  explicit) → ``DequantizeLinear(x (K, N) uint2/uint4/uint8, scale (k_blocks, N), zp)``
+  blocked along axis 0 with the same block size (per-axis on axis 1 when one block spans K;
+  a ragged last block stays ragged) → ``MatMul`` (→ ``Add`` of the bias). x is B's codes
+  transposed by one pass over the packed bytes (no Transpose node is left).
+- MatMulNBits with float zero points (HQQ): onnxruntime computes ``q·s + (-(zp·s))`` in
+  float32, two roundings, which no zero point of DequantizeLinear expresses; so
+  ``DequantizeLinear(x, float32 scale)`` (exactly ``q·s``) → ``Reshape`` into blocks →
+  ``Add`` of the float32 offsets ``-(zp·s)`` → ``Reshape`` (→ ``Slice`` of a ragged tail)
+  (→ ``Cast`` to A's type) → ``MatMul``. Bit-identical to the weight onnxruntime uses.
+- a g_idx that maps every row to its own block (``k // block_size``) is dropped.
+- GatherBlockQuantized → ``DequantizeLinear`` of the table (blocked along quantize_axis,
+  int4/uint4 tables and scales reused as they are stored; uint8-packed codes become
+  uint2/uint4 tensors over the same bytes) → ``Gather``. This order, because ai.onnx Gather
+  takes no 4-bit type.
+Refused (the node stays, the report says why): an act-order or computed g_idx, a B
+prepacked for an execution provider, a weight not constant, a target opset too old for the
+codes (uint4 21, uint2 25; uint8 is laid out per-axis below 21).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx_ir as ir
+
+from dqtool import graph, types
+from dqtool.families.fused import arrays, packing, read
+from dqtool.families.fused.spec import FusedSpec
+from dqtool.families.fused.surgery import Builder
+
+_IR_CODE = {"uint2": ir.DataType.UINT2, "uint4": ir.DataType.UINT4, "uint8": ir.DataType.UINT8,
+            "int4": ir.DataType.INT4}
+_NEEDS = {"uint2": 25, "int2": 25, "uint4": 21, "int4": 21}
+
+
+class Refusal(Exception):
+    """Why a fused node cannot be rewritten exactly (the node is left as it is)."""
+
+
+def _tensor(v: ir.Value | None) -> ir.TensorProtocol:
+    t = graph.constant_tensor(v)
+    assert t is not None
+    return t
+
+
+def _array(v: ir.Value) -> np.ndarray:
+    return arrays.value_array(v)
+
+
+def check(spec: FusedSpec, target: int) -> None:
+    """Raise ``Refusal`` when ``spec`` has no exact ai.onnx form at opset ``target``."""
+    if spec.errors:
+        raise Refusal("invalid: " + "; ".join(p.message for p in spec.errors))
+    if spec.g_idx == "act-order":
+        raise Refusal("g_idx reorders rows of K across blocks (act-order): a blocked "
+                      "DequantizeLinear cannot express it without one scale per element")
+    if spec.g_idx == "unknown":
+        raise Refusal("g_idx is computed at run time")
+    if spec.attribute("weight_prepacked", 0):
+        raise Refusal("B is prepacked for an execution provider")
+    if not spec.constant:
+        raise Refusal("the quantized weight, scales or zero points are computed at run time")
+    need = needed_opset(spec)
+    if target < need:
+        what = spec.quant_type if need != 19 else f"a {spec.scale_type} scale in"
+        raise Refusal(f"{what} DequantizeLinear needs ai.onnx opset {need}+")
+
+
+def native_opset(spec: FusedSpec) -> int:
+    """The opset whose DequantizeLinear takes the codes as they are (uint4 21, uint2 25)."""
+    return _NEEDS.get(spec.quant_type or "", 13 if spec.quant_type == "uint8" else 21)
+
+
+def needed_opset(spec: FusedSpec) -> int:
+    """The lowest opset ``upgrade`` rewrites the node at: below ``native_opset`` 2/4-bit
+    codes are widened to 8 bits and a blocked weight laid out as per-axis rows (the usual
+    lowerings, exact); float16/bfloat16 scales need 19; float8 tables 21."""
+    need = 13 if spec.quant_type in ("uint2", "int2", "uint4", "int4", "uint8") else 21
+    if spec.scale_type != "float" and spec.zero_point != "float":
+        need = max(need, 19)
+    return need
+
+
+_WIDE = {ir.DataType.UINT4: (ir.DataType.UINT8, np.uint8),
+         ir.DataType.UINT2: (ir.DataType.UINT8, np.uint8),
+         ir.DataType.INT4: (ir.DataType.INT8, np.int8),
+         ir.DataType.INT2: (ir.DataType.INT8, np.int8)}
+
+
+def _widen(b: Builder) -> bool:
+    """Give every new DequantizeLinear 8-bit codes in place of 2/4-bit ones (exact)."""
+    done = False
+    for dq in [n for n in b.nodes if n.op_type == "DequantizeLinear"]:
+        for i in (0, 2):
+            v = graph.input_value(dq, i)
+            if v is None or v.dtype not in _WIDE:
+                continue
+            wide_t, np_t = _WIDE[v.dtype]
+            shape = tuple(int(d) for d in _tensor(v).shape)
+            wide = b.constant(f"{'x' if i == 0 else 'zero_point'}_8bit", wide_t, shape,
+                              lambda v=v, np_t=np_t: arrays.value_array(v).astype(np_t))
+            dq.replace_input_with(i, wide)
+            if v.name in b.created and not v.uses():
+                b.graph.initializers.pop(v.name, None)
+            done = True
+    return done
+
+
+def matmul_nbits(node: ir.Node, spec: FusedSpec, b: Builder) -> tuple[ir.Value, str]:
+    """The new nodes of a MatMulNBits (in ``b``); returns (result, how)."""
+    a, bq, scales, zp, _g, bias = (graph.input_value(node, i) for i in range(6))
+    k, n = spec.x_shape
+    bits, block, kb = spec.bits, spec.block_size, spec.k_blocks
+    code_t = _IR_CODE[spec.quant_type]
+    s_type = types.by_name(spec.scale_type).ir_type
+    per_axis = kb == 1
+    rows = k if spec.zero_point != "float" else kb * block
+
+    def x_bytes() -> ir.TensorProtocol:
+        raw = packing.nbits_to_onnx(_array(bq), rows, n, bits)
+        if bits == 8:
+            return ir.Tensor(raw.reshape(rows, n), dtype=code_t)
+        return ir.PackedTensor(raw, code_t, shape=(rows, n))
+
+    x = b.constant("x", code_t, (rows, n), x_bytes)
+    s_shape = (n,) if per_axis else (kb, n)
+
+    def scale_kn(as_float32: bool = False):
+        def make() -> np.ndarray:
+            s = _array(scales).reshape(n, kb).T
+            return (s.astype(np.float32) if as_float32 else s).reshape(s_shape)
+        return make
+
+    dq_attrs: dict = {"axis": 1} if per_axis else {"axis": 0, "block_size": block}
+    how_parts: list[str] = []
+    if spec.zero_point != "float":
+        def zp_codes() -> ir.TensorProtocol:
+            if zp is None:
+                codes = np.full(s_shape, spec.default_zero_point, np.uint8)
+            else:
+                from dqtool.families.fused.kernel import matmul_nbits_zero_points
+
+                codes = matmul_nbits_zero_points(_array(zp), n, kb, bits)[0].T.reshape(s_shape)
+            codes = np.ascontiguousarray(codes)
+            if bits == 8:
+                return ir.Tensor(codes, dtype=code_t)
+            return ir.PackedTensor(packing.pack(codes.reshape(-1), bits), code_t,
+                                   shape=s_shape)
+
+        s = b.constant("scale", s_type, s_shape, scale_kn())
+        z = b.constant("zero_point", code_t, s_shape, zp_codes)
+        w = b.op("DequantizeLinear", [x, s, z], "dequantize", dq_attrs, s_type, (k, n))
+        how_parts.append(f"DequantizeLinear ({spec.quant_type} ({k}, {n}), "
+                         + ("per-axis axis 1" if per_axis else f"blocked axis 0, block {block}"
+                            + (", ragged last block" if k % block else ""))
+                         + (", default zero point made explicit" if zp is None else "") + ")")
+    else:
+        s32 = b.constant("scale", ir.DataType.FLOAT, s_shape, scale_kn(True))
+        dq_attrs = {"axis": 0, "block_size": block} if not per_axis else {"axis": 1}
+        w0 = b.op("DequantizeLinear", [x, s32], "dequantize", dq_attrs, ir.DataType.FLOAT,
+                  (rows, n))
+
+        def zp_blocks() -> np.ndarray:
+            return np.ascontiguousarray(_array(zp).reshape(n, kb).T).reshape(kb, 1, n)
+
+        # The offsets -(zp·s) are computed by the graph, in float32 as onnxruntime does, so
+        # the zero points stay stored as they were (and ``pack`` gives them back).
+        z_type = types.by_name(spec.zero_point_type).ir_type
+        zc = b.constant("zero_point", z_type, (kb, 1, n), zp_blocks)
+        if z_type != ir.DataType.FLOAT:
+            zc = b.op("Cast", [zc], "zero_point_float", {"to": ir.AttrInt64("to", 1)},
+                      ir.DataType.FLOAT, (kb, 1, n))
+        s_b = b.op("Reshape", [s32, b.small("scale_shape", np.array([kb, 1, n]))],
+                   "scale_blocks", dtype=ir.DataType.FLOAT, shape=(kb, 1, n))
+        prod = b.op("Mul", [zc, s_b], "zero_point_times_scale", dtype=ir.DataType.FLOAT,
+                    shape=(kb, 1, n))
+        off = b.op("Neg", [prod], "offset", dtype=ir.DataType.FLOAT, shape=(kb, 1, n))
+        blocks = b.op("Reshape", [w0, b.small("blocks_shape", np.array([kb, block, n]))],
+                      "blocks", dtype=ir.DataType.FLOAT, shape=(kb, block, n))
+        added = b.op("Add", [blocks, off], "add_offset", dtype=ir.DataType.FLOAT,
+                     shape=(kb, block, n))
+        w = b.op("Reshape", [added, b.small("rows_shape", np.array([rows, n]))], "rows",
+                 dtype=ir.DataType.FLOAT, shape=(rows, n))
+        if rows != k:
+            w = b.op("Slice", [w, b.small("starts", np.array([0])),
+                               b.small("ends", np.array([k])), b.small("axes", np.array([0]))],
+                     "slice", dtype=ir.DataType.FLOAT, shape=(k, n))
+        if s_type != ir.DataType.FLOAT:
+            w = b.op("Cast", [w], "cast", {"to": ir.AttrInt64("to", int(s_type))}, s_type,
+                     (k, n))
+        how_parts.append(f"DequantizeLinear ({spec.quant_type} ({rows}, {n}), float32 scale) "
+                         "→ Add of -(zp·s) per block (float zero points, two roundings "
+                         "as onnxruntime)"
+                         + (" → Slice of the ragged tail" if rows != k else "")
+                         + (f" → Cast to {spec.scale_type}" if s_type != ir.DataType.FLOAT
+                            else ""))
+    y = b.op("MatMul", [a, w], "matmul", dtype=a.dtype)
+    how_parts.append("MatMul")
+    if bias is not None:
+        y = b.op("Add", [y, bias], "bias", dtype=a.dtype)
+        how_parts.append("Add (bias)")
+    return y, " → ".join(how_parts)
+
+
+def _same_bytes(tensor: ir.TensorProtocol, dtype: ir.DataType, shape: tuple[int, ...]
+                ) -> ir.TensorProtocol:
+    """The stored bytes of ``tensor`` read as another packed type and shape (no copy when
+    they live in a data file)."""
+    if isinstance(tensor, ir.ExternalTensor):
+        return ir.ExternalTensor(tensor.location, tensor.offset, tensor.length, dtype,
+                                 shape=ir.Shape(shape), name=tensor.name,
+                                 base_dir=tensor.base_dir)
+    raw = np.frombuffer(tensor.tobytes(), np.uint8)
+    return ir.PackedTensor(raw, dtype, shape=shape)
+
+
+def gather_block_quantized(node: ir.Node, spec: FusedSpec, b: Builder
+                           ) -> tuple[ir.Value, str]:
+    data, indices, scales, zp = (graph.input_value(node, i) for i in range(4))
+    stored = graph.elem_type(data)
+    logical = tuple(int(d) for d in spec.x_shape)
+    s_shape = tuple(int(d) for d in spec.scale_shape)
+    code_t = _IR_CODE.get(spec.quant_type or "") or types.by_name(spec.quant_type).ir_type
+    s_type = types.by_name(spec.scale_type).ir_type
+    notes = []
+    if stored == "uint8" and spec.bits != 8:
+        x = b.existing(_same_bytes(_tensor(data), code_t, logical), "x")
+        notes.append(f"uint8-packed codes read as {spec.quant_type} {logical} (same bytes)")
+    else:
+        x = data
+    z: ir.Value | None = zp
+    if stored == "uint8":
+        bits = spec.bits
+
+        def zp_codes() -> ir.TensorProtocol:
+            if zp is None:
+                codes = np.full(s_shape, spec.default_zero_point, np.uint8)
+            else:
+                codes = packing.unpack(_array(zp), bits)[..., : s_shape[-1]]
+            codes = np.ascontiguousarray(codes)
+            if bits == 8:
+                return ir.Tensor(codes, dtype=code_t)
+            return ir.PackedTensor(packing.pack(codes.reshape(-1), bits), code_t,
+                                   shape=s_shape)
+
+        z = b.constant("zero_point", code_t, s_shape, zp_codes)
+        if zp is None:
+            notes.append(f"default zero point {spec.default_zero_point} made explicit")
+    inputs = [x, scales] + ([z] if z is not None else [])
+    w = b.op("DequantizeLinear", inputs, "dequantize",
+             {"axis": spec.axis, "block_size": spec.block_size}, s_type, logical)
+    y = b.op("Gather", [w, indices], "gather", {"axis": spec.gather_axis}, s_type)
+    how = (f"DequantizeLinear of the table ({spec.quant_type} {logical}, blocked axis "
+           f"{spec.axis}, block {spec.block_size}) → Gather axis {spec.gather_axis}")
+    return y, how + ("; " + "; ".join(notes) if notes else "")
+
+
+def rewrite(node: ir.Node, opsets: dict[str, int], target: int, fresh,
+            in_function: bool = False) -> tuple[list[ir.Value], str, str, list[ir.Node]]:
+    """Rewrite ``node`` in place; returns (values it no longer uses, how, why, new nodes).
+    Raises ``Refusal`` (nothing changed) when it has no exact ai.onnx form at ``target``."""
+    spec = read.read(node, opsets)
+    check(spec, target)
+    b = Builder(node, fresh, in_function)
+    old_inputs = [v for v in node.inputs if v is not None]
+    if spec.op == "MatMulNBits":
+        y, how = matmul_nbits(node, spec, b)
+    else:
+        y, how = gather_block_quantized(node, spec, b)
+    if target < native_opset(spec) and _widen(b):
+        how += (f"; {spec.quant_type} codes widened to 8 bits (DequantizeLinear-"
+                f"{native_opset(spec)} is the first to take {spec.quant_type})")
+    b.finish(y)
+    why = "exact: the dequantized weight is bit-identical to the one onnxruntime multiplies"
+    if spec.op == "GatherBlockQuantized":
+        why = ("exact: every gathered value is bit-identical (an out-of-range index, zeros "
+               "in GatherBlockQuantized, is an error in Gather)")
+    if spec.accuracy_level > 0:
+        why += (f"; accuracy_level={spec.accuracy_level}: onnxruntime may quantize A in the "
+                "original, so its outputs differ from the float MatMul by design")
+    if spec.g_idx == "trivial":
+        how += "; g_idx (every row in its own block) dropped"
+    return old_inputs, how, why, b.nodes
+
+
+def convert(node: ir.Node, step) -> object:
+    """The family's "onnx" adapter: rewrite the node (then its new DequantizeLinear follows
+    the usual lowerings: ``--per-axis``, blocked → per-axis rows below opset 21), or keep
+    it with the reason."""
+    from dqtool import codecs
+    from dqtool.convert import blocked, generic
+    from dqtool.convert.context import Step
+    from dqtool.convert.registry import Outcome
+
+    if step.ctx.options.keep_contrib:
+        return Outcome("kept", "left as com.microsoft", "--keep-contrib")
+    try:
+        old, how, why, new = rewrite(node, {"com.microsoft": 1}, step.target, step.ctx.fresh,
+                                     step.in_function)
+    except Refusal as e:
+        return Outcome("kept", "left as com.microsoft", str(e))
+    step.ctx.replaced.extend(old)
+    out = Outcome("changed", f"com.microsoft {node.op_type} → {how}", why)
+    dst = generic.since_at("DequantizeLinear", step.target)
+    for dq in (n for n in new if n.op_type == "DequantizeLinear"):
+        spec = codecs.read_node(dq, {"": max(dst, 21)})  # as built: a DequantizeLinear-21
+        if spec.granularity != "blocked" or not (step.ctx.options.per_axis or dst < 21):
+            continue
+        sub = Step(dq, step.where, step.in_function, dst, dst, step.ctx)
+        reason = "--per-axis" if step.ctx.options.per_axis else \
+            f"DequantizeLinear-{dst} has no blocked form"
+        res = blocked.to_per_axis(sub, spec, reason)
+        if res.status == "refused":
+            return res
+        out = Outcome.merge([out, res])
+    return out

@@ -1,0 +1,152 @@
+"""``check --against``: the weight each fused node of the original dequantizes, compared bit
+for bit with the weight the checked model multiplies (or gathers from) in its place.
+
+The checked model's weight is found through the fused node's output name: the same fused
+op (kept, or packed back), or the ``MatMul`` (under an ``Add`` of the bias) / ``Gather``
+that produces it, whose weight input is evaluated from constants with dqtool's reference
+evaluator (a folded weight is read as it is).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import onnx
+import onnx_ir as ir
+
+from dqtool import graph
+from dqtool.families.fused import kernel, read
+
+
+@dataclass(frozen=True)
+class WeightComparison:
+    node: str
+    op: str
+    status: str  # "bit-identical", "differ", "not found"
+    detail: str = ""
+
+    @property
+    def passed(self) -> bool:
+        return self.status != "differ"
+
+    def to_json(self) -> dict[str, Any]:
+        return {"node": self.node, "op": self.op, "status": self.status,
+                "detail": self.detail}
+
+
+def _arr(v: ir.Value | None) -> np.ndarray | None:
+    return None if v is None else graph.constant_array(v)
+
+
+def fused_weight(node: ir.Node) -> np.ndarray | None:
+    """The dequantized weight of a fused node with constant inputs (MatMulNBits: (K, N);
+    GatherBlockQuantized: the table), None if not constant."""
+    spec = read.read(node, {})
+    if not spec.constant or spec.errors:
+        return None
+    a = {k: v.as_int() for k, v in node.attributes.items()
+         if v.type == ir.AttributeType.INT}
+    if node.op_type == "MatMulNBits":
+        return kernel.dequantize_matmul_nbits(
+            _arr(node.inputs[1]), _arr(node.inputs[2]), _arr(graph.input_value(node, 3)),
+            K=a["K"], N=a["N"], bits=a.get("bits", 4), block_size=a["block_size"],
+            g_idx=_arr(graph.input_value(node, 4)))
+    return kernel.dequantize_gather_block_quantized(
+        _arr(node.inputs[0]), _arr(node.inputs[2]), _arr(graph.input_value(node, 3)),
+        quantize_axis=a.get("quantize_axis", 1), block_size=a.get("block_size", 128),
+        bits=a.get("bits", 4))
+
+
+def _evaluate(value: ir.Value) -> np.ndarray | None:
+    """A value computed from constants only, evaluated; None if it needs a graph input."""
+    const = graph.constant_array(value)
+    if const is not None:
+        return const
+    nodes: list[ir.Node] = []
+    inits: dict[str, ir.Value] = {}
+    todo, seen = [value], set()
+    while todo:
+        v = todo.pop()
+        if id(v) in seen:
+            continue
+        seen.add(id(v))
+        if graph.constant_tensor(v) is not None and v.producer() is None:
+            inits[v.name] = v
+            continue
+        p = v.producer()
+        if p is None or len(nodes) > 64:
+            return None
+        nodes.append(p)
+        todo.extend(i for i in p.inputs if i is not None)
+    order = [n for n in value.graph if n in nodes] if value.graph is not None else nodes
+    from dqtool.families.evaluator import reference_evaluator
+
+    protos = [ir.serde.serialize_node(n) for n in order]
+    tensors = [ir.serde.serialize_tensor(v.const_value) for v in inits.values()]
+    for t, name in zip(tensors, inits, strict=True):
+        t.name = name
+    g = onnx.helper.make_graph(protos, "w", [], [onnx.helper.make_tensor_value_info(
+        value.name, onnx.TensorProto.UNDEFINED, None)], initializer=tensors)
+    opsets = [onnx.helper.make_opsetid(d, v) for d, v in
+              (value.graph.opset_imports.items() if value.graph is not None else [])]
+    m = onnx.helper.make_model(g, opset_imports=opsets or [onnx.helper.make_opsetid("", 21)])
+    return reference_evaluator(m).run(None, {})[0]
+
+
+def _counterpart(model_values: dict[str, ir.Value], node: ir.Node) -> np.ndarray | str | None:
+    y = model_values.get(node.outputs[0].name)
+    p = y.producer() if y is not None else None
+    if p is None:
+        return "not found"
+    if read.is_fused(p) and p.op_type == node.op_type:
+        return fused_weight(p)
+    if node.op_type == "MatMulNBits":
+        if p.op_type == "Add":
+            p = next((i.producer() for i in p.inputs if i is not None and i.producer() is not
+                      None and i.producer().op_type == "MatMul"), None)
+        if p is None or p.op_type != "MatMul":
+            return "not found"
+        return _evaluate(p.inputs[1])
+    if p.op_type != "Gather":
+        return "not found"
+    return _evaluate(p.inputs[0])
+
+
+def compare_weights(model: ir.Model, original: ir.Model) -> list[WeightComparison]:
+    values: dict[str, ir.Value] = {}
+    for g in model.graphs():
+        for n in g:
+            for o in n.outputs:
+                values[o.name] = o
+    out: list[WeightComparison] = []
+    for site in graph.walk(original):
+        node = site.node
+        if not read.is_fused(node):
+            continue
+        name = node.name or node.outputs[0].name
+        want = fused_weight(node)
+        if want is None:
+            out.append(WeightComparison(name, node.op_type, "not found",
+                                        "the original's weight is not constant"))
+            continue
+        got = _counterpart(values, node)
+        if isinstance(got, str) or got is None:
+            out.append(WeightComparison(name, node.op_type, "not found",
+                                        "no constant weight in the checked model's place"))
+            continue
+        if got.shape != want.shape or got.dtype != want.dtype:
+            out.append(WeightComparison(name, node.op_type, "differ",
+                                        f"{got.dtype}{got.shape} vs {want.dtype}{want.shape}"))
+            continue
+        view = np.uint32 if want.dtype.itemsize == 4 else np.uint16
+        diff = int(np.count_nonzero(got.view(view) != want.view(view)))
+        if diff:
+            err = float(np.max(np.abs(got.astype(np.float64) - want.astype(np.float64))))
+            out.append(WeightComparison(name, node.op_type, "differ",
+                                        f"{diff} of {want.size} elements, max abs {err:g}"))
+        else:
+            out.append(WeightComparison(name, node.op_type, "bit-identical",
+                                        f"{want.dtype}{want.shape}"))
+    return out

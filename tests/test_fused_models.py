@@ -1,0 +1,84 @@
+"""The fused samples in models/ (written by onnxruntime's MatMulNBitsQuantizer): every
+command on them, and the round trip upgrade → pack back to the same tensors."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnx_ir as ir
+import pytest
+from helpers.fused import run_ort
+
+import dqtool
+
+MODELS = Path(__file__).resolve().parent.parent / "models"
+SAMPLES = {  # file -> (fused ops, opset upgrade needs)
+    "ort_matmulnbits_4bit_sym_b32.onnx": (3, 21),
+    "ort_matmulnbits_4bit_asym_b128.onnx": (3, 21),
+    "ort_matmulnbits_8bit_b32.onnx": (2, 21),
+    "ort_matmulnbits_2bit_b32.onnx": (2, 25),
+}
+FEEDS = {"ids": np.array([[0, 5, 63, 5]], np.int64)}
+
+
+def _tensors(proto: onnx.ModelProto) -> list:
+    return sorted((t.data_type, tuple(t.dims), onnx.numpy_helper.to_array(t).tobytes())
+                  for t in proto.graph.initializer)
+
+
+def _nodes(proto: onnx.ModelProto) -> list:
+    return [(n.op_type, n.domain, sorted((a.name, onnx.helper.get_attribute_value(a))
+                                         for a in n.attribute)) for n in proto.graph.node]
+
+
+@pytest.mark.parametrize("name", sorted(SAMPLES))
+def test_inspect_counts_every_fused_op(name):
+    doc = dqtool.inspect(MODELS / name).to_json()
+    fused, _ = SAMPLES[name]
+    assert doc["summary"]["fused_nodes"] == fused
+    assert sum(n["kind"] == "fused" for n in doc["nodes"]) == fused
+    assert all(not n["problems"] for n in doc["nodes"])
+
+
+@pytest.mark.parametrize("name", sorted(SAMPLES))
+def test_upgrade_leaves_none_and_pack_restores_the_original(name, tmp_path):
+    _, opset = SAMPLES[name]
+    original = onnx.load(MODELS / name)
+    up = tmp_path / "up.onnx"
+    dqtool.upgrade(MODELS / name, opset, up)
+    converted = onnx.load(up)
+    onnx.checker.check_model(converted, full_check=True)
+    assert not [n for n in converted.graph.node if n.domain == "com.microsoft"]
+    report = dqtool.check(up, against=MODELS / name, rtol=1e-4, atol=1e-4,
+                          inputs=FEEDS)
+    assert report.weights and all(w.status == "bit-identical" for w in report.weights)
+    assert report.passed
+    back = tmp_path / "back.onnx"
+    dqtool.pack(up, back)
+    restored = onnx.load(back)
+    assert _tensors(restored) == _tensors(original)
+    assert _nodes(restored) == _nodes(original)
+    assert np.array_equal(run_ort(restored, FEEDS)[0], run_ort(original, FEEDS)[0])
+
+
+@pytest.mark.parametrize("name", sorted(SAMPLES))
+def test_fold_leaves_no_quantized_weight(name):
+    report = dqtool.fold(ir.load(MODELS / name), dtype="float16")
+    out = ir.serde.serialize_model(report.model)
+    assert not [n for n in out.graph.node if n.domain == "com.microsoft"]
+    assert {t.data_type for t in out.graph.initializer} <= {
+        onnx.TensorProto.FLOAT16, onnx.TensorProto.FLOAT, onnx.TensorProto.INT64}
+    (y,) = run_ort(out, FEEDS)
+    (want,) = run_ort(onnx.load(MODELS / name), FEEDS)
+    assert np.allclose(y, want, rtol=1e-2, atol=1e-2)
+
+
+@pytest.mark.parametrize("name", sorted(SAMPLES))
+def test_lint_flags_them_off_onnxruntime(name):
+    fused, _ = SAMPLES[name]
+    found = dqtool.lint(MODELS / name, target="directml-fl6.2").findings
+    assert sum(f.code == "DQ109" for f in found) == fused
+    assert not [f for f in dqtool.lint(MODELS / name, target="onnxruntime").findings
+                if f.code == "DQ109"]

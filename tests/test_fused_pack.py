@@ -1,0 +1,162 @@
+"""pack: DequantizeLinear → MatMul / Gather into MatMulNBits / GatherBlockQuantized; and the
+round trip upgrade → pack gives back the original tensors."""
+
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+import onnx
+import onnx_ir as ir
+import pytest
+from click.testing import CliRunner
+from helpers.fused import bits_of, gbq_model, nbits_inputs, nbits_model, run_ort
+from onnx_ir import from_onnx_text as model
+
+import dqtool
+from dqtool.cli import cli
+from dqtool.families.fused import packing
+
+
+def _roundtrip(proto: onnx.ModelProto, opset: int = 21, **kw) -> onnx.ModelProto:
+    m = dqtool.upgrade(ir.serde.deserialize_model(proto), opset).model
+    report = dqtool.pack(m, **kw)
+    out = ir.serde.serialize_model(report.model)
+    onnx.checker.check_model(out)
+    return out
+
+
+def _inits(proto: onnx.ModelProto) -> dict[str, bytes]:
+    return {t.name: (t.data_type, tuple(t.dims), onnx.numpy_helper.to_array(t).tobytes())
+            for t in proto.graph.initializer}
+
+
+def _node(proto, op):
+    return next(n for n in proto.graph.node if n.op_type == op)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+@pytest.mark.parametrize(("bits", "zp", "k", "block"), [
+    (4, "packed", 100, 32), (4, "none", 64, 32), (4, "float", 100, 32), (8, "packed", 64, 16),
+    (8, "none", 256, 128), (4, "packed", 20, 32), (2, "packed", 96, 32), (2, "none", 64, 32)])
+def test_upgrade_then_pack_restores_the_original_tensors(dtype, bits, zp, k, block):
+    rng = np.random.default_rng(bits * 100 + k)
+    n = 10
+    inputs = nbits_inputs(rng, k, n, bits, block, dtype, zp)
+    kb = -(-k // block)
+    # onnxruntime's quantizer pads a ragged last block with code 0 and the unused slots of
+    # the last zero-point byte with 2^(bits-1): so do the originals here.
+    codes = packing.unpack(inputs["B"].reshape(n, -1), bits)
+    codes[:, k:] = 0
+    inputs["B"] = packing.pack(codes, bits).reshape(n, kb, -1)
+    if zp == "packed":
+        z = packing.unpack(inputs["zero_points"], bits)[:, :kb]
+        inputs["zero_points"] = packing.pack(z, bits, 1 << (bits - 1))
+    bias = rng.random(n).astype(dtype)
+    original = nbits_model(k, n, bits, block, inputs, dtype=dtype, bias=bias)
+    back = _roundtrip(original, 25 if bits == 2 else 21)
+    node = _node(back, "MatMulNBits")
+    assert [n.op_type for n in back.graph.node] == ["MatMulNBits"]
+    attrs = {a.name: a.i for a in node.attribute}
+    assert attrs == {"K": k, "N": n, "bits": bits, "block_size": block}
+    got = _inits(back)
+    want = _inits(original)
+    b_name, s_name = node.input[1], node.input[2]
+    assert got[b_name] == want["B"]
+    assert got[s_name][2] == want["scales"][2]
+    if zp == "none":
+        assert len([i for i in node.input if i]) == 4  # A, B, scales, bias
+    else:
+        assert got[node.input[3]][2] == want["zero_points"][2]
+    assert got[node.input[5]] == want["bias"]
+    eye = {"A": np.eye(k, dtype=dtype)}
+    assert np.array_equal(bits_of(run_ort(original, eye)[0]), bits_of(run_ort(back, eye)[0]))
+
+
+def test_pack_signed_per_axis_weight_and_options():
+    m = model("""
+        <ir_version: 10, opset_import: ["" : 21]>
+        g (float[2, 20] a) => (float[2, 3] y)
+        <int4[20, 3] w = {1,-2,3,-4,5,-6,7,-8,0,1,2,3,4,5,6,7,-1,-2,-3,-4,1,1,1,1,1,1,1,1,1,1,
+          2,2,2,2,2,2,2,2,2,2,3,3,3,3,3,3,3,3,3,3,4,4,4,4,4,4,4,4,4,4},
+         float[3] s = {0.5, 0.25, 2.0}>
+        { wf = DequantizeLinear <axis = 1> (w, s)
+          y = MatMul(a, wf) }
+    """)
+    w_codes = m.graph.initializers["w"].const_value.numpy()
+    a = np.random.default_rng(0).random((2, 20)).astype(np.float32)
+    (want,) = dqtool.reference_evaluator(m).run(None, {"a": a})
+    report = dqtool.pack(m, accuracy_level=0, zero_points="packed")
+    proto = ir.serde.serialize_model(report.model)
+    node = _node(proto, "MatMulNBits")
+    assert {a.name: a.i for a in node.attribute} == {"K": 20, "N": 3, "bits": 4,
+                                                     "block_size": 32}
+    assert len(node.input) == 4  # zero points written: every one 8 (signed 0 + 8)
+    (got,) = run_ort(proto, {"a": a})
+    assert np.allclose(got, want, rtol=1e-6)
+    w = dqtool.dequantize_matmul_nbits(
+        *(onnx.numpy_helper.to_array(next(t for t in proto.graph.initializer if t.name == i))
+          for i in node.input[1:4]), K=20, N=3, bits=4, block_size=32)
+    assert [t.name for t in proto.graph.initializer if t.name in ("w", "s")] == []
+    w_ref = dqtool.dequantize(w_codes, np.array([0.5, 0.25, 2.0], np.float32), axis=1)
+    assert np.array_equal(bits_of(w), bits_of(w_ref))
+
+
+def test_pack_leaves_what_it_cannot_express_with_the_reason():
+    m = model("""
+        <ir_version: 10, opset_import: ["" : 21]>
+        g (float[2, 32] a) => (float[2, 32] y)
+        <uint8[32, 32] w = {5}, float[32, 2] s = {1.0}>
+        { wf = DequantizeLinear <axis = 1, block_size = 16> (w, s)
+          y = MatMul(a, wf) }
+    """)
+    m.graph.initializers["w"].const_value = ir.tensor(np.full((32, 32), 5, np.uint8), name="w")
+    m.graph.initializers["s"].const_value = ir.tensor(np.ones((32, 2), np.float32), name="s")
+    report = dqtool.pack(m)
+    assert report.packed == []
+    assert "blocks run along N" in report.skipped[0].why
+
+
+@pytest.mark.parametrize("kind", ["int4", "uint4"])
+def test_gather_round_trip_reuses_the_stored_table(kind):
+    rng = np.random.default_rng(3)
+    lo, hi = (-8, 8) if kind == "int4" else (0, 16)
+    t = ml_dtypes.int4 if kind == "int4" else ml_dtypes.uint4
+    table = rng.integers(lo, hi, size=(12, 64)).astype(t)
+    zps = rng.integers(lo, hi, size=(12, 2)).astype(t)
+    original = gbq_model(table, (rng.random((12, 2)) + 0.1).astype(np.float32), zps)
+    back = _roundtrip(original)
+    node = _node(back, "GatherBlockQuantized")
+    assert {a.name: a.i for a in node.attribute} == {"gather_axis": 0, "quantize_axis": 1,
+                                                     "block_size": 32}
+    want, got = _inits(original), _inits(back)
+    assert got[node.input[0]] == want["data"] and got[node.input[3]] == want["zero_points"]
+    idx = {"indices": np.array([1, 11, 0, 5, 5], np.int64)}
+    assert np.array_equal(bits_of(run_ort(original, idx)[0]), bits_of(run_ort(back, idx)[0]))
+
+
+def test_gather_8bit_table_gets_explicit_zero_point():
+    rng = np.random.default_rng(4)
+    table = rng.integers(0, 256, size=(6, 32), dtype=np.uint8)
+    original = gbq_model(table, np.ones((6, 1), np.float32), None, bits=8)
+    back = _roundtrip(original)
+    node = _node(back, "GatherBlockQuantized")
+    assert len(node.input) == 4  # 128, the uint8 default, made explicit by upgrade, kept
+    idx = {"indices": np.array([0, 5, 2, 2, 1], np.int64)}
+    assert np.array_equal(run_ort(original, idx)[0], run_ort(back, idx)[0])
+
+
+def test_cli_pack(tmp_path):
+    rng = np.random.default_rng(5)
+    src = tmp_path / "m.onnx"
+    up = tmp_path / "up.onnx"
+    onnx.save(nbits_model(64, 5, 4, 32, nbits_inputs(rng, 64, 5, 4, 32)), src)
+    runner = CliRunner()
+    assert runner.invoke(cli, ["upgrade", str(src), "--opset", "21", "-o", str(up)]).exit_code == 0
+    r = runner.invoke(cli, ["pack", str(up), "--accuracy-level", "4"])
+    assert r.exit_code == 0, r.output
+    assert "1 packed, 0 left" in r.output
+    out = onnx.load(tmp_path / "up.packed.onnx")
+    node = _node(out, "MatMulNBits")
+    assert {a.name: a.i for a in node.attribute}["accuracy_level"] == 4
+    r = runner.invoke(cli, ["pack", str(tmp_path / "missing.onnx")])
+    assert r.exit_code == 2 and r.output.count("\n") == 1

@@ -1,0 +1,226 @@
+"""upgrade: MatMulNBits / GatherBlockQuantized → ai.onnx DequantizeLinear, bit-identical."""
+
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+import onnx
+import onnx_ir as ir
+import pytest
+from click.testing import CliRunner
+from helpers.fused import bits_of, gbq_model, nbits_inputs, nbits_model, run_ort
+
+import dqtool
+from dqtool.cli import cli
+from dqtool.families.fused import packing
+
+
+def _upgrade(proto: onnx.ModelProto, opset: int = 21, **kw) -> tuple[onnx.ModelProto, object]:
+    report = dqtool.upgrade(ir.serde.deserialize_model(proto), opset, **kw)
+    out = ir.serde.serialize_model(report.model)
+    onnx.checker.check_model(out, full_check=True)
+    return out, report
+
+
+def _ops(proto: onnx.ModelProto) -> list[str]:
+    return [n.op_type for n in proto.graph.node]
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+@pytest.mark.parametrize(("bits", "zp", "opset"), [
+    (4, "packed", 21), (4, "none", 21), (4, "float", 21), (8, "packed", 21), (8, "none", 21),
+    (2, "packed", 25), (2, "none", 25), (8, "packed", 19)])
+@pytest.mark.parametrize(("k", "block"), [(64, 32), (100, 32), (20, 32)])
+def test_upgraded_weight_is_bit_identical(dtype, bits, zp, opset, k, block):
+    rng = np.random.default_rng(k + bits)
+    n = 12
+    inputs = nbits_inputs(rng, k, n, bits, block, dtype, zp)
+    original = nbits_model(k, n, bits, block, inputs, dtype=dtype, opset=min(opset, 21))
+    converted, report = _upgrade(original, opset)
+    assert "MatMulNBits" not in _ops(converted) and "DequantizeLinear" in _ops(converted)
+    # Blocked DequantizeLinear (21+) needs no Transpose: x is stored (K, N). Below 21 the
+    # blocked weight is laid out as per-axis rows and transposed back (the usual lowering).
+    assert ("Transpose" in _ops(converted)) == (opset < 21 and k > block)
+
+    assert [c.status for c in report.changes] == ["changed"]
+    eye = {"A": np.eye(k, dtype=dtype)}
+    (want,) = run_ort(original, eye)
+    (got,) = run_ort(converted, eye)
+    assert np.array_equal(bits_of(want), bits_of(got))
+    assert {o.domain for o in converted.opset_import} == {""}
+
+
+def test_float16_scales_need_19():
+    rng = np.random.default_rng(12)
+    inputs = nbits_inputs(rng, 64, 5, 8, 32, np.float16)
+    _, report = _upgrade(nbits_model(64, 5, 8, 32, inputs, dtype=np.float16, opset=13), 13)
+    assert report.changes[0].status == "kept"
+    assert "float16 scale in DequantizeLinear needs ai.onnx opset 19+" in report.changes[0].why
+
+
+def test_layout_of_the_converted_weight():
+    rng = np.random.default_rng(0)
+    inputs = nbits_inputs(rng, 100, 6, 4, 32, zp="none")
+    bias = np.arange(6, dtype=np.float32)
+    converted, report = _upgrade(nbits_model(100, 6, 4, 32, inputs, bias=bias))
+    assert _ops(converted) == ["DequantizeLinear", "MatMul", "Add"]
+    inits = {t.name: t for t in converted.graph.initializer}
+    dq = converted.graph.node[0]
+    x, s, z = (inits[name] for name in dq.input)
+    assert (x.data_type, list(x.dims)) == (onnx.TensorProto.UINT4, [100, 6])
+    assert list(s.dims) == [4, 6] and list(z.dims) == [4, 6]
+    assert {a.name: a.i for a in dq.attribute} == {"axis": 0, "block_size": 32}
+    codes = packing.unpack(inputs["B"].reshape(6, -1), 4)[:, :100]
+    stored = packing.onnx_packed_codes(np.frombuffer(x.raw_data, np.uint8), (100, 6), 4)
+    assert np.array_equal(stored, codes.T)
+    assert set(packing.onnx_packed_codes(np.frombuffer(z.raw_data, np.uint8), (4, 6), 4)
+               .reshape(-1).tolist()) == {8}
+    assert "default zero point made explicit" in report.changes[0].how
+
+
+def test_per_axis_when_one_block_spans_k():
+    rng = np.random.default_rng(1)
+    converted, _ = _upgrade(nbits_model(20, 5, 8, 32, nbits_inputs(rng, 20, 5, 8, 32), opset=13),
+                           13)
+    dq = converted.graph.node[0]
+    assert {a.name: a.i for a in dq.attribute} == {"axis": 1}
+
+
+def test_blocked_8bit_below_21_is_laid_out_per_axis_and_exact():
+    rng = np.random.default_rng(2)
+    inputs = nbits_inputs(rng, 64, 5, 8, 32)
+    original = nbits_model(64, 5, 8, 32, inputs, opset=13)
+    converted, report = _upgrade(original, 13)
+    assert "block_size" not in str(converted.graph.node[0].attribute)
+    assert "per-axis rows" in report.changes[0].how
+    eye = {"A": np.eye(64, dtype=np.float32)}
+    assert np.array_equal(bits_of(run_ort(original, eye)[0]), bits_of(run_ort(converted, eye)[0]))
+
+
+@pytest.mark.parametrize(("bits", "zp"), [(4, "packed"), (4, "none"), (2, "packed")])
+def test_below_the_native_opset_codes_are_widened_exactly(bits, zp):
+    rng = np.random.default_rng(3)
+    original = nbits_model(64, 6, bits, 32, nbits_inputs(rng, 64, 6, bits, 32, zp=zp),
+                           opset=17)
+    converted, report = _upgrade(original, 17)
+    assert "MatMulNBits" not in _ops(converted)
+    assert "widened to 8 bits" in report.changes[0].how
+    assert {t.data_type for t in converted.graph.initializer} <= {
+        onnx.TensorProto.UINT8, onnx.TensorProto.FLOAT, onnx.TensorProto.INT64}
+    eye = {"A": np.eye(64, dtype=np.float32)}
+    assert np.array_equal(bits_of(run_ort(original, eye)[0]), bits_of(run_ort(converted, eye)[0]))
+
+
+def test_gather_table_widened_below_21():
+    rng = np.random.default_rng(13)
+    table = rng.integers(-8, 8, size=(6, 64)).astype(ml_dtypes.int4)
+    original = gbq_model(table, (rng.random((6, 2)) + 0.1).astype(np.float32), None, opset=17)
+    converted, _ = _upgrade(original, 17)
+    assert "GatherBlockQuantized" not in _ops(converted)
+    idx = {"indices": np.array([5, 0, 2, 2, 1], np.int64)}
+    assert np.array_equal(run_ort(original, idx)[0], run_ort(converted, idx)[0])
+
+
+def test_keep_contrib_leaves_them():
+    rng = np.random.default_rng(4)
+    converted, report = _upgrade(nbits_model(64, 5, 4, 32, nbits_inputs(rng, 64, 5, 4, 32)),
+                                 23, keep_contrib=True)
+    assert _ops(converted) == ["MatMulNBits"]
+    assert report.changes[0].why == "--keep-contrib"
+
+
+def test_act_order_g_idx_is_refused_and_trivial_one_dropped():
+    rng = np.random.default_rng(5)
+    proto = nbits_model(64, 5, 4, 32, nbits_inputs(rng, 64, 5, 4, 32))
+    for g, kept in ((np.arange(64) // 32, False), (np.arange(64) % 2, True)):
+        p = onnx.ModelProto()
+        p.CopyFrom(proto)
+        p.graph.initializer.append(onnx.numpy_helper.from_array(g.astype(np.int32), "g"))
+        p.graph.node[0].input.append("g")
+        converted, report = _upgrade(p)
+        assert (_ops(converted) == ["MatMulNBits"]) == kept
+        if kept:
+            assert "act-order" in report.changes[0].why
+        else:
+            assert "g_idx" in report.changes[0].how
+
+
+def test_accuracy_level_is_reported():
+    rng = np.random.default_rng(6)
+    _, report = _upgrade(nbits_model(64, 5, 4, 32, nbits_inputs(rng, 64, 5, 4, 32),
+                                     accuracy_level=4))
+    assert "accuracy_level=4" in report.changes[0].why
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+@pytest.mark.parametrize(("kind", "zp"), [("int4", True), ("int4", False), ("uint4", True),
+                                          ("uint8-4", True), ("uint8-4", False),
+                                          ("uint8-8", False), ("uint8-2", True)])
+def test_gather_block_quantized_upgrade_is_exact(dtype, kind, zp):
+    rng = np.random.default_rng(8)
+    rows, cols, block, kb = 10, 96, 32, 3
+    scales = (rng.random((rows, kb)) * 0.1 + 0.01).astype(dtype)
+    if kind in ("int4", "uint4"):
+        bits, signed = 4, kind == "int4"
+        lo, hi = (-8, 8) if signed else (0, 16)
+        t = ml_dtypes.int4 if signed else ml_dtypes.uint4
+        table = rng.integers(lo, hi, size=(rows, cols)).astype(t)
+        zps = rng.integers(lo, hi, size=(rows, kb)).astype(t) if zp else None
+    else:
+        bits = int(kind[-1])
+        table = packing.pack(rng.integers(0, 1 << bits, size=(rows, cols), dtype=np.uint8), bits)
+        zps = packing.pack(rng.integers(0, 1 << bits, size=(rows, kb), dtype=np.uint8), bits) \
+            if zp else None
+    original = gbq_model(table, scales, zps, block=block, bits=bits, opset=21)
+    opset = 25 if bits == 2 else 21
+    converted, _ = _upgrade(original, opset)
+    assert _ops(converted) == ["DequantizeLinear", "Gather"]
+    idx = {"indices": np.array([9, 0, 4, 4, 1], np.int64)}
+    assert np.array_equal(bits_of(run_ort(original, idx)[0]), bits_of(run_ort(converted, idx)[0]))
+
+
+def test_cli_upgrade_and_keep_contrib(tmp_path):
+    rng = np.random.default_rng(9)
+    src = tmp_path / "m.onnx"
+    onnx.save(nbits_model(64, 5, 4, 32, nbits_inputs(rng, 64, 5, 4, 32)), src)
+    runner = CliRunner()
+    r = runner.invoke(cli, ["upgrade", str(src), "--opset", "21", "-o", str(tmp_path / "a.onnx")],
+                      env={"COLUMNS": "200", "NO_COLOR": "1"})
+    assert r.exit_code == 0, r.output
+    assert _ops(onnx.load(tmp_path / "a.onnx")) == ["DequantizeLinear", "MatMul"]
+    r = runner.invoke(cli, ["upgrade", str(src), "--opset", "23", "--keep-contrib", "-o",
+                            str(tmp_path / "b.onnx")])
+    assert r.exit_code == 0, r.output
+    assert _ops(onnx.load(tmp_path / "b.onnx")) == ["MatMulNBits"]
+
+
+def test_fused_node_inside_a_function_uses_constant_nodes():
+    rng = np.random.default_rng(14)
+    inputs = nbits_inputs(rng, 32, 4, 4, 32)
+    consts = [onnx.helper.make_node("Constant", [], [name], value=onnx.numpy_helper.from_array(
+        arr, name)) for name, arr in (("B", inputs["B"]), ("scales", inputs["scales"]),
+                                      ("zero_points", inputs["zero_points"]))]
+    body = [*consts, onnx.helper.make_node(
+        "MatMulNBits", ["A", "B", "scales", "zero_points"], ["Y"], name="mm",
+        domain="com.microsoft", K=32, N=4, bits=4, block_size=32)]
+    fn = onnx.helper.make_function("local", "Lin", ["A"], ["Y"], body, [
+        onnx.helper.make_opsetid("", 21), onnx.helper.make_opsetid("com.microsoft", 1)])
+    g = onnx.helper.make_graph(
+        [onnx.helper.make_node("Lin", ["X"], ["Z"], domain="local")], "g",
+        [onnx.helper.make_tensor_value_info("X", onnx.TensorProto.FLOAT, [32, 32])],
+        [onnx.helper.make_tensor_value_info("Z", onnx.TensorProto.FLOAT, [32, 4])])
+    original = onnx.helper.make_model(g, ir_version=10, functions=[fn], opset_imports=[
+        onnx.helper.make_opsetid("", 21), onnx.helper.make_opsetid("local", 1),
+        onnx.helper.make_opsetid("com.microsoft", 1)])
+    report = dqtool.inspect(ir.serde.deserialize_model(original))
+    assert report.summary["fused_nodes"] == 1 and report.nodes[0].graph.startswith("function")
+    converted, _ = _upgrade(original)
+    f_ops = [n.op_type for n in converted.functions[0].node]
+    assert "MatMulNBits" not in f_ops and "DequantizeLinear" in f_ops
+    eye = {"X": np.eye(32, dtype=np.float32)}
+    assert np.array_equal(bits_of(run_ort(original, eye)[0]), bits_of(run_ort(converted, eye)[0]))
+    back = ir.serde.serialize_model(dqtool.pack(ir.serde.deserialize_model(converted)).model)
+    onnx.checker.check_model(back, full_check=True)
+    assert [n.op_type for n in back.functions[0].node if n.op_type != "Constant"] == \
+        ["MatMulNBits"]
+    assert np.array_equal(bits_of(run_ort(original, eye)[0]), bits_of(run_ort(back, eye)[0]))
