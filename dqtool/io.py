@@ -19,7 +19,7 @@ import onnx_ir as ir
 from google.protobuf.message import DecodeError
 from onnx import external_data_helper
 
-from dqtool import external_data, types
+from dqtool import external_data, inline_save, types
 from dqtool.errors import DqtoolError, InputError, OutputError, UsageError
 
 MAX_ONNX_OPSET = onnx.defs.onnx_opset_version()
@@ -264,15 +264,6 @@ def external_choice(model: ir.Model, external: bool | None) -> bool:
     return loaded_external or uses_external_data(model) or tensor_bytes(model) > INLINE_LIMIT
 
 
-def _internalize(model: ir.Model) -> None:
-    """Read external tensors into memory so an inline save holds their bytes, not a
-    reference to the input's data file (onnx_ir keeps references otherwise)."""
-    for g in model.graphs():
-        for v in g.initializers.values():
-            if isinstance(v.const_value, ir.ExternalTensor):
-                v.const_value = ir.Tensor(v.const_value.numpy(), name=v.name)
-
-
 def save(
     model: ir.Model,
     out: str | os.PathLike,
@@ -320,8 +311,7 @@ def save(
                     max_shard_size_bytes=shard_size, callback=callback,
                     max_workers=2)
         else:
-            _internalize(model)
-            ir.save(model, tmp / out.name)
+            inline_save.write(model, tmp / out.name)
         if verify is not None:
             verify(tmp / out.name)
         written = sorted(tmp.iterdir(), key=lambda f: f.name == out.name)  # model file last
