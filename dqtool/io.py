@@ -19,7 +19,7 @@ import onnx_ir as ir
 from google.protobuf.message import DecodeError
 from onnx import external_data_helper
 
-from dqtool import external_data, inline_save, types
+from dqtool import external_data, inline_load, inline_save, types
 from dqtool.errors import DqtoolError, InputError, OutputError, UsageError
 
 MAX_ONNX_OPSET = onnx.defs.onnx_opset_version()
@@ -109,17 +109,25 @@ def read_proto(path: str | os.PathLike) -> onnx.ModelProto:
     return _read_proto(path)[0]
 
 
-def _read_proto(path: str | os.PathLike) -> tuple[onnx.ModelProto, set[Path]]:
+def _read_proto(path: str | os.PathLike, holes: dict | None = None,
+                ) -> tuple[onnx.ModelProto, set[Path]]:
+    """``holes``: a dict to receive the large initializers left in the file (see
+    ``inline_load``); their raw data is then a mark in the returned protobuf."""
     p = Path(path)
     if not p.exists():
         raise InputError(f"{p}: no such file")
     if p.is_dir():
         raise InputError(f"{p}: is a directory, not an ONNX model file")
-    try:
-        proto = onnx.load_model(str(p), load_external_data=False)
-    except (DecodeError, RuntimeError, ValueError, OSError) as e:
-        reason = str(e).splitlines()[0] if str(e) else type(e).__name__
-        raise InputError(f"{p}: not a readable ONNX model ({reason})") from None
+    lean = inline_load.read(p) if holes is not None else None
+    if lean is not None:
+        proto = lean[0]
+        holes.update(lean[1])
+    else:
+        try:
+            proto = onnx.load_model(str(p), load_external_data=False)
+        except (DecodeError, RuntimeError, ValueError, OSError) as e:
+            reason = str(e).splitlines()[0] if str(e) else type(e).__name__
+            raise InputError(f"{p}: not a readable ONNX model ({reason})") from None
     if proto.ir_version <= 0 or not proto.HasField("graph") or not proto.opset_import:
         raise InputError(f"{p}: not an ONNX model (no IR version, graph or opset import; "
                          "truncated or another kind of file)")
@@ -165,14 +173,36 @@ def inline_external(proto: onnx.ModelProto, base: Path, *,
 
 
 def load(path: str | os.PathLike) -> ir.Model:
-    """Load a model with external data memory-mapped (read lazily); tensors held by node
-    attributes are read in (see ``inline_external``)."""
+    """Load a model with external data memory-mapped (read lazily), and the large raw
+    tensors of an inline model left in its file (see ``inline_load``); tensors held by
+    node attributes are read in (see ``inline_external``)."""
+    holes: dict[bytes, tuple[int, int]] = {}
+    proto, data_files = _read_proto(path, holes)
+    inline_external(proto, Path(path).parent)
+    try:
+        model = ir.serde.deserialize_model(proto)
+    except Exception as e:  # onnx_ir raises many types on malformed protos
+        if not holes:
+            raise InputError(f"{path}: malformed ONNX model ({e})") from None
+        model = None
+    del proto
+    if holes and (model is None or not inline_load.attach(model, Path(path).resolve(),
+                                                          holes)):
+        return _load_whole(path)
+    return _finish_load(model, path, data_files)
+
+
+def _load_whole(path: str | os.PathLike) -> ir.Model:
     proto, data_files = _read_proto(path)
     inline_external(proto, Path(path).parent)
     try:
         model = ir.serde.deserialize_model(proto)
     except Exception as e:  # onnx_ir raises many types on malformed protos
         raise InputError(f"{path}: malformed ONNX model ({e})") from None
+    return _finish_load(model, path, data_files)
+
+
+def _finish_load(model: ir.Model, path: str | os.PathLike, data_files: set[Path]) -> ir.Model:
     ir.external_data.set_base_dir(model.graph, Path(path).parent)
     # Saving must never replace a file this model still reads (see ``save``).
     model.meta[SOURCES] = (Path(path).resolve(), frozenset(data_files))
