@@ -9,8 +9,6 @@ caller does not ask for.
 from __future__ import annotations
 
 import os
-import shutil
-import tempfile
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
@@ -19,7 +17,7 @@ import onnx_ir as ir
 from google.protobuf.message import DecodeError
 from onnx import external_data_helper
 
-from dqtool import external_data, inline_load, inline_save, types
+from dqtool import commit, external_data, inline_load, inline_save, types
 from dqtool.errors import DqtoolError, InputError, OutputError, UsageError
 
 MAX_ONNX_OPSET = onnx.defs.onnx_opset_version()
@@ -309,23 +307,23 @@ def save(
     ``verify(path)`` is called with the written model's temporary path before anything is
     renamed into place; if it raises, nothing is written.
 
-    ``external=None`` chooses: external data (``<name>.data`` next to ``out``) when the
-    input used it or the tensors would pass protobuf's 2 GiB limit. Everything is written
-    into a temporary folder beside ``out`` and renamed into place, so a failure leaves no
-    half-written output. ``prefill`` (from ``start_prefill``, before the model was changed)
-    is that folder with the input's data already being copied in.
+    ``external=None`` chooses: external data (``<name>.data`` next to ``out``, or
+    ``<name>.<token>.data`` while a file has that name) when the input used it or the
+    tensors would pass protobuf's 2 GiB limit. Everything is written into a temporary
+    folder beside ``out`` and committed with the model file renamed last (see
+    ``commit``): a failure or a crash leaves the old output whole, or the new one.
+    ``prefill`` (from ``start_prefill``, before the model was changed) is that folder with
+    the input's data already being copied in.
     """
-    out = Path(out)
+    out = output_path(out)
     external = external_choice(model, external)
     if prefill is not None:
-        tmp = prefill.folder
+        temp, data = prefill.temp, prefill.path.name
     else:
         parent = _output_folder(model, out)
-        try:
-            tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=parent))
-        except OSError as e:
-            raise InputError(f"{out}: cannot create a file in {out.parent} "
-                             f"({e.strerror})") from None
+        temp = _temp(parent, out)
+        data = commit.data_name(parent, out.name)
+    tmp = temp.path
     parent = tmp.parent
     try:
         if not (external and shard_size is None) and prefill is not None:
@@ -333,24 +331,18 @@ def save(
             prefill.path.unlink()
             prefill = None
         if external and shard_size is None:
-            with external_data.externalized(model, tmp, f"{out.name}.data", callback,
-                                            prefill):
+            with external_data.externalized(model, tmp, data, callback, prefill):
                 ir.save(model, tmp / out.name)
         elif external:
-            ir.save(model, tmp / out.name, external_data=f"{out.name}.data",
+            ir.save(model, tmp / out.name, external_data=data,
                     max_shard_size_bytes=shard_size, callback=callback,
                     max_workers=2)
         else:
             inline_save.write(model, tmp / out.name)
         if verify is not None:
             verify(tmp / out.name)
-        written = sorted(tmp.iterdir(), key=lambda f: f.name == out.name)  # model file last
-        _refuse_overwriting_sources(model, out, [parent / f.name for f in written])
-        final = []
-        for f in written:
-            os.replace(f, parent / f.name)
-            final.append(parent / f.name)
-        return final
+        _refuse_overwriting_sources(model, out, [parent / out.name])
+        return commit.commit(tmp, parent, out.name, keep=_kept(model, out))
     except OSError as e:
         if isinstance(e, DqtoolError):
             raise
@@ -359,7 +351,34 @@ def save(
     finally:
         if prefill is not None:
             prefill.finish(cancel=True)
-        shutil.rmtree(tmp, ignore_errors=True)
+        temp.remove()
+
+
+def output_path(out: str | os.PathLike) -> Path:
+    """``out`` as a path; a name ending in a separator asks for a folder, never a file."""
+    text = os.fspath(out)
+    if isinstance(text, str) and text.endswith((os.sep, "/")) and text.strip("/" + os.sep):
+        if os.path.isdir(text):
+            raise UsageError(f"{text}: is a directory; give an output file name")
+        raise InputError(f"{text}: output folder {text} does not exist (and an output "
+                         "ending in '/' names a folder, not a file)")
+    return Path(text)
+
+
+def _temp(parent: Path, out: Path) -> commit.Temp:
+    try:
+        return commit.Temp(parent, out.name)
+    except OSError as e:
+        raise InputError(f"{out}: cannot create a file in {out.parent} "
+                         f"({e.strerror})") from None
+
+
+def _kept(model: ir.Model, out: Path) -> list[Path]:
+    """The input's files a save must never remove (all but an in-place save's own)."""
+    sources = model.meta.get(SOURCES)
+    if sources is None or out.resolve() == sources[0]:
+        return []
+    return [sources[0], *sources[1]]
 
 
 def _output_folder(model: ir.Model, out: Path) -> Path:
@@ -368,8 +387,7 @@ def _output_folder(model: ir.Model, out: Path) -> Path:
     parent = out.parent.resolve()
     if not parent.is_dir():
         raise InputError(f"{out}: output folder {out.parent} does not exist")
-    if out.is_dir():
-        raise UsageError(f"{out}: is a directory; give an output file name")
+    commit.refuse_non_regular(out)
     _refuse_overwriting_sources(model, out, [parent / out.name, parent / f"{out.name}.data"])
     return parent
 
@@ -386,17 +404,16 @@ def start_prefill(model: ir.Model, out: str | os.PathLike) -> external_data.Pref
                and v.const_value.nbytes > external_data.SIZE_THRESHOLD}
     if len(sources) != 1:
         return None
-    out = Path(out)
+    out = output_path(out)
     parent = _output_folder(model, out)
+    temp = _temp(parent, out)
     try:
-        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=parent))
-    except OSError as e:
-        raise InputError(f"{out}: cannot create a file in {out.parent} ({e.strerror})") from None
-    try:
-        prefill = external_data.Prefill(sources.pop(), tmp, f"{out.name}.data")
+        prefill = external_data.Prefill(sources.pop(), temp.path,
+                                        commit.data_name(parent, out.name))
+        prefill.temp = temp
         prefill.start()
     except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
+        temp.remove()
         raise
     return prefill
 
@@ -404,7 +421,7 @@ def start_prefill(model: ir.Model, out: str | os.PathLike) -> external_data.Pref
 def discard_prefill(prefill: external_data.Prefill | None) -> None:
     if prefill is not None:
         prefill.finish(cancel=True)
-        shutil.rmtree(prefill.folder, ignore_errors=True)
+        prefill.temp.remove()
 
 
 def _refuse_overwriting_sources(model: ir.Model, out: Path, targets: list[Path]) -> None:
