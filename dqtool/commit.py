@@ -7,7 +7,8 @@ A save writes every file into a temporary folder beside the output, then commits
   existing model reads is ever replaced;
 * the model file is renamed over the output last, in one step: until then the old model
   and its old data are in place, after it the new model and its new data;
-* the old model's data files that dqtool named for this output are removed after.
+* the old model's data files that dqtool named for this output are removed after, and
+  so are data files a killed commit placed but no model reads (``X.<token>.data``).
 
 A process killed at any point leaves either the old pair or the new pair in place, never a
 mix. Commits into one folder hold a lock on the folder, so concurrent writers to one output
@@ -22,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
+import re
 import secrets
 import shutil
 import stat
@@ -194,6 +196,10 @@ def _place(src: Path, dst: Path) -> None:
     os.unlink(src)
 
 
+def _put_model(src: Path, out: Path) -> None:
+    os.replace(src, out)  # the one step from the old pair to the new
+
+
 def commit(folder: Path, parent: Path, out_name: str, keep: Iterable[Path] = ()) -> list[Path]:
     """Move a save's files from ``folder`` into ``parent`` (see the module's docstring);
     the model file is ``folder/out_name``. ``keep``: files never removed (those the input
@@ -214,10 +220,14 @@ def commit(folder: Path, parent: Path, out_name: str, keep: Iterable[Path] = ())
             target = parent / renames.get(f.name, f.name)
             _place(f, target)
             placed.append(target)
-        os.replace(model_tmp, out)
+        _put_model(model_tmp, out)
         placed.append(out)
         new = {p.name for p in placed}
-        for loc in old:
+        # The old model's data, and data a killed commit placed and never used (the
+        # lock is held: no other commit is halfway).
+        fresh = re.compile(re.escape(out_name) + r"\.[0-9a-f]{8}" + re.escape(DATA_SUFFIX))
+        orphans = {e.name for e in os.scandir(parent) if fresh.fullmatch(e.name)}
+        for loc in old | orphans:
             victim = parent / loc
             if (loc in new or "/" in loc or os.sep in loc or not _named_for(loc, out_name)
                     or victim.resolve() in keep):
