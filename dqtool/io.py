@@ -102,9 +102,10 @@ def _check_external(path: Path, model: onnx.ModelProto) -> set[Path]:
     return files
 
 
-def read_proto(path: str | os.PathLike) -> onnx.ModelProto:
-    """The model's protobuf without tensor data from external files, checked for safety."""
-    return _read_proto(path)[0]
+def read_proto(path: str | os.PathLike, holes: dict | None = None) -> onnx.ModelProto:
+    """The model's protobuf without tensor data from external files, checked for safety.
+    ``holes``: see ``_read_proto``."""
+    return _read_proto(path, holes)[0]
 
 
 def _read_proto(path: str | os.PathLike, holes: dict | None = None,
