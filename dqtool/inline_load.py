@@ -126,18 +126,25 @@ class _Scan:
         return b"".join(parts) if changed else None
 
 
-def read(path: Path) -> tuple[onnx.ModelProto, dict[bytes, tuple[int, int]]] | None:
+class Holes(dict):
+    """Mark → (offset, length) of the raw data left in the file, and the file as it was
+    read (``source``): the tensors read the same file the skeleton came from."""
+
+    source: Source | None = None
+
+
+def read(path: Path) -> tuple[onnx.ModelProto, Holes] | None:
     """The model's protobuf with large main-graph raw data left in the file, and where
     each mark's bytes are (offset, length); None when nothing is worth leaving (or the
     file does not parse here: the caller's ordinary load then reports it)."""
     try:
-        with open(path, "rb") as f:
-            size = os.fstat(f.fileno()).st_size
-            if size < MIN_FILE_BYTES:
-                return None
-            with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
-                scan = _Scan(buf)
-                skeleton = scan.model(size)
+        source = Source(path)
+        size = os.fstat(source.fd).st_size
+        if size < MIN_FILE_BYTES:
+            return None
+        with mmap.mmap(source.fd, 0, access=mmap.ACCESS_READ) as buf:
+            scan = _Scan(buf)
+            skeleton = scan.model(size)
     except (Malformed, OSError, ValueError):
         return None
     if skeleton is None:
@@ -147,7 +154,26 @@ def read(path: Path) -> tuple[onnx.ModelProto, dict[bytes, tuple[int, int]]] | N
         proto.ParseFromString(skeleton)
     except Exception:  # protobuf's DecodeError and friends: the ordinary load reports it
         return None
-    return proto, scan.holes
+    holes = Holes(scan.holes)
+    holes.source = source
+    return proto, holes
+
+
+class Source:
+    """The model file as it was when loaded: an open descriptor, read through
+    ``/proc/self/fd`` so a file renamed over the model's path (another run's save, an
+    ``--in-place`` commit) never changes what this model's tensors read. Closed when the
+    last tensor reading it is gone."""
+
+    def __init__(self, path: Path) -> None:
+        self.fd = os.open(path, os.O_RDONLY)
+        proc = f"/proc/self/fd/{self.fd}"
+        self.path = proc if os.path.exists(proc) else str(path)
+
+    def __del__(self) -> None:
+        fd, self.fd = getattr(self, "fd", -1), -1
+        if fd >= 0:
+            os.close(fd)
 
 
 class MappedTensor(_core.TensorBase):
@@ -155,17 +181,20 @@ class MappedTensor(_core.TensorBase):
 
     Not an external tensor: it is saved inline like any other, its bytes copied from the
     file. ``path``, ``location``, ``base_dir`` and ``offset`` let row-wise readers read
-    parts of it as they read external data."""
+    parts of it as they read external data (the path is the file as loaded, ``Source``)."""
 
-    __slots__ = ("_file", "base_dir", "length", "location", "offset", "path")
+    __slots__ = ("_file", "_source", "base_dir", "length", "location", "offset", "path")
 
-    def __init__(self, path: Path, offset: int, length: int, dtype: ir.DataType,
+    def __init__(self, source: Source, offset: int, length: int, dtype: ir.DataType,
                  shape: ir.Shape, name: str | None, doc_string: str | None = None) -> None:
         super().__init__(name, doc_string)
-        self.path, self.offset, self.length = str(path), offset, length
-        self.location, self.base_dir = path.name, str(path.parent)
-        self._file = ir.ExternalTensor(path.name, offset, length, dtype, shape=shape,
-                                       name=name, base_dir=path.parent)
+        self._source = source
+        self.path, self.offset, self.length = source.path, offset, length
+        # An absolute location and no base folder: onnx_ir reads the path as given (the
+        # containment checks are for locations written in a model; this one is dqtool's).
+        self.location, self.base_dir = source.path, ""
+        self._file = ir.ExternalTensor(source.path, offset, length, dtype, shape=shape,
+                                       name=name, base_dir="")
 
     @property
     def dtype(self) -> ir.DataType:
@@ -202,10 +231,13 @@ def mark_of(t: onnx.TensorProto) -> bytes | None:
     return raw if len(raw) == len(_MARK) + 8 and raw.startswith(_MARK) else None
 
 
-def attach(model: ir.Model, path: Path, holes: dict[bytes, tuple[int, int]]) -> bool:
+def attach(model: ir.Model, holes: Holes) -> bool:
     """Give each marked initializer its bytes in the file; False when a mark is where a
     tensor cannot take it (the caller then loads the file the ordinary way)."""
     found = 0
+    source = holes.source
+    if source is None:
+        return False
     for v in model.graph.initializers.values():
         t = v.const_value
         if not isinstance(t, ir.serde.TensorProtoTensor):
@@ -223,7 +255,7 @@ def attach(model: ir.Model, path: Path, holes: dict[bytes, tuple[int, int]]) -> 
                 return False  # the ordinary load reports the mismatch
         except (TypeError, ValueError):
             return False
-        mapped = MappedTensor(path, offset, length, t.dtype, t.shape, t.name,
+        mapped = MappedTensor(source, offset, length, t.dtype, t.shape, t.name,
                               t.doc_string)
         mapped.metadata_props.update(t.metadata_props)
         v.const_value = mapped

@@ -102,13 +102,14 @@ def _check_external(path: Path, model: onnx.ModelProto) -> set[Path]:
     return files
 
 
-def read_proto(path: str | os.PathLike, holes: dict | None = None) -> onnx.ModelProto:
+def read_proto(path: str | os.PathLike,
+               holes: inline_load.Holes | None = None) -> onnx.ModelProto:
     """The model's protobuf without tensor data from external files, checked for safety.
     ``holes``: see ``_read_proto``."""
     return _read_proto(path, holes)[0]
 
 
-def _read_proto(path: str | os.PathLike, holes: dict | None = None,
+def _read_proto(path: str | os.PathLike, holes: inline_load.Holes | None = None,
                 ) -> tuple[onnx.ModelProto, set[Path]]:
     """``holes``: a dict to receive the large initializers left in the file (see
     ``inline_load``); their raw data is then a mark in the returned protobuf."""
@@ -121,6 +122,7 @@ def _read_proto(path: str | os.PathLike, holes: dict | None = None,
     if lean is not None:
         proto = lean[0]
         holes.update(lean[1])
+        holes.source = lean[1].source
     else:
         try:
             proto = onnx.load_model(str(p), load_external_data=False)
@@ -175,7 +177,7 @@ def load(path: str | os.PathLike) -> ir.Model:
     """Load a model with external data memory-mapped (read lazily), and the large raw
     tensors of an inline model left in its file (see ``inline_load``); tensors held by
     node attributes are read in (see ``inline_external``)."""
-    holes: dict[bytes, tuple[int, int]] = {}
+    holes = inline_load.Holes()
     proto, data_files = _read_proto(path, holes)
     inline_external(proto, Path(path).parent)
     try:
@@ -185,8 +187,7 @@ def load(path: str | os.PathLike) -> ir.Model:
             raise InputError(f"{path}: malformed ONNX model ({e})") from None
         model = None
     del proto
-    if holes and (model is None or not inline_load.attach(model, Path(path).resolve(),
-                                                          holes)):
+    if holes and (model is None or not inline_load.attach(model, holes)):
         return _load_whole(path)
     return _finish_load(model, path, data_files)
 

@@ -267,3 +267,17 @@ def test_a_tensor_writing_the_wrong_length_fails(tmp_path, monkeypatch):
     g = ir.Graph([], [w], nodes=[], initializers=[w], opset_imports={"": 21}, name="g")
     with pytest.raises(OSError, match="wrote 4 bytes, its type and shape need 32"):
         inline_save.write(ir.Model(g, ir_version=10), tmp_path / "x.onnx")
+
+
+def test_a_loaded_model_reads_the_file_as_it_was_loaded(tmp_path, stream_everything):
+    """Another run renaming a new file over the model's path (its save, an --in-place
+    commit) does not change what the loaded model's tensors read."""
+    path = tmp_path / "m.onnx"
+    path.write_bytes((MODELS / "ort_qdq_per_channel.onnx").read_bytes())
+    model = io.load(path)
+    assert _mapped(model)
+    expected = _reference(model)
+    replacement = tmp_path / "other.onnx"
+    replacement.write_bytes((MODELS / "ort_qdq_per_tensor.onnx").read_bytes())
+    os.replace(replacement, path)
+    assert _streamed(model, tmp_path) == expected

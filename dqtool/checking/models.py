@@ -111,7 +111,9 @@ def _in_file(path: Path) -> Loaded | None:
     is given the path (it resolves external data in a protobuf from the working folder, and
     refuses raw data shorter than its type and shape). None when the model is small or has
     external data of its own."""
-    holes: dict[bytes, tuple[int, int]] = {}
+    from dqtool import inline_load
+
+    holes = inline_load.Holes()
     try:
         if not path.is_file() or path.stat().st_size < IN_FILE_BYTES:
             return None
@@ -121,8 +123,6 @@ def _in_file(path: Path) -> Loaded | None:
     if sum(length for _, length in holes.values()) < IN_FILE_BYTES or external_size(
             proto, path.parent):
         return None
-    from dqtool import inline_load
-
     for t in proto.graph.initializer:
         mark = inline_load.mark_of(t)
         if mark is None:
