@@ -21,6 +21,7 @@ whatever killed it).
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import os
 import re
@@ -105,9 +106,7 @@ def refuse_non_regular(out: Path) -> None:
     socket or folder is never replaced."""
     try:
         st = os.stat(out)
-    except FileNotFoundError:
-        if os.path.islink(out):  # a dangling link: replaced like a file
-            return
+    except FileNotFoundError:  # absent, or a dangling link (replaced like a file)
         return
     except OSError as e:
         raise OutputError(e.errno, f"{out}: cannot write it ({e.strerror}); nothing was "
@@ -187,13 +186,17 @@ def _place(src: Path, dst: Path) -> None:
     try:
         os.link(src, dst)
     except OSError as e:
-        if e.errno in (getattr(os, "EPERM", 1), 95, 38):  # no hard links on this file system
-            if os.path.lexists(dst):
-                raise
-            os.rename(src, dst)
-            return
-        raise
+        if e.errno not in _NO_HARD_LINKS:
+            raise
+        if os.path.lexists(dst):  # checked under the folder lock; then renamed
+            raise FileExistsError(errno.EEXIST, os.strerror(errno.EEXIST), str(dst)) from None
+        os.rename(src, dst)
+        return
     os.unlink(src)
+
+
+# What a file system without hard links answers.
+_NO_HARD_LINKS = {errno.EPERM, errno.EOPNOTSUPP, errno.ENOSYS, errno.EMLINK}
 
 
 def _put_model(src: Path, out: Path) -> None:
