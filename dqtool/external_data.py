@@ -123,6 +123,7 @@ class Prefill(threading.Thread):
     def __init__(self, src: Path, folder: Path, data_name: str) -> None:
         super().__init__(name="dqtool-prefill", daemon=True)
         self.src, self.folder, self.path = src, folder, folder / data_name
+        self.temp = None  # the save's ``commit.Temp``, set by ``io.start_prefill``
         self.size = src.stat().st_size
         self.error: BaseException | None = None
         self.cancelled = threading.Event()

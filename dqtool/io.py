@@ -9,8 +9,6 @@ caller does not ask for.
 from __future__ import annotations
 
 import os
-import shutil
-import tempfile
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
@@ -19,7 +17,7 @@ import onnx_ir as ir
 from google.protobuf.message import DecodeError
 from onnx import external_data_helper
 
-from dqtool import external_data, types
+from dqtool import commit, external_data, inline_load, inline_save, types
 from dqtool.errors import DqtoolError, InputError, OutputError, UsageError
 
 MAX_ONNX_OPSET = onnx.defs.onnx_opset_version()
@@ -104,22 +102,33 @@ def _check_external(path: Path, model: onnx.ModelProto) -> set[Path]:
     return files
 
 
-def read_proto(path: str | os.PathLike) -> onnx.ModelProto:
-    """The model's protobuf without tensor data from external files, checked for safety."""
-    return _read_proto(path)[0]
+def read_proto(path: str | os.PathLike,
+               holes: inline_load.Holes | None = None) -> onnx.ModelProto:
+    """The model's protobuf without tensor data from external files, checked for safety.
+    ``holes``: see ``_read_proto``."""
+    return _read_proto(path, holes)[0]
 
 
-def _read_proto(path: str | os.PathLike) -> tuple[onnx.ModelProto, set[Path]]:
+def _read_proto(path: str | os.PathLike, holes: inline_load.Holes | None = None,
+                ) -> tuple[onnx.ModelProto, set[Path]]:
+    """``holes``: a dict to receive the large initializers left in the file (see
+    ``inline_load``); their raw data is then a mark in the returned protobuf."""
     p = Path(path)
     if not p.exists():
         raise InputError(f"{p}: no such file")
     if p.is_dir():
         raise InputError(f"{p}: is a directory, not an ONNX model file")
-    try:
-        proto = onnx.load_model(str(p), load_external_data=False)
-    except (DecodeError, RuntimeError, ValueError, OSError) as e:
-        reason = str(e).splitlines()[0] if str(e) else type(e).__name__
-        raise InputError(f"{p}: not a readable ONNX model ({reason})") from None
+    lean = inline_load.read(p) if holes is not None else None
+    if lean is not None:
+        proto = lean[0]
+        holes.update(lean[1])
+        holes.source = lean[1].source
+    else:
+        try:
+            proto = onnx.load_model(str(p), load_external_data=False)
+        except (DecodeError, RuntimeError, ValueError, OSError) as e:
+            reason = str(e).splitlines()[0] if str(e) else type(e).__name__
+            raise InputError(f"{p}: not a readable ONNX model ({reason})") from None
     if proto.ir_version <= 0 or not proto.HasField("graph") or not proto.opset_import:
         raise InputError(f"{p}: not an ONNX model (no IR version, graph or opset import; "
                          "truncated or another kind of file)")
@@ -165,14 +174,35 @@ def inline_external(proto: onnx.ModelProto, base: Path, *,
 
 
 def load(path: str | os.PathLike) -> ir.Model:
-    """Load a model with external data memory-mapped (read lazily); tensors held by node
-    attributes are read in (see ``inline_external``)."""
+    """Load a model with external data memory-mapped (read lazily), and the large raw
+    tensors of an inline model left in its file (see ``inline_load``); tensors held by
+    node attributes are read in (see ``inline_external``)."""
+    holes = inline_load.Holes()
+    proto, data_files = _read_proto(path, holes)
+    inline_external(proto, Path(path).parent)
+    try:
+        model = ir.serde.deserialize_model(proto)
+    except Exception as e:  # onnx_ir raises many types on malformed protos
+        if not holes:
+            raise InputError(f"{path}: malformed ONNX model ({e})") from None
+        model = None
+    del proto
+    if holes and (model is None or not inline_load.attach(model, holes)):
+        return _load_whole(path)
+    return _finish_load(model, path, data_files)
+
+
+def _load_whole(path: str | os.PathLike) -> ir.Model:
     proto, data_files = _read_proto(path)
     inline_external(proto, Path(path).parent)
     try:
         model = ir.serde.deserialize_model(proto)
     except Exception as e:  # onnx_ir raises many types on malformed protos
         raise InputError(f"{path}: malformed ONNX model ({e})") from None
+    return _finish_load(model, path, data_files)
+
+
+def _finish_load(model: ir.Model, path: str | os.PathLike, data_files: set[Path]) -> ir.Model:
     ir.external_data.set_base_dir(model.graph, Path(path).parent)
     # Saving must never replace a file this model still reads (see ``save``).
     model.meta[SOURCES] = (Path(path).resolve(), frozenset(data_files))
@@ -264,15 +294,6 @@ def external_choice(model: ir.Model, external: bool | None) -> bool:
     return loaded_external or uses_external_data(model) or tensor_bytes(model) > INLINE_LIMIT
 
 
-def _internalize(model: ir.Model) -> None:
-    """Read external tensors into memory so an inline save holds their bytes, not a
-    reference to the input's data file (onnx_ir keeps references otherwise)."""
-    for g in model.graphs():
-        for v in g.initializers.values():
-            if isinstance(v.const_value, ir.ExternalTensor):
-                v.const_value = ir.Tensor(v.const_value.numpy(), name=v.name)
-
-
 def save(
     model: ir.Model,
     out: str | os.PathLike,
@@ -288,23 +309,23 @@ def save(
     ``verify(path)`` is called with the written model's temporary path before anything is
     renamed into place; if it raises, nothing is written.
 
-    ``external=None`` chooses: external data (``<name>.data`` next to ``out``) when the
-    input used it or the tensors would pass protobuf's 2 GiB limit. Everything is written
-    into a temporary folder beside ``out`` and renamed into place, so a failure leaves no
-    half-written output. ``prefill`` (from ``start_prefill``, before the model was changed)
-    is that folder with the input's data already being copied in.
+    ``external=None`` chooses: external data (``<name>.data`` next to ``out``, or
+    ``<name>.<token>.data`` while a file has that name) when the input used it or the
+    tensors would pass protobuf's 2 GiB limit. Everything is written into a temporary
+    folder beside ``out`` and committed with the model file renamed last (see
+    ``commit``): a failure or a crash leaves the old output whole, or the new one.
+    ``prefill`` (from ``start_prefill``, before the model was changed) is that folder with
+    the input's data already being copied in.
     """
-    out = Path(out)
+    out = output_path(out)
     external = external_choice(model, external)
     if prefill is not None:
-        tmp = prefill.folder
+        temp, data = prefill.temp, prefill.path.name
     else:
         parent = _output_folder(model, out)
-        try:
-            tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=parent))
-        except OSError as e:
-            raise InputError(f"{out}: cannot create a file in {out.parent} "
-                             f"({e.strerror})") from None
+        temp = _temp(parent, out)
+        data = commit.data_name(parent, out.name)
+    tmp = temp.path
     parent = tmp.parent
     try:
         if not (external and shard_size is None) and prefill is not None:
@@ -312,25 +333,18 @@ def save(
             prefill.path.unlink()
             prefill = None
         if external and shard_size is None:
-            with external_data.externalized(model, tmp, f"{out.name}.data", callback,
-                                            prefill):
+            with external_data.externalized(model, tmp, data, callback, prefill):
                 ir.save(model, tmp / out.name)
         elif external:
-            ir.save(model, tmp / out.name, external_data=f"{out.name}.data",
+            ir.save(model, tmp / out.name, external_data=data,
                     max_shard_size_bytes=shard_size, callback=callback,
                     max_workers=2)
         else:
-            _internalize(model)
-            ir.save(model, tmp / out.name)
+            inline_save.write(model, tmp / out.name)
         if verify is not None:
             verify(tmp / out.name)
-        written = sorted(tmp.iterdir(), key=lambda f: f.name == out.name)  # model file last
-        _refuse_overwriting_sources(model, out, [parent / f.name for f in written])
-        final = []
-        for f in written:
-            os.replace(f, parent / f.name)
-            final.append(parent / f.name)
-        return final
+        _refuse_overwriting_sources(model, out, [parent / out.name])
+        return commit.commit(tmp, parent, out.name, keep=_kept(model, out))
     except OSError as e:
         if isinstance(e, DqtoolError):
             raise
@@ -339,7 +353,34 @@ def save(
     finally:
         if prefill is not None:
             prefill.finish(cancel=True)
-        shutil.rmtree(tmp, ignore_errors=True)
+        temp.remove()
+
+
+def output_path(out: str | os.PathLike) -> Path:
+    """``out`` as a path; a name ending in a separator asks for a folder, never a file."""
+    text = os.fspath(out)
+    if isinstance(text, str) and text.endswith((os.sep, "/")) and text.strip("/" + os.sep):
+        if os.path.isdir(text):
+            raise UsageError(f"{text}: is a directory; give an output file name")
+        raise InputError(f"{text}: output folder {text} does not exist (and an output "
+                         "ending in '/' names a folder, not a file)")
+    return Path(text)
+
+
+def _temp(parent: Path, out: Path) -> commit.Temp:
+    try:
+        return commit.Temp(parent, out.name)
+    except OSError as e:
+        raise InputError(f"{out}: cannot create a file in {out.parent} "
+                         f"({e.strerror})") from None
+
+
+def _kept(model: ir.Model, out: Path) -> list[Path]:
+    """The input's files a save must never remove (all but an in-place save's own)."""
+    sources = model.meta.get(SOURCES)
+    if sources is None or out.resolve() == sources[0]:
+        return []
+    return [sources[0], *sources[1]]
 
 
 def _output_folder(model: ir.Model, out: Path) -> Path:
@@ -348,8 +389,7 @@ def _output_folder(model: ir.Model, out: Path) -> Path:
     parent = out.parent.resolve()
     if not parent.is_dir():
         raise InputError(f"{out}: output folder {out.parent} does not exist")
-    if out.is_dir():
-        raise UsageError(f"{out}: is a directory; give an output file name")
+    commit.refuse_non_regular(out)
     _refuse_overwriting_sources(model, out, [parent / out.name, parent / f"{out.name}.data"])
     return parent
 
@@ -366,17 +406,16 @@ def start_prefill(model: ir.Model, out: str | os.PathLike) -> external_data.Pref
                and v.const_value.nbytes > external_data.SIZE_THRESHOLD}
     if len(sources) != 1:
         return None
-    out = Path(out)
+    out = output_path(out)
     parent = _output_folder(model, out)
+    temp = _temp(parent, out)
     try:
-        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=parent))
-    except OSError as e:
-        raise InputError(f"{out}: cannot create a file in {out.parent} ({e.strerror})") from None
-    try:
-        prefill = external_data.Prefill(sources.pop(), tmp, f"{out.name}.data")
+        prefill = external_data.Prefill(sources.pop(), temp.path,
+                                        commit.data_name(parent, out.name))
+        prefill.temp = temp
         prefill.start()
     except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
+        temp.remove()
         raise
     return prefill
 
@@ -384,7 +423,7 @@ def start_prefill(model: ir.Model, out: str | os.PathLike) -> external_data.Pref
 def discard_prefill(prefill: external_data.Prefill | None) -> None:
     if prefill is not None:
         prefill.finish(cancel=True)
-        shutil.rmtree(prefill.folder, ignore_errors=True)
+        prefill.temp.remove()
 
 
 def _refuse_overwriting_sources(model: ir.Model, out: Path, targets: list[Path]) -> None:

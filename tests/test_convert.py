@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -494,7 +495,16 @@ def test_in_place_with_external_data_keeps_the_values(tmp_path):
     dqtool.upgrade(src, 21, in_place=True)
     assert _values(src) == before
     assert onnx.load(src).opset_import[0].version == 21
+    # the new data under a new name (the old model never saw it), the old data removed
+    files = sorted(p.name for p in src.parent.iterdir())
+    assert len(files) == 2 and files[0] == "model.onnx", files
+    assert re.fullmatch(r"model\.onnx\.[0-9a-f]{8}\.data", files[1]), files
+    locations = {e.value for t in onnx.load(src, load_external_data=False).graph.initializer
+                 for e in t.external_data if e.key == "location"}
+    assert locations == {files[1]}
+    dqtool.upgrade(src, 23, in_place=True)  # and back to the plain name the next time
     assert sorted(p.name for p in src.parent.iterdir()) == ["model.onnx", "model.onnx.data"]
+    assert _values(src) == before
 
 
 def test_the_copy_falls_back_to_user_space_across_file_systems(tmp_path, monkeypatch):

@@ -46,7 +46,7 @@ def test_replacing_the_inputs_data_is_refused_before_anything_is_written(tmp_pat
     def no_writing(*args, **kwargs):
         raise AssertionError("save started writing before refusing")
 
-    monkeypatch.setattr(io.tempfile, "mkdtemp", no_writing)
+    monkeypatch.setattr(io.commit, "Temp", no_writing)
     with pytest.raises(UsageError, match=r"would replace .*model\.onnx\.data"):
         io.save(model, src.parent / "model.onnx")
 

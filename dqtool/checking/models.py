@@ -51,6 +51,7 @@ class Loaded:
     external_dir: Path | None = None
     path: Path | None = None  # the model file, when it came from one
     external_bytes: int = 0  # the external data's size, when it stays in files
+    in_file: bool = False  # an inline model's tensors left in the model file itself
 
     def ir_model(self) -> ir.Model:
         model = ir.serde.deserialize_model(self.proto)
@@ -61,6 +62,10 @@ class Loaded:
     def note(self) -> str | None:
         if self.external_dir is None:
             return None
+        if self.in_file:
+            return (f"{self.name}: {self.external_bytes / 2**30:.2f} GiB of tensors left in "
+                    "the model file while checking (onnxruntime and the reference evaluator "
+                    "read them from it; each weight is checked slice by slice)")
         return (f"{self.name}: {self.external_bytes / 2**30:.2f} GiB of external data, past "
                 "protobuf's 2 GB limit: kept in its files (onnxruntime reads them from the "
                 "model's folder, the reference evaluator memory-maps them, onnx's checker is "
@@ -79,6 +84,9 @@ def load(model: ModelLike, in_files: bool = False) -> Loaded:
             external_data_helper.load_external_data_for_model(proto, str(base))
         return Loaded("<memory>", proto)
     path = Path(model)
+    in_file = _in_file(path)
+    if in_file is not None:
+        return in_file
     # The safety checks (missing, truncated, escaping external data); tensors not read.
     proto = io.read_proto(path)
     size = external_size(proto, path.parent)
@@ -88,6 +96,48 @@ def load(model: ModelLike, in_files: bool = False) -> Loaded:
         return Loaded(str(model), proto, path.parent, path, size)
     external_data_helper.load_external_data_for_model(proto, str(path.parent))
     return Loaded(str(model), proto, path=path)
+
+
+# An inline model whose large tensors pass this many bytes is checked with them left in
+# its file, referenced as external data of the file itself (see ``_in_file``).
+IN_FILE_BYTES = 64 << 20
+
+
+def _in_file(path: Path) -> Loaded | None:
+    """A large inline model as a check runs it without reading its tensors: its protobuf
+    with each large main-graph initializer turned into a reference to the raw bytes in the
+    model file itself (location: the file's own name, offset, length). onnxruntime reads
+    them from the model's folder, the reference evaluator memory-maps them, onnx's checker
+    is given the path (it resolves external data in a protobuf from the working folder, and
+    refuses raw data shorter than its type and shape). None when the model is small or has
+    external data of its own."""
+    from dqtool import inline_load
+
+    holes = inline_load.Holes()
+    try:
+        if not path.is_file() or path.stat().st_size < IN_FILE_BYTES:
+            return None
+        proto = io.read_proto(path, holes)
+    except OSError:
+        return None
+    if sum(length for _, length in holes.values()) < IN_FILE_BYTES or external_size(
+            proto, path.parent):
+        return None
+    for t in proto.graph.initializer:
+        mark = inline_load.mark_of(t)
+        if mark is None:
+            continue
+        if mark not in holes or t.data_location == onnx.TensorProto.EXTERNAL:
+            return None
+        offset, length = holes[mark]
+        t.ClearField("raw_data")
+        t.data_location = onnx.TensorProto.EXTERNAL
+        for key, value in (("location", path.name), ("offset", str(offset)),
+                           ("length", str(length))):
+            entry = t.external_data.add()
+            entry.key, entry.value = key, value
+    return Loaded(str(path), proto, path.parent, path,
+                  sum(length for _, length in holes.values()), in_file=True)
 
 
 def external_size(proto: onnx.ModelProto, base: Path) -> int:

@@ -21,7 +21,7 @@ import onnx_ir as ir
 
 from dqtool import codecs, graph, types
 from dqtool.checking import compare, runners, single_node
-from dqtool.checking.models import for_ort, with_outputs
+from dqtool.checking.models import for_ort, qdq_value_bytes, with_outputs
 from dqtool.graph import Site
 from dqtool.messages import one_line
 from dqtool.spec import QuantSpec
@@ -97,8 +97,17 @@ def numeric(proto: onnx.ModelProto, model: ir.Model, sites: list[tuple[Site, Qua
     if note:
         notes.append(note)
     try:
-        ort_values = runners.run_ort(ort_model, feeds, [o.name for o in ort_model.graph.output],
-                                     external_dir=external_dir)
+        # Only values of non-constant DQs are taken from the whole-model run: a large
+        # model without any is not run whole (it would dequantize every weight).
+        held = qdq_value_bytes(proto)
+        if not to_ort and held > WHOLE_RUN_MAX_BYTES:
+            notes.append(f"the whole model was not run on onnxruntime: it would hold about "
+                         f"{held / 2**30:.2f} GiB of dequantized weights, and every "
+                         "DequantizeLinear reads constants (each is checked alone)")
+        else:
+            ort_values = runners.run_ort(ort_model, feeds,
+                                         [o.name for o in ort_model.graph.output],
+                                         external_dir=external_dir)
     except runners.RuntimeFailure as e:
         notes.append(f"onnxruntime cannot run the whole model ({e}); each DequantizeLinear "
                      "ran alone, its inputs from dqtool's reference evaluator")
@@ -160,6 +169,11 @@ def _check_node(site: Site, spec: QuantSpec, ort_values: dict[str, np.ndarray],
                 "could not be computed"
             return NodeCheck(**base, status=SKIPPED, reason=f"input '{v.name}' {where}; it "
                              "cannot be exposed as a graph output")
+    pieces = _pieces(spec, inputs) if from_ort and node.outputs[0].name not in ort_values \
+        else None
+    if pieces is not None:
+        return _check_in_pieces(node, spec, base, pieces, inputs, site.opsets,
+                                ir_version)
     alone = single_node.build(node, inputs, site.opsets, ir_version)
     try:
         kernel = runners.run_reference(alone, {}, ["y"])["y"]
@@ -181,3 +195,75 @@ def _check_node(site: Site, spec: QuantSpec, ort_values: dict[str, np.ndarray],
                      reason=f"kernel and onnxruntime differ in {stats.mismatched} of "
                      f"{stats.size} elements (worst at {stats.worst_index}: kernel "
                      f"{stats.worst_actual!r}, onnxruntime {stats.worst_expected!r})")
+
+
+# Past this many bytes of dequantized values, a model whose DequantizeLinears all read
+# constants is not run whole (its nodes are checked alone anyway).
+WHOLE_RUN_MAX_BYTES = 256 << 20
+
+# A weight DequantizeLinear whose output passes this many bytes is checked slice by slice,
+# so a check never holds a large weight's whole dequantized value.
+PIECE_BYTES = 16 << 20
+
+
+def _pieces(spec: QuantSpec, inputs: list[np.ndarray | None]) -> list[tuple[int, int, int]] | None:
+    """(axis, start, stop) slices of a constant ai.onnx DequantizeLinear's input that are
+    DequantizeLinears of their own (the same scale and zero point, or their matching
+    slices for blocks): sliced along an axis that is not the quantization axis."""
+    x = inputs[0] if inputs else None
+    if (spec.domain != "ai.onnx" or spec.packing != "none" or x is None
+            or x.ndim == 0 or x.size * 4 <= PIECE_BYTES or any(
+                v is None and i < 2 for i, v in enumerate(inputs[:2]))):
+        return None
+    if spec.granularity == "per-tensor":
+        axis = 0
+    elif spec.granularity in ("per-axis", "blocked") and spec.axis is not None:
+        others = [a for a in range(x.ndim) if a != spec.axis]
+        if not others:
+            return None
+        axis = others[0]
+    else:
+        return None
+    per_row = x.size // max(x.shape[axis], 1) * 4
+    step = max(1, PIECE_BYTES // max(per_row, 1))
+    return [(axis, r0, min(r0 + step, x.shape[axis])) for r0 in range(0, x.shape[axis], step)]
+
+
+def _slice(v: np.ndarray | None, spec: QuantSpec, axis: int, r0: int, r1: int,
+           x_ndim: int) -> np.ndarray | None:
+    if v is None or spec.granularity != "blocked" or v.ndim != x_ndim:
+        return v  # a per-tensor or per-axis scale (or zero point) applies to every slice
+    index = [slice(None)] * v.ndim
+    index[axis] = slice(r0, r1)
+    return v[tuple(index)]
+
+
+def _check_in_pieces(node: ir.Node, spec: QuantSpec, base: dict[str, str],
+                     pieces: list[tuple[int, int, int]], inputs: list[np.ndarray | None],
+                     opsets: dict[str, int], ir_version: int) -> NodeCheck:
+    x = inputs[0]
+    for axis, r0, r1 in pieces:
+        index = [slice(None)] * x.ndim
+        index[axis] = slice(r0, r1)
+        part = [np.ascontiguousarray(x[tuple(index)]),
+                *(_slice(v, spec, axis, r0, r1, x.ndim) for v in inputs[1:])]
+        alone = single_node.build(node, part, opsets, ir_version)
+        try:
+            kernel = runners.run_reference(alone, {}, ["y"])["y"]
+        except runners.RuntimeFailure as e:
+            return NodeCheck(**base, status=ERROR, reason=f"the kernel failed: {e}")
+        try:
+            ort_y = runners.run_ort(alone, {}, ["y"])["y"]
+        except runners.RuntimeFailure as e:
+            return NodeCheck(**base, status=KERNEL_ONLY,
+                             reason=f"onnxruntime cannot run this node: {e}")
+        if not compare.bit_identical(kernel, ort_y):
+            stats = compare.compare(node.outputs[0].name, kernel, ort_y)
+            where = f"axis {axis} elements {r0}:{r1}"
+            return NodeCheck(**base, status=MISMATCH, comparison=stats,
+                             reason=f"kernel and onnxruntime differ in {stats.mismatched} "
+                             f"of {stats.size} elements of the slice at {where} (worst at "
+                             f"{stats.worst_index} of the slice: kernel "
+                             f"{stats.worst_actual!r}, onnxruntime {stats.worst_expected!r})")
+        del kernel, ort_y, alone, part
+    return NodeCheck(**base, status=BIT_EXACT)

@@ -112,7 +112,7 @@ def _output(src: Path | None, out, *, dry_run: bool, in_place: bool) -> Path | N
         return src
     if out is None:
         return None if src is None else default_output(src)
-    target = Path(out)
+    target = io.output_path(out)
     if src is not None:
         io.no_overwrite_of_input(src, target, in_place)
     return target

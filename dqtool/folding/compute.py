@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 import onnx_ir as ir
 
-from dqtool import families, types
+from dqtool import families, inline_load, types
 
 # Output elements per chunk when streaming: large enough to amortize the kernel's setup and
 # its two threads, small enough that a few chunks in flight stay far below 1 GB. 2 Mi
@@ -132,7 +132,7 @@ class Folding:
         if r0 is None or r1 is None:
             return t.numpy()
         et = types.from_ir(t.dtype)
-        if isinstance(t, ir.ExternalTensor) and et is not None:
+        if isinstance(t, (ir.ExternalTensor, inline_load.MappedTensor)) and et is not None:
             rows = _read_rows(t, et, r0, r1)
             if rows is not None:
                 return rows
@@ -154,7 +154,7 @@ class Folding:
             self.release()
 
 
-def _read_rows(t: ir.ExternalTensor, et: types.ElemType, r0: int,
+def _read_rows(t: ir.ExternalTensor | inline_load.MappedTensor, et: types.ElemType, r0: int,
                r1: int) -> np.ndarray | None:
     """Rows r0:r1 of an external tensor, read from its file; None when the rows do not
     start and end on byte boundaries (packed types with odd rows).
