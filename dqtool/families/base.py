@@ -38,7 +38,9 @@ Each capability is optional (``None``: the family does not offer it):
   fact: it judges the node by its ``QuantSpec``.
 - ``lint_modules``: modules (dotted names) that define lint rules (``linting.registry.
   define``/``check``) or targets (a ``TARGETS`` list) for the family; imported when lint
-  loads its registries.
+  loads its registries. Such a module may also define ``target_findings(ctx, target)``,
+  the ``--target`` findings for the family's nodes that are not Q/DQ (lint's target run
+  calls it for every target).
 
 Family modules must not import other dqtool modules at their top level: the registry is
 read by low layers (codecs, kernel's evaluator), so each capability imports what it needs
