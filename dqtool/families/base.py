@@ -23,6 +23,10 @@ Each capability is optional (``None``: the family does not offer it):
   that computes a node's value from its constant inputs, and (for an operator that is not a
   plain dequantization, e.g. a fused MatMul) the float operator that replaces the node once
   its weight is a float constant.
+- ``fold_prepare``: ``model → (names rewritten, [(name, why) left])``, called by ``fold``
+  before the fold pass to rewrite the family's nodes into forms the pass folds (a fused
+  MatMul into DequantizeLinear + MatMul), for a family that folds that way rather than
+  through ``fold``.
 - ``converters``: a callable that registers adapters into a conversion registry
   (``dqtool.convert.registry.Registry``), keyed by (domain, op, version, direction):
   ``"up"``/``"down"`` move an ai.onnx op one since-version; ``"onnx"`` turns the family's
@@ -38,7 +42,9 @@ Each capability is optional (``None``: the family does not offer it):
   fact: it judges the node by its ``QuantSpec``.
 - ``lint_modules``: modules (dotted names) that define lint rules (``linting.registry.
   define``/``check``) or targets (a ``TARGETS`` list) for the family; imported when lint
-  loads its registries.
+  loads its registries. Such a module may also define ``target_findings(ctx, target)``,
+  the ``--target`` findings for the family's nodes that are not Q/DQ (lint's target run
+  calls it for every target).
 
 Family modules must not import other dqtool modules at their top level: the registry is
 read by low layers (codecs, kernel's evaluator), so each capability imports what it needs
@@ -123,6 +129,7 @@ class Family:
     codecs: Callable[[], Iterable[Codec]] | None = None
     evaluator_ops: Callable[[], Sequence[type[Any]]] | None = None
     fold: Callable[[], FoldSupport] | None = None
+    fold_prepare: Callable[[ir.Model], tuple[list[str], list[tuple[str, str]]]] | None = None
     converters: Callable[[Registry], None] | None = None
     prunable: frozenset[str] = frozenset()
     lint_facts: Mapping[str, str] = field(default_factory=dict)

@@ -9,9 +9,8 @@ from pathlib import Path
 
 import onnx_ir as ir
 
-from dqtool import io
+from dqtool import families, io
 from dqtool.errors import UsageError
-from dqtool.families.fused import fold as fused_fold
 from dqtool.folding.dequantize_fold_pass import DequantizeFoldPass
 from dqtool.folding.report import FoldReport
 from dqtool.folding.selection import Selection
@@ -76,8 +75,9 @@ def fold(
         model = io.load(src)
     target = _output(src, out, dry_run=dry_run, in_place=in_place)
     before = io.tensor_bytes(model)
-    # MatMulNBits / GatherBlockQuantized: rewritten exactly into DequantizeLinear first.
-    unfused, fused_left = fused_fold.unfuse(model)
+    # Families that fold by rewriting first (MatMulNBits / GatherBlockQuantized into
+    # DequantizeLinear + MatMul / Gather, exactly), then the pass folds the result.
+    unfused, fused_left = _prepare(model)
     fold_pass = DequantizeFoldPass(selection, _DTYPE_NAMES[dtype], prepack_guard)
     fold_pass(model)
     model.ir_version = io.lowest_ir_version(model)
@@ -99,6 +99,17 @@ def fold(
         report.files = [str(f) for f in written]
     report.seconds = time.perf_counter() - started
     return report
+
+
+def _prepare(model: ir.Model) -> tuple[list[str], list[tuple[str, str]]]:
+    done: list[str] = []
+    left: list[tuple[str, str]] = []
+    for family in families.all_families():
+        if family.fold_prepare is not None:
+            d, lf = family.fold_prepare(model)
+            done += d
+            left += lf
+    return done, left
 
 
 def _output(src: Path | None, out, *, dry_run: bool, in_place: bool) -> Path | None:

@@ -15,6 +15,8 @@ from typing import TYPE_CHECKING, Any
 from dqtool.families.base import Family
 
 if TYPE_CHECKING:
+    import onnx_ir as ir
+
     from dqtool.convert.registry import Registry
 
 DOMAIN = "com.microsoft"
@@ -25,6 +27,12 @@ def _evaluator_ops() -> list[type[Any]]:
     from dqtool.families.fused import evaluator_ops
 
     return list(evaluator_ops.OPS)
+
+
+def _fold_prepare(model: ir.Model) -> tuple[list[str], list[tuple[str, str]]]:
+    from dqtool.families.fused import fold
+
+    return fold.unfuse(model)
 
 
 def _converters(reg: Registry) -> None:
@@ -38,6 +46,7 @@ FAMILY = Family(
     name="fused",
     keys=tuple((DOMAIN, op, 1) for op in OPS),
     evaluator_ops=_evaluator_ops,
+    fold_prepare=_fold_prepare,
     converters=_converters,
     prunable=frozenset({DOMAIN}),
     lint_modules=("dqtool.families.fused.lint",),
