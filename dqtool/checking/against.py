@@ -56,6 +56,35 @@ def _run_ref(model: onnx.ModelProto, feeds: Mapping[str, np.ndarray],
     return runners.run_reference(model, feeds, external_dir=external_dir)
 
 
+def output_steps(model: onnx.ModelProto) -> dict[str, float]:
+    """The quantization step of each output that has one: 1 for an integer output; the
+    scale of the DequantizeLinear (any domain) that produces a float output, when that scale
+    is one constant element."""
+    out: dict[str, float] = {}
+    consts = {t.name: t for t in model.graph.initializer}
+    producers = {o: n for n in model.graph.node for o in n.output}
+    for o in model.graph.output:
+        elem = o.type.tensor_type.elem_type
+        if elem in _INTEGER_ELEMS:
+            out[o.name] = 1.0
+            continue
+        n = producers.get(o.name)
+        if n is None or n.op_type != "DequantizeLinear" or len(n.input) < 2:
+            continue
+        scale = consts.get(n.input[1])
+        if scale is not None:
+            arr = onnx.numpy_helper.to_array(scale)
+            if arr.size == 1:
+                out[o.name] = float(arr.reshape(()))
+    return out
+
+
+_INTEGER_ELEMS = frozenset({onnx.TensorProto.INT8, onnx.TensorProto.UINT8,
+                            onnx.TensorProto.INT16, onnx.TensorProto.UINT16,
+                            onnx.TensorProto.INT32, onnx.TensorProto.UINT32,
+                            onnx.TensorProto.INT4, onnx.TensorProto.UINT4})
+
+
 def compare_models(model: onnx.ModelProto, original: onnx.ModelProto,
                    feeds: Mapping[str, np.ndarray], *, rtol: float, atol: float,
                    notes: list[str], model_dir: Path | None = None,
@@ -87,6 +116,7 @@ def _on(runtime: str, run: Runner, model: tuple[onnx.ModelProto, Path | None],
         except runners.RuntimeFailure as e:
             return RuntimeComparison(runtime, (), f"{runtime} cannot run {label}: {e}")
     got, want = results
+    steps = output_steps(original[0])
     outputs = []
     for o in original[0].graph.output:
         if o.name not in got:
@@ -94,5 +124,5 @@ def _on(runtime: str, run: Runner, model: tuple[onnx.ModelProto, Path | None],
                 rtol, atol))
         else:
             outputs.append(compare.compare(o.name, got[o.name], want[o.name], rtol=rtol,
-                                           atol=atol))
+                                           atol=atol, step=steps.get(o.name)))
     return RuntimeComparison(runtime, tuple(outputs))
