@@ -146,3 +146,15 @@ def test_cli_writes_and_checks(tmp_path):
     converted = onnx.load(str(out))
     assert {n.op_type for n in converted.graph.node} == {
         "DequantizeLinear", "Conv", "QuantizeLinear", "GlobalAveragePool"}
+
+
+def test_upgrade_to_qdq_rewrites_then_upgrades(tmp_path):
+    path, out = tmp_path / "m.onnx", tmp_path / "m21.onnx"
+    ir.save(ir.from_onnx_text(QCONV), path)
+    res = CliRunner().invoke(cli, ["upgrade", str(path), "--opset", "21", "--to-qdq", "-o",
+                                   str(out)])
+    assert res.exit_code == 0, res.output
+    assert "DequantizeLinear ×3 → Conv → QuantizeLinear" in res.output
+    m = onnx.load(str(out))
+    assert [o.version for o in m.opset_import if o.domain == ""] == [21]
+    assert not any(n.op_type.startswith("QLinear") for n in m.graph.node)

@@ -252,15 +252,17 @@ def _rewrite_qlinear(node: ir.Node, opdef: ops.OpDef, opsets: dict[str, int],
     f = b.add(opdef.float_op or "", float_inputs, attrs, name=names.fresh(f"{b.base}/float")
               if node.name is None else node.name)
     if y_scale is None:  # QGemm without y_scale: float output
+        n_dq = sum(1 for n in b.new if n.op_type == "DequantizeLinear")
+        node.name = names.fresh(f"{b.base}_replaced") if node.name else None
         b.finish([node.outputs[0]], [f.outputs[0]])
-        return f"DequantizeLinear ×{len(slots) + (opdef.bias is not None)} → {f.op_type}"
+        return f"DequantizeLinear ×{n_dq} → {f.op_type}"
     y_zp = _zero_point(b, graph.input_value(node, out.zero_point), node.outputs[0]) \
         if out.zero_point is not None else None
     q = b.add("QuantizeLinear", [f.outputs[0], y_scale, y_zp], suffix="QuantizeLinear",
               out_type=None)
     node.name = names.fresh(f"{b.base}_replaced") if node.name else None
-    b.finish([node.outputs[0]], [q.outputs[0]])
     n_dq = sum(1 for n in b.new if n.op_type == "DequantizeLinear")
+    b.finish([node.outputs[0]], [q.outputs[0]])
     return f"DequantizeLinear ×{n_dq} → {f.op_type} → QuantizeLinear"
 
 
