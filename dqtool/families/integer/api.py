@@ -119,7 +119,8 @@ def _run(model_or_path: ModelArg, out, direction: Direction, the_pass: Any, keep
         raise IntegerConversionRefused(report)
     report.model = model
     if check and original is not None:
-        report.check = numerics.judge(original, load_for_check(model).proto)
+        report.check = numerics.judge(original, load_for_check(model).proto,
+                                      fused=direction == "to-qdq")
         if not report.check.ok:
             raise IntegerCheckFailed(report)
     if out is not None:

@@ -136,7 +136,7 @@ def channel_axis(op: str, role: str, node: ir.Node, rank: int | None) -> int | N
 _DQL_OUTPUTS = (("uint8", None), ("float", ()), ("uint8", ()))
 
 
-def _type(value: ir.Value | None) -> str | None:
+def value_type(value: ir.Value | None) -> str | None:
     t = graph.elem_type(value)
     if t is None and value is not None:
         p = value.producer()
@@ -145,7 +145,7 @@ def _type(value: ir.Value | None) -> str | None:
     return t
 
 
-def _shape(value: ir.Value | None) -> tuple[Dim, ...] | None:
+def value_shape(value: ir.Value | None) -> tuple[Dim, ...] | None:
     shape = graph.shape_of(value)
     if shape is None and value is not None:
         p = value.producer()
@@ -161,19 +161,19 @@ def _operand(node: ir.Node, slot: ops.Slot, op: str) -> Operand:
     zp = graph.input_value(node, slot.zero_point) if slot.zero_point is not None else None
     if slot.value is None:  # the output: its type is the zero point's, else uint8
         out = node.outputs[0] if node.outputs else None
-        qtype = _type(out) or _type(zp) or "uint8"
-        shape = _shape(out)
+        qtype = value_type(out) or value_type(zp) or "uint8"
+        shape = value_shape(out)
     else:
-        qtype = _type(value) or _type(zp)
-        shape = _shape(value)
+        qtype = value_type(value) or value_type(zp)
+        shape = value_shape(value)
     param = scale if scale is not None else zp
     rank = None if shape is None else len(shape)
-    gran, axis = granularity_of(_shape(param), shape,
+    gran, axis = granularity_of(value_shape(param), shape,
                                 channel_axis(op, slot.role, node, rank))
     return Operand(
-        role=slot.role, type=qtype, scale_type=_type(scale),
-        zero_point_type=_type(zp), granularity=gran, axis=axis, shape=shape,
-        scale_shape=_shape(scale),
+        role=slot.role, type=qtype, scale_type=value_type(scale),
+        zero_point_type=value_type(zp), granularity=gran, axis=axis, shape=shape,
+        scale_shape=value_shape(scale),
         constant=value is not None and graph.constant_tensor(value) is not None,
         scale_constant=scale is not None and graph.constant_tensor(scale) is not None,
         zero_point_constant=zp is not None and graph.constant_tensor(zp) is not None,
