@@ -30,4 +30,5 @@ FAMILY = Family(
     keys=tuple((d.domain, d.op, d.since_version) for d in ops.OPS if d.domain == ops.MS),
     evaluator_ops=_evaluator_ops,
     prunable=frozenset({ops.MS}),
+    lint_modules=("dqtool.families.integer.lint",),
 )
