@@ -115,11 +115,19 @@ def _as_float64(a: np.ndarray) -> np.ndarray:
     return np.asarray(a).astype(np.float64)
 
 
-def steps(absdiff: np.ndarray, step: float | None) -> dict[str, int | None]:
+def steps(absdiff: np.ndarray, step: float | np.ndarray | None) -> dict[str, int | None]:
     """How many quantization steps apart two arrays are: the largest distance, and how many
-    elements are one step and more than one step apart."""
-    if step is None or not step > 0 or absdiff.size == 0:
-        return {"max_steps": None, "off_by_one": None, "off_by_more": None}
+    elements are one step and more than one step apart. ``step`` is one size, or one per
+    element (broadcast: a per-channel scale)."""
+    none = {"max_steps": None, "off_by_one": None, "off_by_more": None}
+    if step is None or absdiff.size == 0:
+        return none
+    try:
+        step = np.broadcast_to(np.asarray(step, np.float64), absdiff.shape)
+    except ValueError:
+        return none
+    if not np.all(step > 0):
+        return none
     with np.errstate(invalid="ignore", over="ignore"):
         n = np.rint(absdiff / step)
     n = np.where(np.isfinite(n), n, np.iinfo(np.int64).max).astype(np.int64)
@@ -128,7 +136,7 @@ def steps(absdiff: np.ndarray, step: float | None) -> dict[str, int | None]:
 
 
 def compare(name: str, actual: np.ndarray, expected: np.ndarray, *, rtol: float = 0.0,
-            atol: float = 0.0, step: float | None = None) -> OutputComparison:
+            atol: float = 0.0, step: float | np.ndarray | None = None) -> OutputComparison:
     """Statistics of ``actual`` (the checked model) against ``expected`` (the reference);
     with ``step``, also in quantization steps of that size."""
     actual, expected = np.asarray(actual), np.asarray(expected)
@@ -163,8 +171,15 @@ def compare(name: str, actual: np.ndarray, expected: np.ndarray, *, rtol: float 
         nan_mismatches=int(nan_mismatch.sum()), worst_index=idx,
         worst_actual=float(a.reshape(-1)[flat]), worst_expected=float(e.reshape(-1)[flat]),
         mismatched=int((~same).sum()), size=n, failure=failure,
-        step=step, **steps(absdiff, step),
+        **_step_fields(absdiff, step),
     ).judge(rtol, atol)
+
+
+def _step_fields(absdiff: np.ndarray, step: float | np.ndarray | None) -> dict[str, Any]:
+    counted = steps(absdiff, step)
+    if counted["max_steps"] is None:
+        return {"step": None, **counted}
+    return {"step": float(np.min(step)), **counted}  # the smallest, when per channel
 
 
 def bit_identical(actual: np.ndarray, expected: np.ndarray) -> bool:

@@ -29,6 +29,8 @@ step (measured by ``check --against``; ``docs/integer-ops.md``).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 import onnx_ir as ir
 
@@ -331,51 +333,101 @@ def _rewrite_dynamic(node: ir.Node, opdef: ops.OpDef, opsets: dict[str, int],
 
 def _rewrite_integer(node: ir.Node, opdef: ops.OpDef, opsets: dict[str, int],
                      names: Names) -> str:
-    """Only inside onnxruntime's pattern: int32 → Cast(float) → Mul(scale), where the scale
-    is Mul(a_scale, w_scale) and a_scale is the activation's DynamicQuantizeLinear scale."""
-    cast, mul, a_scale, w_scale = _scaled_pattern(node)
+    """Only inside onnxruntime's pattern: int32 → [Add int32 bias →] Cast(float) →
+    Mul(scale), where the scale is Mul(a_scale, w_scale) and a_scale is the activation's
+    DynamicQuantizeLinear scale. An int32 bias (older quantizers quantize it at run time
+    with the same scale) becomes DequantizeLinear(bias, scale) added after the float op."""
+    pattern = _scaled_pattern(node)
     a_slot, w_slot = opdef.inputs
     b = _Builder(node, names, opsets)
-    a = b.dequantize(node.inputs[0], a_scale, graph.input_value(node, a_slot.zero_point),
+    a = b.dequantize(node.inputs[0], pattern.a_scale, graph.input_value(node, a_slot.zero_point),
                      None, a_slot.role)
-    w_axis = _weight_axis(node, opdef, w_scale)
-    w = b.dequantize(node.inputs[1], w_scale, graph.input_value(node, w_slot.zero_point),
+    w_axis = _weight_axis(node, opdef, pattern.w_scale)
+    if pattern.bias is not None and w_axis is not None:
+        raise Refused("an int32 bias added before the per-channel scale: its scale would be "
+                      "per-channel along a broadcast axis")
+    w = b.dequantize(node.inputs[1], pattern.w_scale, graph.input_value(node, w_slot.zero_point),
                      w_axis, w_slot.role)
     attrs = list(node.attributes.values())
     f = b.add(opdef.float_op or "", [a, w], attrs, name=node.name or None)
+    out = f.outputs[0]
+    into = f"DequantizeLinear ×2 → {f.op_type}"
+    if pattern.bias is not None:
+        bias = b.dequantize(pattern.bias, pattern.scale, None, None, "bias")
+        out = b.add("Add", [out, bias], suffix="bias").outputs[0]
+        into += " → Add(DequantizeLinear(int32 bias))"
     node.name = names.fresh(f"{b.base}_replaced") if node.name else None
-    scale_value = next(v for v in mul.inputs if v is not cast.outputs[0])
+    # Before the Mul: a run-time bias is computed after the integer op, and everything the
+    # pattern reads exists by the Mul.
+    b.node = pattern.mul
     b.commit()
-    old = mul.outputs[0]
+    old = pattern.mul.outputs[0]
     was_output, oname = old.is_graph_output(), old.name
-    old.replace_all_uses_with(f.outputs[0], replace_graph_outputs=True)
-    f.outputs[0].shape, f.outputs[0].type = old.shape, old.type or f.outputs[0].type
+    old.replace_all_uses_with(out, replace_graph_outputs=True)
+    out.shape, out.type = old.shape, old.type or out.type
     if was_output:
         old.name = names.fresh(f"{oname}_replaced")
-        f.outputs[0].name = oname
+        out.name = oname
     g = node.graph
     inputs = list(node.inputs)
-    for n in (mul, cast, node):
-        g.remove(n, safe=True)
-    drop_if_unused([scale_value, *inputs])
-    return f"DequantizeLinear ×2 → {f.op_type} (Cast and Mul by the scale product removed)"
+    for n in (pattern.mul, pattern.cast, pattern.add, node):
+        if n is not None:
+            g.remove(n, safe=True)
+    drop_if_unused([pattern.scale, *inputs])
+    return into + " (Cast and Mul by the scale product removed)"
 
 
-def _scaled_pattern(node: ir.Node) -> tuple[ir.Node, ir.Node, ir.Value, ir.Value]:
+@dataclass
+class _Scaled:
+    cast: ir.Node
+    mul: ir.Node
+    scale: ir.Value  # the Mul's scale input: a_scale·w_scale
+    a_scale: ir.Value
+    w_scale: ir.Value
+    add: ir.Node | None = None  # an int32 bias Add between the integer op and the Cast
+    bias: ir.Value | None = None
+
+
+def _is_int32(value: ir.Value, depth: int = 0) -> bool:
+    """int32 by its declaration, or by the Cast that makes it through shape-only ops
+    (quantizers write no value_info for their run-time bias)."""
+    t = graph.elem_type(value)
+    if t is not None or depth > 4:
+        return t == "int32"
+    p = value.producer()
+    if p is None:
+        return False
+    if p.op_type == "Cast":
+        to = p.attributes.get("to")
+        return to is not None and to.value == ir.DataType.INT32
+    if p.op_type in ("Reshape", "Unsqueeze", "Squeeze", "Identity", "Expand") and p.inputs:
+        return p.inputs[0] is not None and _is_int32(p.inputs[0], depth + 1)
+    return False
+
+
+def _only_use(value: ir.Value) -> ir.Node | None:
+    uses = list(value.uses())
+    if len(uses) != 1 or value.is_graph_output():
+        return None
+    return uses[0].node
+
+
+def _scaled_pattern(node: ir.Node) -> _Scaled:
     why = ("its int32 output is not Cast to float and multiplied by a_scale·w_scale (as "
            "onnxruntime's dynamic quantization writes it): no scales to dequantize with")
-    uses = list(node.outputs[0].uses())
-    if len(uses) != 1 or node.outputs[0].is_graph_output():
+    nxt = _only_use(node.outputs[0])
+    add = bias = None
+    if nxt is not None and nxt.op_type == "Add" and len(nxt.inputs) == 2:
+        other = [v for v in nxt.inputs if v is not node.outputs[0]]
+        if len(other) == 1 and other[0] is not None and _is_int32(other[0]):
+            add, bias = nxt, other[0]
+            nxt = _only_use(nxt.outputs[0])
+    cast = nxt
+    to = cast.attributes.get("to") if cast is not None else None
+    if cast is None or cast.op_type != "Cast" or to is None or to.value != ir.DataType.FLOAT:
         raise Refused(why)
-    cast = uses[0].node
-    to = cast.attributes.get("to")
-    if cast.op_type != "Cast" or to is None or to.value != ir.DataType.FLOAT:
-        raise Refused(why)
-    cuses = list(cast.outputs[0].uses())
-    if len(cuses) != 1 or cast.outputs[0].is_graph_output():
-        raise Refused(why)
-    mul = cuses[0].node
-    if mul.op_type != "Mul" or len(mul.inputs) != 2:
+    mul = _only_use(cast.outputs[0])
+    if mul is None or mul.op_type != "Mul" or len(mul.inputs) != 2:
         raise Refused(why)
     scale = [v for v in mul.inputs if v is not cast.outputs[0]]
     prod = scale[0].producer() if scale and scale[0] is not None else None
@@ -386,9 +438,9 @@ def _scaled_pattern(node: ir.Node) -> tuple[ir.Node, ir.Node, ir.Value, ir.Value
     a_scale = a_src.outputs[1] if a_src is not None and \
         a_src.op_type == "DynamicQuantizeLinear" else None
     if a_scale is s0:
-        return cast, mul, s0, s1
+        return _Scaled(cast, mul, scale[0], s0, s1, add, bias)
     if a_scale is s1:
-        return cast, mul, s1, s0
+        return _Scaled(cast, mul, scale[0], s1, s0, add, bias)
     if graph.constant_tensor(s1) is not None and graph.constant_tensor(s0) is not None:
         raise Refused(why + " (both scales are constants: which is the activation's is "
                       "not known)")
