@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from integer_helpers import one_node, run_ort
+from helpers.integer import one_node, run_ort
 from onnx import TensorProto as TP
 
 from dqtool.families.integer import kernel as K

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
-from integer_helpers import run_ort
+from helpers.integer import run_ort
 from onnx import numpy_helper
 
 import dqtool

@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
-from integer_helpers import run_ort
+from helpers.integer import run_ort
 
 import dqtool
 from dqtool.families.integer import api

@@ -9,7 +9,7 @@ import onnx
 import onnx_ir as ir
 import pytest
 from click.testing import CliRunner
-from integer_helpers import run_ort
+from helpers.integer import run_ort
 
 from dqtool.cli import cli
 from dqtool.families.integer import api
@@ -138,7 +138,7 @@ def test_cli_writes_and_checks(tmp_path):
     res = CliRunner().invoke(cli, ["qdq", str(path), "-o", str(out), "--check", "--json"])
     assert res.exit_code == 0, res.output
     doc = json.loads(res.output)
-    assert doc["ok"] and len(doc["changes"]) == 2 and doc["written"] == [str(out)]
+    assert doc["ok"] and len(doc["changed"]) == 2 and doc["files"] == [str(out)]
     assert doc["check"]["ok"] and doc["check"]["fused"]["error"] is None
     assert {o["runtime"] for o in doc["check"]["outputs"]} == {"onnxruntime", "reference"}
     assert all(o["max_steps"] <= 1 for o in doc["check"]["outputs"])

@@ -6,9 +6,12 @@ Exit 0 converted and written; 1 a node refused or --check beyond one quantizatio
 
 from __future__ import annotations
 
+from typing import Any
+
 import click
 
 from dqtool.cli.app import App, user_errors
+from dqtool.cli.options import parse_size, progress_bar, writer_options
 
 
 def render(app: App, report, as_json: bool) -> None:
@@ -19,7 +22,7 @@ def render(app: App, report, as_json: bool) -> None:
 
     what = "integer operators → QDQ" if report.direction == "to-qdq" else \
         "QDQ patterns → integer operators"
-    app.out.print(escape(f"{report.source}: {what}: {len(report.changes)} rewritten, "
+    app.out.print(escape(f"{report.input}: {what}: {len(report.changes)} rewritten, "
                          f"{len(report.refusals)} refused"
                          + (" (left as they are)" if report.refusals and report.kept
                             else "")))
@@ -35,60 +38,53 @@ def render(app: App, report, as_json: bool) -> None:
                       "element):", markup=False)
         for line in report.check.describe():
             app.out.print(f"  {line}", markup=False, soft_wrap=True)
-    for path in report.written:
+    for path in report.files:
         app.out.print(escape(f"wrote {path}"))
 
 
 def _run(app: App, direction: str, model: str, out: str | None, keep: bool, check: bool,
-         as_json: bool, in_place: bool) -> None:
+         as_json: bool, in_place: bool, external_data: bool, shard_size: str | None,
+         progress: bool | None) -> None:
     from dqtool.families.integer import api
 
     if out is not None and in_place:
         app.abort("give either --output or --in-place, not both", 2)
     if out is None and not in_place:
         out = str(api.default_output(model, direction))  # type: ignore[arg-type]
+    writing: dict[str, Any] = {"check": check, "in_place": in_place,
+                               "external_data": external_data or None,
+                               "shard_size": parse_size(shard_size)}
     try:
-        if direction == "to-qdq":
-            report = api.to_qdq(model, None if in_place else out, keep_unconvertible=keep,
-                                check=check, in_place=in_place)
-        else:
-            report = api.to_qoperator(model, None if in_place else out, check=check,
-                                      in_place=in_place)
+        with progress_bar(app, model, progress) as bar:
+            if direction == "to-qdq":
+                report = api.to_qdq(model, None if in_place else out,
+                                    keep_unconvertible=keep, progress=bar, **writing)
+            else:
+                report = api.to_qoperator(model, None if in_place else out, progress=bar,
+                                          **writing)
     except (api.IntegerConversionRefused, api.IntegerCheckFailed) as e:
         render(app, e.report, as_json)
         app.abort(str(e), 1)
     render(app, report, as_json)
 
 
-_common = [
-    click.argument("model", type=click.Path(dir_okay=True, path_type=str)),
-    click.option("-o", "--output", "out", type=click.Path(path_type=str), default=None,
-                 help="Output file (default: <stem>.qdq.onnx / <stem>.qop.onnx next to "
-                 "MODEL)."),
-    click.option("--check", is_flag=True, help="Run both models (onnxruntime "
-                 "ORT_DISABLE_ALL, dqtool reference) and require every output within one "
-                 "quantization step before writing; also say whether onnxruntime "
-                 "ORT_ENABLE_ALL reproduces the original exactly."),
-    click.option("--json", "as_json", is_flag=True, help="Print one JSON document."),
-    click.option("--in-place", is_flag=True, help="Overwrite MODEL."),
-]
-
-
-def _with_common(f):
-    for deco in reversed(_common):
-        f = deco(f)
-    return f
+_CHECK = click.option("--check", is_flag=True, help="Run both models (onnxruntime "
+                      "ORT_DISABLE_ALL, dqtool reference) and require every output within one "
+                      "quantization step before writing; also say whether onnxruntime "
+                      "ORT_ENABLE_ALL reproduces the original exactly.")
 
 
 @click.command("qdq")
-@_with_common
+@click.argument("model", type=click.Path(dir_okay=True, path_type=str))
+@writer_options("<stem>.qdq.onnx next to MODEL")
+@_CHECK
 @click.option("--keep-unconvertible", is_flag=True, help="Write the model with the nodes "
               "that have no QDQ form left as they are (they are listed) instead of "
               "refusing.")
 @click.pass_obj
 @user_errors
-def qdq_cmd(app: App, model: str, out: str | None, check: bool, as_json: bool,
-            in_place: bool, keep_unconvertible: bool) -> None:
+def qdq_cmd(app: App, model: str, check: bool, keep_unconvertible: bool,
+            **writing: Any) -> None:
     """Rewrite integer operators (QLinear*, MatMulInteger/ConvInteger, dynamic
     quantization) into QDQ: DequantizeLinear → float op → QuantizeLinear.
 
@@ -96,18 +92,19 @@ def qdq_cmd(app: App, model: str, out: str | None, check: bool, as_json: bool,
     quantization step (measure it with --check or `dqtool check --against`). Exit 0
     written; 1 refused or --check failed (nothing written); 2 bad input.
     """
-    _run(app, "to-qdq", model, out, keep_unconvertible, check, as_json, in_place)
+    _run(app, "to-qdq", model, writing.pop("out"), keep_unconvertible, check, **writing)
 
 
 @click.command("qoperator")
-@_with_common
+@click.argument("model", type=click.Path(dir_okay=True, path_type=str))
+@writer_options("<stem>.qop.onnx next to MODEL")
+@_CHECK
 @click.pass_obj
 @user_errors
-def qoperator_cmd(app: App, model: str, out: str | None, check: bool, as_json: bool,
-                  in_place: bool) -> None:
+def qoperator_cmd(app: App, model: str, check: bool, **writing: Any) -> None:
     """Fuse the QDQ patterns onnxruntime fuses (DQ → Conv → Q ⇒ QLinearConv, DQ → MatMul →
     Q ⇒ QLinearMatMul, ...) into integer operators, for integer-only accelerators.
 
     Other Q/DQ nodes stay as they are. Exit 0 written; 1 --check failed; 2 bad input.
     """
-    _run(app, "to-qoperator", model, out, True, check, as_json, in_place)
+    _run(app, "to-qoperator", model, writing.pop("out"), True, check, **writing)

@@ -1,4 +1,5 @@
-"""One-node integer-operator models run on onnxruntime (ORT_DISABLE_ALL), for kernel tests."""
+"""One-node integer-operator models (graph inputs, several outputs) run on onnxruntime
+(ORT_DISABLE_ALL), for the integer family's tests: ``from helpers.integer import one_node``."""
 
 from __future__ import annotations
 
