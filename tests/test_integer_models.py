@@ -96,3 +96,13 @@ def test_lint_flags_com_microsoft_ops_for_an_onnx_opset():
                          select="DQ110")
     assert sorted(f.op.split(":")[1] for f in report.findings) == [
         "QGemm", "QLinearGlobalAveragePool"]
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_check_alone_runs_every_integer_operator_bit_exact(name):
+    report = dqtool.check(MODELS / name)
+    integer = [n for n in report.nodes if not n.op.split(":")[1].startswith(
+        ("DequantizeLinear", "QuantizeLinear"))]
+    assert len(integer) == sum(_integer_census(onnx.load(str(MODELS / name))).values())
+    assert all(n.status == "bit-exact" for n in integer), [n.to_json() for n in integer]
+    assert report.passed

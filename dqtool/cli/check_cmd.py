@@ -25,7 +25,8 @@ def _render_self(app: App, doc: dict) -> None:
     for p in st["problems"]:
         if p["severity"] == "error":
             app.out.print(f"  {p['code']} {p['node']}: {p['message']}")
-    table = Table(title="DequantizeLinear: onnxruntime vs kernel (bit-exact)",
+    table = Table(title="DequantizeLinear and integer operators: onnxruntime vs kernel "
+                  "(bit-exact)",
                   title_justify="left")
     for col in ("node", "op", "status", "detail"):
         table.add_column(col, overflow="fold")
