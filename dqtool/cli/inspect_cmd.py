@@ -74,7 +74,10 @@ def render(app: App, report) -> None:
                       _size(n.bytes_folded) if stored else "-",
                       escape(",".join(sorted(set(n.consumers))) or "-")]
         table.add_row(*cells, flags)
-    app.out.print(table)
+    if report.nodes or not report.integer_nodes:
+        app.out.print(table)
+    else:  # an integer-operator model: no empty Q/DQ table above the integer one
+        app.out.print(escape(f"{report.input}: 0 Q/DQ nodes"))
     for n in report.nodes:
         for p in n.spec.problems:
             app.out.print(escape(f"  {p.severity} {p.code} {n.name or '<unnamed>'}: "
