@@ -106,3 +106,17 @@ def test_check_alone_runs_every_integer_operator_bit_exact(name):
     assert len(integer) == sum(_integer_census(onnx.load(str(MODELS / name))).values())
     assert all(n.status == "bit-exact" for n in integer), [n.to_json() for n in integer]
     assert report.passed
+
+
+@pytest.mark.parametrize(("name", "fused"), [
+    ("ort_qdq_per_channel.onnx", {"QLinearConv": 2, "QLinearGlobalAveragePool": 1,
+                                  "QGemm": 1}),
+    ("ort_qdq_contrib.onnx", {"QLinearMatMul": 2, "QLinearAdd": 2}),  # com.microsoft Q/DQ
+    ("ort_qdq_int16.onnx", {}),  # 16-bit: no integer operator takes it
+])
+def test_qoperator_on_the_quantizers_qdq_models(name, fused, tmp_path):
+    report = api.to_qoperator(MODELS / name, tmp_path / "q.onnx", check=True)
+    assert report.check.ok
+    assert Counter(c.into for c in report.changes) == fused
+    if fused:
+        run_ort(onnx.load(str(tmp_path / "q.onnx")), _feeds(onnx.load(str(MODELS / name))))

@@ -27,7 +27,7 @@ import numpy as np
 import onnx_ir as ir
 
 from dqtool import graph
-from dqtool.families.integer.describe import value_shape
+from dqtool.families.integer.describe import value_shape, value_type
 from dqtool.families.integer.rewrite import (
     Change,
     Names,
@@ -89,9 +89,18 @@ class QdqToIntegerPass(ir.passes.InPlacePass):
         return ir.passes.PassResult(model, bool(self.outcome.changes))
 
 
-def _dq(value: ir.Value | None) -> _Dq | None:
+# The Q/DQ domains whose nodes fuse (onnxruntime's selectors take both), and the types the
+# integer operators take (8-bit; an int32 bias is checked on its own).
+_QDQ_DOMAINS = frozenset({*graph.DEFAULT_DOMAINS, MS})
+_EIGHT_BIT = frozenset({"int8", "uint8"})
+
+
+def _dq(value: ir.Value | None, types: frozenset[str] = _EIGHT_BIT) -> _Dq | None:
     p = value.producer() if value is not None else None
-    if p is None or p.op_type != "DequantizeLinear" or p.domain not in graph.DEFAULT_DOMAINS:
+    if p is None or p.op_type != "DequantizeLinear" or p.domain not in _QDQ_DOMAINS:
+        return None
+    known = value_type(p.inputs[0]) or value_type(graph.input_value(p, 2))
+    if known is not None and known not in types:  # unknown: the zero point would say
         return None
     if len(p.inputs) < 2 or p.inputs[1] is None or "block_size" in p.attributes:
         return None
@@ -117,7 +126,9 @@ def _q_after(node: ir.Node) -> ir.Node | None:
     if len(uses) != 1 or out.is_graph_output():
         return None
     q = uses[0].node
-    if q.op_type != "QuantizeLinear" or q.domain not in graph.DEFAULT_DOMAINS:
+    if q.op_type != "QuantizeLinear" or q.domain not in _QDQ_DOMAINS:
+        return None
+    if value_type(graph.input_value(q, 2)) not in (None, *_EIGHT_BIT):
         return None
     if len(q.inputs) < 2 or graph.num_elements(graph.shape_of(q.inputs[1])) != 1:
         return None
@@ -247,7 +258,7 @@ def _fuse_static(node: ir.Node, a: _Dq, w: _Dq, q: ir.Node, names: Names) -> tup
     ins = list(node.inputs)
     bias = None
     if node.op_type == "Conv" and len(ins) > 2 and ins[2] is not None:
-        b = _dq(ins[2])
+        b = _dq(ins[2], frozenset({"int32"}))
         if b is None or not _bias_ok(b, a, w):
             return None  # type: ignore[return-value]
         bias = b.x
@@ -292,7 +303,7 @@ def _fuse_gemm(node: ir.Node, names: Names) -> tuple[str, str] | None:
     alpha_v = 1.0 if alpha is None else alpha.value
     c = None
     if len(ins) > 2 and ins[2] is not None:
-        cd = _dq(ins[2])
+        cd = _dq(ins[2], frozenset({"int32"}))
         if cd is None or not _bias_ok(cd, a, b) or (1.0 if beta is None else beta.value) \
                 != alpha_v:
             return None
