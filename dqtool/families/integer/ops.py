@@ -108,7 +108,7 @@ OPS: tuple[OpDef, ...] = (
           (Slot("W", 1, 8, 9, weight=True), Slot("R", 2, 10, 11, weight=True)), None,
           no_qdq="its gates quantize the input and the hidden state at every time step "
           "inside the loop; ai.onnx LSTM takes float weights only, so no QDQ graph "
-          "reproduces it (fold its weights to run it as a float LSTM)"),
+          "reproduces it"),
     OpDef(MS, "MulInteger", 1, "integer",
           (Slot("a", 0, None, 1), Slot("b", 2, None, 3)), None,
           no_qdq="its int32 product has no scale in the graph to dequantize it with"),
