@@ -158,3 +158,22 @@ def test_upgrade_to_qdq_rewrites_then_upgrades(tmp_path):
     m = onnx.load(str(out))
     assert [o.version for o in m.opset_import if o.domain == ""] == [21]
     assert not any(n.op_type.startswith("QLinear") for n in m.graph.node)
+
+
+@pytest.mark.parametrize(("text", "reason"), [
+    ("""<ir_version: 8, opset_import: ["" : 13]>
+     g (uint8[1,3,4,4] x) => (uint8[1,4,4,4] y) <float xs = {0.1}, uint8 xz = {1}>
+     { y = QLinearConv (x, xs, xz) }""", "input 'w' is missing"),
+    ("""<ir_version: 8, opset_import: ["" : 13, "com.microsoft" : 1]>
+     g (uint8[2,4] a) => (uint8[2,4] y) <float s = {0.1}, uint8 z = {1}>
+     { y = com.microsoft.QLinearConcat <axis = 0> (s, z) }""", "got 2 inputs"),
+    ("""<ir_version: 8, opset_import: ["" : 13, "com.microsoft" : 1]>
+     g (uint8[2,4] a) => (float[2,3] y) <uint8 az = {1},
+         int8[4,3] b = {1,2,3,4,5,6,7,8,9,10,11,12}, int8 bz = {0}>
+     { y = com.microsoft.QGemm (a, , az, b, , bz) }""", "the scale of 'a' is missing"),
+], ids=["missing-weight", "concat-without-inputs", "missing-scale"])
+def test_broken_nodes_are_refused_with_what_is_wrong(text, reason):
+    with pytest.raises(api.IntegerConversionRefused) as e:
+        api.to_qdq(ir.from_onnx_text(text))
+    (refusal,) = e.value.report.refusals
+    assert refusal.reason.startswith("DQ018: ") and reason in refusal.reason

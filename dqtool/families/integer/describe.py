@@ -192,6 +192,15 @@ def _problems(node: ir.Node, opdef: ops.OpDef, operands: list[Operand],
     for s in needed:
         if graph.input_value(node, s.value) is None:
             out.append(Problem(P_INPUTS, f"{where}: input '{s.role}' is missing"))
+        elif s.scale is not None and graph.input_value(node, s.scale) is None:
+            out.append(Problem(P_INPUTS, f"{where}: the scale of '{s.role}' is missing"))
+    # QGemm's y_scale is optional (float output); every other quantized output needs one.
+    if opdef.output is not None and opdef.output.scale is not None and opdef.op != "QGemm" \
+            and graph.input_value(node, opdef.output.scale) is None:
+        out.append(Problem(P_INPUTS, f"{where}: the output scale is missing"))
+    if opdef.op == "QLinearConcat" and (len(node.inputs) < 5 or (len(node.inputs) - 2) % 3):
+        out.append(Problem(P_INPUTS, f"{where} takes Y_scale, Y_zero_point and one (value, "
+                           f"scale, zero point) per input; got {len(node.inputs)} inputs"))
     for o in operands:
         if o.zero_point_type and o.type and o.zero_point_type != o.type and \
                 o.type not in ("float", "float16", "bfloat16"):

@@ -80,6 +80,10 @@ class IntegerToQdqPass(ir.passes.InPlacePass):
 def _try_rewrite(node: ir.Node, opdef: ops.OpDef, opsets: dict[str, int], names: Names) -> str:
     if opdef.no_qdq:
         raise Refused(f"no QDQ form: {opdef.no_qdq}")
+    spec = describe.read(node, opsets)
+    errors = [] if spec is None else [p for p in spec.errors if p.code != describe.P_NO_IMPORT]
+    if errors:  # a broken node has no faithful rewrite: say what is wrong with it
+        raise Refused(f"{errors[0].code}: {errors[0].message}")
     attr = node.attributes.get("channels_last")
     if attr is not None and attr.value:
         raise Refused("channels_last=1 (NHWC): the float operator is NCHW; a faithful QDQ "
