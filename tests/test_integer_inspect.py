@@ -81,7 +81,7 @@ def test_no_qdq_form_and_zero_point_mismatch_are_problems():
     """
     (node,) = _report(text).integer_nodes
     codes = sorted((p.code, p.severity) for p in node.spec.problems)
-    assert codes == [("DQ015", "error"), ("DQ030", "info")]
+    assert codes == [("DQ015", "error"), ("DQ032", "info")]
     assert not node.spec.qdq_form and "no scale" in node.spec.no_qdq_reason
 
 

@@ -16,7 +16,7 @@ from dqtool import graph
 from dqtool.families.integer import ops
 from dqtool.spec import P_INPUTS, P_NO_IMPORT, P_ZP, Dim, Granularity, Problem
 
-P_NO_QDQ = "DQ030"  # info: the operator has no faithful QDQ form
+P_NO_QDQ = "DQ032"  # info: the operator has no faithful QDQ form
 
 
 @dataclass(frozen=True)
