@@ -14,6 +14,7 @@ from dqtool import codecs, graph, io, versions
 from dqtool.families.fused import facts as fused_facts
 from dqtool.families.fused import read as fused_read
 from dqtool.families.fused.spec import FusedSpec
+from dqtool.families.integer import describe as integer_describe
 from dqtool.spec import QuantSpec
 
 
@@ -76,6 +77,20 @@ def _dims(shape) -> list | None:
 
 
 @dataclass(frozen=True)
+class IntegerNodeReport:
+    """An integer operator (QLinear*, MatMulInteger, dynamic quantization) and its use."""
+
+    name: str
+    graph: str
+    spec: integer_describe.IntegerOpSpec
+    consumers: tuple[str, ...]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"name": self.name, "graph": self.graph, **self.spec.to_json(),
+                "consumers": list(self.consumers)}
+
+
+@dataclass(frozen=True)
 class InspectReport:
     input: str  # the path read, "<memory>" for a model object
     ir_version: int
@@ -84,6 +99,7 @@ class InspectReport:
     functions: int = 0
     external_data: bool = False
     summary: dict[str, Any] = field(default_factory=dict)
+    integer_nodes: tuple[IntegerNodeReport, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -92,6 +108,7 @@ class InspectReport:
             "opset_imports": self.opset_imports,
             "external_data": self.external_data,
             "nodes": [n.to_json() for n in self.nodes],
+            "integer_nodes": [n.to_json() for n in self.integer_nodes],
             "summary": self.summary,
         }
 
@@ -139,6 +156,32 @@ def node_reports(model: ir.Model) -> list[NodeReport]:
             ("DequantizeLinear", "QuantizeLinear") else None,
         ))
     return out
+
+
+def integer_node_reports(model: ir.Model) -> list[IntegerNodeReport]:
+    out = []
+    for site in graph.walk(model):
+        spec = integer_describe.read(site.node, site.opsets)
+        if spec is None:
+            continue
+        node = site.node
+        out.append(IntegerNodeReport(
+            name=node.name or "", graph=site.graph, spec=spec,
+            consumers=tuple(u.node.op_type for u in node.outputs[0].uses()) if node.outputs
+            else ()))
+    return out
+
+
+def summarize_integer(nodes: list[IntegerNodeReport]) -> dict[str, Any]:
+    def count(key) -> dict[str, int]:
+        return dict(sorted(Counter(key(n) for n in nodes).items()))
+
+    return {
+        "integer_nodes": len(nodes),
+        "integer_by_op": count(lambda n: f"{n.spec.domain}:{n.spec.op}"),
+        "integer_by_kind": count(lambda n: n.spec.kind),
+        "integer_without_qdq_form": [n.name for n in nodes if not n.spec.qdq_form],
+    }
 
 
 def _opsets(model: ir.Model) -> dict[str, int]:
@@ -197,6 +240,7 @@ def inspect(model: str | os.PathLike | ir.Model) -> InspectReport:
         name = str(model)
         model = io.load(Path(model))
     nodes = node_reports(model)
+    integer = integer_node_reports(model)
     return InspectReport(
         input=name,
         ir_version=model.ir_version,
@@ -204,8 +248,9 @@ def inspect(model: str | os.PathLike | ir.Model) -> InspectReport:
         nodes=tuple(nodes),
         functions=len(model.functions),
         external_data=io.uses_external_data(model),
-        summary=summarize(model, nodes),
+        summary={**summarize(model, nodes), **summarize_integer(integer)},
+        integer_nodes=tuple(integer),
     )
 
 
-__all__ = ["InspectReport", "NodeReport", "inspect"]
+__all__ = ["InspectReport", "IntegerNodeReport", "NodeReport", "inspect"]

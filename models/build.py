@@ -1782,6 +1782,104 @@ def ort_matmulnbits_2bit_b32(name):
 
 # --------------------------------------------------------------------------------------
 # writing and verifying
+# ---- integer operators from onnxruntime.quantization --------------------------------------
+# QOperator format (QLinearConv, QLinearMatMul, com.microsoft QGemm / QLinearAdd /
+# QLinearGlobalAveragePool) and dynamic quantization (DynamicQuantizeLinear → MatMulInteger /
+# ConvInteger → Cast → Mul).
+
+
+def _quantize_dynamic(float_model: onnx.ModelProto, **kw) -> onnx.ModelProto:
+    from onnxruntime.quantization import quantize_dynamic
+
+    with tempfile.TemporaryDirectory(prefix="dqtool-models-") as tmp:
+        src, dst = os.path.join(tmp, "float.onnx"), os.path.join(tmp, "quant.onnx")
+        onnx.save(float_model, src)
+        with _quiet():
+            quantize_dynamic(src, dst, **kw)
+        return onnx.load(dst)
+
+
+@spec(
+    file="ort_qop_per_tensor.onnx",
+    holds="the conv net quantized by quantize_static in QOperator format with its defaults: "
+    "QLinearConv ×2 with int32 biases, com.microsoft QLinearGlobalAveragePool, Flatten of the "
+    "quantized tensor, com.microsoft QGemm; input QuantizeLinear, output DequantizeLinear",
+    domain="ai.onnx 13 + com.microsoft 1",
+    types="int8, int32 / float",
+    granularity="per-tensor",
+)
+def ort_qop_per_tensor(name):
+    from onnxruntime.quantization import QuantFormat
+
+    m = _quantize_static(float_convnet(13), 1, quant_format=QuantFormat.QOperator)
+    return normalize(m, "onnxruntime.quantization.quantize_static(QOperator) with default "
+                     "options of a float conv net")
+
+
+@spec(
+    file="ort_qop_per_channel.onnx",
+    holds="the conv net quantized by quantize_static in QOperator format, per_channel=True, "
+    "activations uint8, weights int8: QLinearConv with per-channel weight scales (8,), "
+    "QLinearGlobalAveragePool, QGemm with per-row (transB) weight scales",
+    domain="ai.onnx 13 + com.microsoft 1",
+    types="uint8, int8, int32 / float",
+    granularity="per-tensor (activations), per-axis (weights)",
+)
+def ort_qop_per_channel(name):
+    from onnxruntime.quantization import QuantFormat, QuantType
+
+    m = _quantize_static(float_convnet(13), 1, quant_format=QuantFormat.QOperator,
+                         per_channel=True, activation_type=QuantType.QUInt8,
+                         weight_type=QuantType.QInt8)
+    return normalize(m, "onnxruntime.quantization.quantize_static(QOperator, per_channel=True, "
+                     "activation=QUInt8, weight=QInt8) of a float conv net")
+
+
+@spec(
+    file="ort_qop_matmul.onnx",
+    holds="the MLP quantized by quantize_static in QOperator format: QLinearMatMul ×2 and "
+    "com.microsoft QLinearAdd ×2 (the biases quantized as int8 tensors)",
+    domain="ai.onnx 13 + com.microsoft 1",
+    types="int8 / float",
+    granularity="per-tensor",
+)
+def ort_qop_matmul(name):
+    from onnxruntime.quantization import QuantFormat
+
+    m = _quantize_static(float_mlp(13), 3, quant_format=QuantFormat.QOperator)
+    return normalize(m, "onnxruntime.quantization.quantize_static(QOperator) of a float MLP")
+
+
+@spec(
+    file="ort_dynamic_matmul.onnx",
+    holds="the MLP quantized by quantize_dynamic, per_channel=True: DynamicQuantizeLinear → "
+    "MatMulInteger (int8 weights, per-column zero points) → Cast → Mul by "
+    "Mul(activation scale, weight scale (N,)) → Add bias",
+    domain="ai.onnx 13",
+    types="uint8 (activations), int8 (weights) / float",
+    granularity="per-tensor (activations), per-axis (weights)",
+)
+def ort_dynamic_matmul(name):
+    m = _quantize_dynamic(float_mlp(13), per_channel=True)
+    return normalize(m, "onnxruntime.quantization.quantize_dynamic(per_channel=True) of a "
+                     "float MLP")
+
+
+@spec(
+    file="ort_dynamic_conv.onnx",
+    holds="the conv net quantized by quantize_dynamic with op_types_to_quantize Conv and "
+    "MatMul: DynamicQuantizeLinear → ConvInteger ×2 → Cast → Mul → Add (reshaped bias), "
+    "and MatMulInteger for the Gemm",
+    domain="ai.onnx 13",
+    types="uint8 (activations), int8 (weights) / float",
+    granularity="per-tensor",
+)
+def ort_dynamic_conv(name):
+    m = _quantize_dynamic(float_convnet(13), op_types_to_quantize=["Conv", "MatMul", "Gemm"])
+    return normalize(m, "onnxruntime.quantization.quantize_dynamic(op_types_to_quantize="
+                     "[Conv, MatMul, Gemm]) of a float conv net")
+
+
 # --------------------------------------------------------------------------------------
 
 

@@ -29,7 +29,8 @@ def test_the_qdq_families_are_registered_and_own_their_operators():
 
 
 def test_codecs_come_from_the_families_and_match_their_keys():
-    # (a family without codecs, e.g. the fused one, reads its nodes its own way)
+    # (a family without codecs, e.g. the fused or the integer one, reads its nodes its own
+    # way)
     keys = {(d, o, v) for f in families.all_families() if f.codecs is not None
             for d, o, v in f.keys}
     assert set(codecs.REGISTRY) == keys
@@ -39,10 +40,14 @@ def test_codecs_come_from_the_families_and_match_their_keys():
 def test_derived_sets():
     assert families.prunable_domains() == {"com.microsoft", "opmx", "pmx"}
     ops = {(op.op_domain, op.__name__) for op in families.evaluator_ops()}
-    assert ops == {("", "DequantizeLinear"), ("", "QuantizeLinear"),
-                   ("com.microsoft", "DequantizeLinear"), ("com.microsoft", "QuantizeLinear"),
-                   ("opmx", "DequantizeLinear"), ("pmx", "DequantizeLinear"),
-                   ("com.microsoft", "MatMulNBits"), ("com.microsoft", "GatherBlockQuantized")}
+    qdq = {("", "DequantizeLinear"), ("", "QuantizeLinear"),
+           ("com.microsoft", "DequantizeLinear"), ("com.microsoft", "QuantizeLinear"),
+           ("opmx", "DequantizeLinear"), ("pmx", "DequantizeLinear"),
+           ("com.microsoft", "MatMulNBits"), ("com.microsoft", "GatherBlockQuantized")}
+    integer = {(op.op_domain, op.__name__) for op in families.owner(
+        "com.microsoft", "QGemm").evaluator_ops()}
+    assert ops == qdq | integer
+    assert {("", "QLinearConv"), ("com.microsoft", "QGemm")} <= integer
     assert families.is_fold_root("", "DequantizeLinear")
     assert families.is_fold_root("opmx", "DequantizeLinear")
     assert not families.is_fold_root("", "QuantizeLinear")

@@ -83,8 +83,14 @@ def check(
         proto, sites, loaded.path if loaded.external_dir is not None else None)
     nodes = selfcheck.numeric(proto, model, sites, feeds, notes,
                               external_dir=loaded.external_dir)
+    # The integer operators (QLinear*, MatMulInteger, ...): their family checks them.
+    from dqtool.families.integer import selfcheck as integer_selfcheck
+
+    nodes += integer_selfcheck.numeric(proto, model, feeds, notes,
+                                       external_dir=loaded.external_dir)
     if not nodes:
-        notes.append("the model has no DequantizeLinear node: nothing to compare")
+        notes.append("the model has no DequantizeLinear or integer operator node: nothing "
+                     "to compare")
     return CheckReport(input=name, against=None, structure=structure, nodes=tuple(nodes),
                        notes=tuple(notes), **common)
 

@@ -56,6 +56,72 @@ def _run_ref(model: onnx.ModelProto, feeds: Mapping[str, np.ndarray],
     return runners.run_reference(model, feeds, external_dir=external_dir)
 
 
+def output_steps(model: onnx.ModelProto) -> dict[str, float]:
+    """The quantization step of each output that has one: 1 for an integer output; the
+    scale of the DequantizeLinear (any domain) that produces a float output, when that scale
+    is one constant element."""
+    out: dict[str, float] = {}
+    consts = {t.name: t for t in model.graph.initializer}
+    producers = {o: n for n in model.graph.node for o in n.output}
+    for o in model.graph.output:
+        elem = o.type.tensor_type.elem_type
+        if elem in _INTEGER_ELEMS:
+            out[o.name] = 1.0
+            continue
+        n = producers.get(o.name)
+        if n is None or n.op_type != "DequantizeLinear" or len(n.input) < 2:
+            continue
+        scale = consts.get(n.input[1])
+        if scale is not None:
+            arr = onnx.numpy_helper.to_array(scale)
+            if arr.size == 1:
+                out[o.name] = float(arr.reshape(()))
+    return out
+
+
+# Ops a float output may pass through after its last scaling without changing its step.
+_STEP_PRESERVING = frozenset({"Reshape", "Flatten", "Transpose", "Squeeze", "Unsqueeze",
+                              "Identity", "Relu", "Add"})
+
+
+def runtime_step_sources(model: onnx.ModelProto) -> dict[str, str]:
+    """Float outputs whose step is computed at run time: an integer accumulator Cast to
+    float and multiplied by a scale (dynamic quantization's ``Cast → Mul(a_scale·w_scale)``),
+    possibly followed by shape ops, Relu or a bias Add. Output name → the scale's name."""
+    producers = {o: n for n in model.graph.node for o in n.output}
+    out: dict[str, str] = {}
+    for o in model.graph.output:
+        name, seen = o.name, 0
+        while name in producers and seen < 8:
+            n = producers[name]
+            if n.op_type == "Mul" and len(n.input) == 2:
+                for i, j in ((0, 1), (1, 0)):
+                    p = producers.get(n.input[i])
+                    if p is not None and p.op_type == "Cast":
+                        out[o.name] = n.input[j]
+                break
+            if n.op_type not in _STEP_PRESERVING or not n.input:
+                break
+            name, seen = n.input[0], seen + 1
+    return out
+
+
+def _with_outputs(model: onnx.ModelProto, names: list[str]) -> onnx.ModelProto:
+    extra = onnx.ModelProto()
+    extra.CopyFrom(model)
+    known = {o.name for o in extra.graph.output}
+    for n in names:
+        if n not in known:
+            extra.graph.output.append(onnx.helper.make_empty_tensor_value_info(n))
+    return extra
+
+
+_INTEGER_ELEMS = frozenset({onnx.TensorProto.INT8, onnx.TensorProto.UINT8,
+                            onnx.TensorProto.INT16, onnx.TensorProto.UINT16,
+                            onnx.TensorProto.INT32, onnx.TensorProto.UINT32,
+                            onnx.TensorProto.INT4, onnx.TensorProto.UINT4})
+
+
 def compare_models(model: onnx.ModelProto, original: onnx.ModelProto,
                    feeds: Mapping[str, np.ndarray], *, rtol: float, atol: float,
                    notes: list[str], model_dir: Path | None = None,
@@ -78,7 +144,10 @@ def _on(runtime: str, run: Runner, model: tuple[onnx.ModelProto, Path | None],
         original: tuple[onnx.ModelProto, Path | None], feeds: Mapping[str, np.ndarray],
         rtol: float, atol: float) -> RuntimeComparison:
     results = []
-    for label, (m, d) in (("the checked model", model), ("the original", original)):
+    runtime_steps = runtime_step_sources(original[0])
+    run_original = (_with_outputs(original[0], sorted(set(runtime_steps.values()))),
+                    original[1]) if runtime_steps else original
+    for label, (m, d) in (("the checked model", model), ("the original", run_original)):
         too_big = models.reference_too_big(m) if runtime == "reference" else None
         if too_big:
             return RuntimeComparison(runtime, (), f"{runtime} skipped for {label}: {too_big}")
@@ -87,6 +156,11 @@ def _on(runtime: str, run: Runner, model: tuple[onnx.ModelProto, Path | None],
         except runners.RuntimeFailure as e:
             return RuntimeComparison(runtime, (), f"{runtime} cannot run {label}: {e}")
     got, want = results
+    steps: dict[str, float | np.ndarray] = dict(output_steps(original[0]))
+    for out, source in runtime_steps.items():
+        value = np.asarray(want.get(source, np.nan), np.float64)
+        if value.size and np.isfinite(value).all() and np.all(value > 0):
+            steps[out] = value.reshape(()) if value.size == 1 else value
     outputs = []
     for o in original[0].graph.output:
         if o.name not in got:
@@ -94,5 +168,5 @@ def _on(runtime: str, run: Runner, model: tuple[onnx.ModelProto, Path | None],
                 rtol, atol))
         else:
             outputs.append(compare.compare(o.name, got[o.name], want[o.name], rtol=rtol,
-                                           atol=atol))
+                                           atol=atol, step=steps.get(o.name)))
     return RuntimeComparison(runtime, tuple(outputs))

@@ -37,6 +37,12 @@ class OutputComparison:
     rtol: float = 0.0
     atol: float = 0.0
     passed: bool = False
+    # In quantization steps, when the output has one (an integer output: 1; the output of
+    # a DequantizeLinear with a constant per-tensor scale: that scale); else None.
+    step: float | None = None
+    max_steps: int | None = None
+    off_by_one: int | None = None  # elements differing by exactly one step
+    off_by_more: int | None = None  # elements differing by more than one step
 
     @property
     def min_atol(self) -> float:
@@ -66,6 +72,8 @@ class OutputComparison:
             "worst_actual": _num(self.worst_actual), "worst_expected": _num(self.worst_expected),
             "min_atol": _num(self.min_atol), "min_rtol": _num(self.min_rtol),
             "rtol": self.rtol, "atol": self.atol,
+            "step": self.step, "max_steps": self.max_steps, "off_by_one": self.off_by_one,
+            "off_by_more": self.off_by_more,
         }
 
     @classmethod
@@ -83,6 +91,8 @@ class OutputComparison:
             worst_index=None if doc["worst_index"] is None else tuple(doc["worst_index"]),
             worst_actual=f("worst_actual"), worst_expected=f("worst_expected"),
             mismatched=doc["mismatched"], size=doc["size"], failure=doc["failure"],
+            step=doc.get("step"), max_steps=doc.get("max_steps"),
+            off_by_one=doc.get("off_by_one"), off_by_more=doc.get("off_by_more"),
         ).judge(doc.get("rtol", 0.0), doc.get("atol", 0.0))
 
 
@@ -105,9 +115,30 @@ def _as_float64(a: np.ndarray) -> np.ndarray:
     return np.asarray(a).astype(np.float64)
 
 
+def steps(absdiff: np.ndarray, step: float | np.ndarray | None) -> dict[str, int | None]:
+    """How many quantization steps apart two arrays are: the largest distance, and how many
+    elements are one step and more than one step apart. ``step`` is one size, or one per
+    element (broadcast: a per-channel scale)."""
+    none = {"max_steps": None, "off_by_one": None, "off_by_more": None}
+    if step is None or absdiff.size == 0:
+        return none
+    try:
+        step = np.broadcast_to(np.asarray(step, np.float64), absdiff.shape)
+    except ValueError:
+        return none
+    if not np.all(step > 0):
+        return none
+    with np.errstate(invalid="ignore", over="ignore"):
+        n = np.rint(absdiff / step)
+    n = np.where(np.isfinite(n), n, np.iinfo(np.int64).max).astype(np.int64)
+    return {"max_steps": int(n.max()), "off_by_one": int((n == 1).sum()),
+            "off_by_more": int((n > 1).sum())}
+
+
 def compare(name: str, actual: np.ndarray, expected: np.ndarray, *, rtol: float = 0.0,
-            atol: float = 0.0) -> OutputComparison:
-    """Statistics of ``actual`` (the checked model) against ``expected`` (the reference)."""
+            atol: float = 0.0, step: float | np.ndarray | None = None) -> OutputComparison:
+    """Statistics of ``actual`` (the checked model) against ``expected`` (the reference);
+    with ``step``, also in quantization steps of that size."""
     actual, expected = np.asarray(actual), np.asarray(expected)
     if actual.shape != expected.shape:
         return failed(name, f"shape {actual.shape} differs from {expected.shape}").judge(
@@ -140,7 +171,15 @@ def compare(name: str, actual: np.ndarray, expected: np.ndarray, *, rtol: float 
         nan_mismatches=int(nan_mismatch.sum()), worst_index=idx,
         worst_actual=float(a.reshape(-1)[flat]), worst_expected=float(e.reshape(-1)[flat]),
         mismatched=int((~same).sum()), size=n, failure=failure,
+        **_step_fields(absdiff, step),
     ).judge(rtol, atol)
+
+
+def _step_fields(absdiff: np.ndarray, step: float | np.ndarray | None) -> dict[str, Any]:
+    counted = steps(absdiff, step)
+    if counted["max_steps"] is None:
+        return {"step": None, **counted}
+    return {"step": float(np.min(step)), **counted}  # the smallest, when per channel
 
 
 def bit_identical(actual: np.ndarray, expected: np.ndarray) -> bool:

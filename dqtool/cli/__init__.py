@@ -35,6 +35,10 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
               "Validate a model or a conversion against onnxruntime and the kernel."),
     "lint": ("dqtool.cli.lint_cmd", "lint_cmd",
              "Lint models against a target (an opset, onnxruntime, DirectML, ...)."),
+    "qdq": ("dqtool.cli.integer_cmd", "qdq_cmd",
+            "Rewrite integer operators (QLinear*, MatMulInteger, dynamic) into QDQ."),
+    "qoperator": ("dqtool.cli.integer_cmd", "qoperator_cmd",
+                  "Fuse QDQ patterns into integer operators (QLinearConv, ...)."),
 }
 
 

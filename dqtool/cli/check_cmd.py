@@ -25,7 +25,8 @@ def _render_self(app: App, doc: dict) -> None:
     for p in st["problems"]:
         if p["severity"] == "error":
             app.out.print(f"  {p['code']} {p['node']}: {p['message']}")
-    table = Table(title="DequantizeLinear: onnxruntime vs kernel (bit-exact)",
+    table = Table(title="DequantizeLinear and integer operators: onnxruntime vs kernel "
+                  "(bit-exact)",
                   title_justify="left")
     for col in ("node", "op", "status", "detail"):
         table.add_column(col, overflow="fold")
@@ -45,14 +46,16 @@ def _render_against(app: App, doc: dict) -> None:
         table = Table(title=f"{c['runtime']}: {doc['input']} vs {doc['against']}",
                       title_justify="left")
         for col in ("output", "ok", "max abs", "max rel", "mean abs", "worst index",
-                    "values (checked / original)", "min atol / rtol"):
+                    "values (checked / original)", "min atol / rtol",
+                    "steps: max, =1, >1"):
             table.add_column(col, overflow="fold")
         for o in c["outputs"]:
             worst = "-" if o["worst_index"] is None else str(tuple(o["worst_index"]))
             vals = f"{_num(o['worst_actual'])} / {_num(o['worst_expected'])}"
             table.add_row(o["name"], "yes" if o["passed"] else f"NO {o['failure'] or ''}",
                           _num(o["max_abs"]), _num(o["max_rel"]), _num(o["mean_abs"]),
-                          worst, vals, f"{_num(o['min_atol'])} / {_num(o['min_rtol'])}")
+                          worst, vals, f"{_num(o['min_atol'])} / {_num(o['min_rtol'])}",
+                          _steps(o))
         app.out.print(table)
     weights = doc.get("weights") or []
     for w in weights:
@@ -62,6 +65,14 @@ def _render_against(app: App, doc: dict) -> None:
         app.out.print("note: MatMulNBits accumulates in its own order (and with "
                       "accuracy_level > 0 may quantize A): output differences above are "
                       "that, not the weights", markup=False)
+
+
+def _steps(o: dict) -> str:
+    """``1, 3, 0`` (largest distance in steps, elements one step apart, more than one);
+    ``-`` when the output has no quantization step."""
+    if o.get("max_steps") is None:
+        return "-"
+    return f"{o['max_steps']}, {o['off_by_one']}, {o['off_by_more']} (step {_num(o['step'])})"
 
 
 def render(app: App, doc: dict) -> None:

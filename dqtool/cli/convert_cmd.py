@@ -54,18 +54,41 @@ def _run(app: App, direction: str, model: str, opset: int, out: str | None, as_j
 
     if out is None and not in_place:
         out = str(convert.default_output(model, opset))
-    kwargs.update(in_place=in_place, external_data=external_data or None,
+    to_qdq = kwargs.pop("to_qdq", False)
+    kwargs.update(in_place=in_place and not to_qdq, external_data=external_data or None,
                   shard_size=parse_size(shard_size))
     fn = convert.upgrade if direction == "upgrade" else convert.downgrade
+    source: Any = model
+    if to_qdq:  # integer operators into QDQ first, in memory; then the opset conversion
+        source = _integer_to_qdq(app, model, out, in_place, as_json)
+        out = model if in_place else out
     try:
         with progress_bar(app, model, progress) as bar:
-            report = fn(model, opset, None if in_place else out, progress=bar, **kwargs)
+            report = fn(source, opset, None if in_place and not to_qdq else out, progress=bar,
+                        **kwargs)
     except (convert.ConversionRefused, convert.CheckFailed) as e:
         render(app, e.report, as_json)
         app.abort(str(e), 1)
     for w in report.warnings:
         app.warn(w)
     render(app, report, as_json)
+
+
+def _integer_to_qdq(app: App, model: str, out: str | None, in_place: bool, as_json: bool):
+    """``upgrade --to-qdq``: integer operators into QDQ (as ``dqtool qdq``), in memory."""
+    from dqtool import io
+    from dqtool.cli.integer_cmd import render as render_integer
+    from dqtool.families.integer import api
+
+    io.no_overwrite_of_input(model, model if in_place else out, in_place)
+    try:
+        report = api.to_qdq(model)
+    except api.IntegerConversionRefused as e:
+        render_integer(app, e.report, as_json)
+        app.abort(str(e), 1)
+    if not as_json:
+        render_integer(app, report, False)
+    return report.model
 
 
 _common = [
@@ -89,10 +112,13 @@ def _with_common(f):
 
 @click.command("upgrade")
 @_with_common
+@click.option("--to-qdq", is_flag=True, help="First rewrite integer operators (QLinear*, "
+              "MatMulInteger, dynamic quantization) into QDQ, as `dqtool qdq` does "
+              "(faithful, not exact).")
 @click.pass_obj
 @user_errors
 def upgrade_cmd(app: App, model: str, opset: int, per_axis: bool, check: bool,
-                keep_contrib: bool, **writing: Any) -> None:
+                keep_contrib: bool, to_qdq: bool, **writing: Any) -> None:
     """Move MODEL up to ai.onnx opset N, converting every Q/DQ exactly.
 
     com.microsoft and opmx Q/DQ become ai.onnx where N expresses them; invalid Q/DQ that
@@ -102,7 +128,7 @@ def upgrade_cmd(app: App, model: str, opset: int, per_axis: bool, check: bool,
     (nothing written); 2 bad input.
     """
     _run(app, "upgrade", model, opset, per_axis=per_axis, check=check,
-         keep_contrib=keep_contrib, **writing)
+         keep_contrib=keep_contrib, to_qdq=to_qdq, **writing)
 
 
 @click.command("downgrade")

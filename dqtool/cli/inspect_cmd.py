@@ -74,7 +74,10 @@ def render(app: App, report) -> None:
                       _size(n.bytes_folded) if stored else "-",
                       escape(",".join(sorted(set(n.consumers))) or "-")]
         table.add_row(*cells, flags)
-    app.out.print(table)
+    if report.nodes or not report.integer_nodes:
+        app.out.print(table)
+    else:  # an integer-operator model: no empty Q/DQ table above the integer one
+        app.out.print(escape(f"{report.input}: 0 Q/DQ nodes"))
     for n in report.nodes:
         for p in n.spec.problems:
             app.out.print(escape(f"  {p.severity} {p.code} {n.name or '<unnamed>'}: "
@@ -103,6 +106,51 @@ def render(app: App, report) -> None:
                   + (f" ({sm['bytes_unknown']} nodes of unknown size)" if sm["bytes_unknown"]
                      else ""))
     app.out.print(f"lowest ai.onnx opset expressing every node: {_lowest(sm)}")
+    if report.integer_nodes:
+        render_integer(app, report)
+
+
+def _operand(o) -> str:
+    """``int8 axis 0 const`` for one quantized tensor of an integer operator."""
+    gran = {"per-tensor": "tensor", "per-axis": f"axis {o.axis}"}.get(o.granularity or "", "?")
+    text = f"{o.type or '?'} {gran}"
+    if o.constant:
+        text += " const"
+    elif o.scale_type is not None and not o.scale_constant:
+        text += " dyn"
+    return text
+
+
+def render_integer(app: App, report) -> None:
+    """The integer operators, one row each, then their counts."""
+    table = Table(title=f"{len(report.integer_nodes)} integer operators", title_justify="left",
+                  box=box.SIMPLE_HEAD, pad_edge=False)
+    table.add_column("node", overflow="fold", ratio=1, min_width=14)
+    for col in ("op", "kind", "inputs", "output", "bias", "qdq"):
+        table.add_column(col, overflow="fold")
+    table.add_column("!", no_wrap=True)
+    for n in report.integer_nodes:
+        s = n.spec
+        dom = "" if s.domain == "ai.onnx" else f"{_SHORT.get(s.domain, s.domain)}:"
+        where = n.name or "<unnamed>"
+        if n.graph != "main":
+            where += f" [{n.graph}]"
+        ins = "; ".join(f"{o.role} {_operand(o)}" for o in s.inputs) or "-"
+        out = _operand(s.output) if s.output else (s.output_type or "?")
+        flags = "E" if s.errors else ("W" if any(p.severity == "warning" for p in s.problems)
+                                      else "")
+        table.add_row(escape(where), f"{dom}{s.op}-{s.version}", s.kind, escape(ins),
+                      escape(out), s.bias_type or "-", "yes" if s.qdq_form else "no", flags)
+    app.out.print(table)
+    for n in report.integer_nodes:
+        for p in n.spec.problems:
+            app.out.print(escape(f"  {p.severity} {p.code} {n.name or '<unnamed>'}: "
+                                 f"{p.message}"), soft_wrap=True)
+    sm = report.summary
+    app.out.print(f"{sm['integer_nodes']} integer operators: "
+                  + ", ".join(f"{k} ×{v}" for k, v in sm["integer_by_op"].items()))
+    if sm["integer_without_qdq_form"]:
+        app.out.print(f"without a QDQ form: {len(sm['integer_without_qdq_form'])}")
 
 
 def _lowest(sm: dict) -> str:

@@ -40,6 +40,7 @@ BUILTIN = (
     "dqtool.families.qdq_microsoft",
     "dqtool.families.qdq_opmx",
     "dqtool.families.fused",
+    "dqtool.families.integer",
 )
 
 _FAMILIES: dict[str, Family] = {}

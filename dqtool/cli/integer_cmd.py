@@ -1,0 +1,110 @@
+"""``dqtool qdq MODEL`` / ``dqtool qoperator MODEL``: integer operators ⇄ QDQ.
+
+Exit 0 converted and written; 1 a node refused or --check beyond one quantization step
+(nothing written); 2 bad input or options.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import click
+
+from dqtool.cli.app import App, user_errors
+from dqtool.cli.options import parse_size, progress_bar, writer_options
+
+
+def render(app: App, report, as_json: bool) -> None:
+    if as_json:
+        app.print_json(report.to_json())
+        return
+    from rich.markup import escape
+
+    what = "integer operators → QDQ" if report.direction == "to-qdq" else \
+        "QDQ patterns → integer operators"
+    app.out.print(escape(f"{report.input}: {what}: {len(report.changes)} rewritten, "
+                         f"{len(report.refusals)} refused"
+                         + (" (left as they are)" if report.refusals and report.kept
+                            else "")))
+    for c in report.changes:
+        where = "" if c.graph == "main" else f" [{c.graph}]"
+        app.out.print(escape(f"  {c.node}{where} ({c.op}): {c.into}"), soft_wrap=True)
+    for r in report.refusals:
+        where = "" if r.graph == "main" else f" [{r.graph}]"
+        app.out.print(escape(f"  REFUSED {r.node}{where} ({r.op}): {r.reason}"),
+                      soft_wrap=True)
+    if report.check is not None:
+        app.out.print("check (faithful, not exact: within one quantization step per "
+                      "element):", markup=False)
+        for line in report.check.describe():
+            app.out.print(f"  {line}", markup=False, soft_wrap=True)
+    for path in report.files:
+        app.out.print(escape(f"wrote {path}"))
+
+
+def _run(app: App, direction: str, model: str, out: str | None, keep: bool, check: bool,
+         as_json: bool, in_place: bool, external_data: bool, shard_size: str | None,
+         progress: bool | None) -> None:
+    from dqtool.families.integer import api
+
+    if out is not None and in_place:
+        app.abort("give either --output or --in-place, not both", 2)
+    if out is None and not in_place:
+        out = str(api.default_output(model, direction))  # type: ignore[arg-type]
+    writing: dict[str, Any] = {"check": check, "in_place": in_place,
+                               "external_data": external_data or None,
+                               "shard_size": parse_size(shard_size)}
+    try:
+        with progress_bar(app, model, progress) as bar:
+            if direction == "to-qdq":
+                report = api.to_qdq(model, None if in_place else out,
+                                    keep_unconvertible=keep, progress=bar, **writing)
+            else:
+                report = api.to_qoperator(model, None if in_place else out, progress=bar,
+                                          **writing)
+    except (api.IntegerConversionRefused, api.IntegerCheckFailed) as e:
+        render(app, e.report, as_json)
+        app.abort(str(e), 1)
+    render(app, report, as_json)
+
+
+_CHECK = click.option("--check", is_flag=True, help="Run both models (onnxruntime "
+                      "ORT_DISABLE_ALL, dqtool reference) and require every output within one "
+                      "quantization step before writing; also say whether onnxruntime "
+                      "ORT_ENABLE_ALL reproduces the original exactly.")
+
+
+@click.command("qdq")
+@click.argument("model", type=click.Path(dir_okay=True, path_type=str))
+@writer_options("<stem>.qdq.onnx next to MODEL")
+@_CHECK
+@click.option("--keep-unconvertible", is_flag=True, help="Write the model with the nodes "
+              "that have no QDQ form left as they are (they are listed) instead of "
+              "refusing.")
+@click.pass_obj
+@user_errors
+def qdq_cmd(app: App, model: str, check: bool, keep_unconvertible: bool,
+            **writing: Any) -> None:
+    """Rewrite integer operators (QLinear*, MatMulInteger/ConvInteger, dynamic
+    quantization) into QDQ: DequantizeLinear → float op → QuantizeLinear.
+
+    Faithful, not exact: integer accumulation and the float QDQ form may differ by a
+    quantization step (measure it with --check or `dqtool check --against`). Exit 0
+    written; 1 refused or --check failed (nothing written); 2 bad input.
+    """
+    _run(app, "to-qdq", model, writing.pop("out"), keep_unconvertible, check, **writing)
+
+
+@click.command("qoperator")
+@click.argument("model", type=click.Path(dir_okay=True, path_type=str))
+@writer_options("<stem>.qop.onnx next to MODEL")
+@_CHECK
+@click.pass_obj
+@user_errors
+def qoperator_cmd(app: App, model: str, check: bool, **writing: Any) -> None:
+    """Fuse the QDQ patterns onnxruntime fuses (DQ → Conv → Q ⇒ QLinearConv, DQ → MatMul →
+    Q ⇒ QLinearMatMul, ...) into integer operators, for integer-only accelerators.
+
+    Other Q/DQ nodes stay as they are. Exit 0 written; 1 --check failed; 2 bad input.
+    """
+    _run(app, "to-qoperator", model, writing.pop("out"), True, check, **writing)

@@ -1,0 +1,34 @@
+"""The integer-operator family: QLinear* (ai.onnx and com.microsoft), MatMulInteger /
+ConvInteger, and dynamic quantization (DynamicQuantizeLinear, MatMulIntegerToFloat,
+DynamicQuantizeMatMul, DynamicQuantizeLSTM).
+
+Everything about these operators lives here: the operator table (``ops``), reading a node
+into its meaning (``describe``), the exact integer kernels (``kernel``) and their
+evaluator ops (``evaluator_ops``), the rewrite to QDQ (``to_qdq``) and back
+(``to_qoperator``), and what lint targets lack (``lint``). See ``docs/integer-ops.md``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from dqtool.families.base import Family
+from dqtool.families.integer import ops
+
+
+def _evaluator_ops() -> list[type[Any]]:
+    from dqtool.families.integer.evaluator_ops import EVALUATOR_OPS
+
+    return list(EVALUATOR_OPS)
+
+
+FAMILY = Family(
+    name="integer",
+    # The com.microsoft operators only: the ai.onnx ones (QLinearConv, MatMulInteger, ...)
+    # move between opsets through the driver's generic schema conversion, which an owning
+    # family would replace with adapters it does not need.
+    keys=tuple((d.domain, d.op, d.since_version) for d in ops.OPS if d.domain == ops.MS),
+    evaluator_ops=_evaluator_ops,
+    prunable=frozenset({ops.MS}),
+    lint_modules=("dqtool.families.integer.lint",),
+)

@@ -1,0 +1,135 @@
+"""``dqtool.to_qdq`` / ``dqtool.to_qoperator``: integer operators ⇄ QDQ, on paths or models.
+
+    report = to_qdq("m.onnx", "m.qdq.onnx")            # writes m.qdq.onnx
+    report = to_qdq("m.onnx", "m.qdq.onnx", check=True)
+    report = to_qoperator("m.qdq.onnx", "m.qop.onnx")
+
+The converted model is ``report.model``; a model object passed in is not changed.
+A node that cannot be rewritten is refused with its reason; any refusal means nothing is
+written (``IntegerConversionRefused``, exit 1) unless ``keep_unconvertible`` leaves those
+nodes as they are. ``check`` runs both models and fails (``IntegerCheckFailed``, nothing
+written) when an output moves by more than one quantization step.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import onnx_ir as ir
+
+from dqtool.errors import RefusedError, UsageError
+from dqtool.families.integer.numerics import ConversionCheck
+from dqtool.families.integer.rewrite import Change, Refusal
+
+Direction = Literal["to-qdq", "to-qoperator"]
+
+
+@dataclass
+class IntegerReport:
+    input: str  # the path read, "<model>" for a model object
+    direction: Direction
+    changes: list[Change] = field(default_factory=list)
+    refusals: list[Refusal] = field(default_factory=list)
+    kept: bool = False  # refused nodes were left as they are (keep_unconvertible)
+    model: ir.Model | None = None
+    check: ConversionCheck | None = None
+    files: list[str] = field(default_factory=list)  # every file written
+
+    @property
+    def ok(self) -> bool:
+        return (not self.refusals or self.kept) and (self.check is None or self.check.ok)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"input": self.input, "direction": self.direction, "ok": self.ok,
+                "changed": [c.to_json() for c in self.changes],
+                "refused": [r.to_json() for r in self.refusals], "kept_refused": self.kept,
+                "check": None if self.check is None else self.check.to_json(),
+                "files": self.files}
+
+
+class IntegerConversionRefused(RefusedError):
+    def __init__(self, report: IntegerReport) -> None:
+        self.report = report
+        first = report.refusals[0]
+        super().__init__(f"{report.input}: {len(report.refusals)} node(s) refused, nothing "
+                         f"written; first: {first.node} ({first.op}): {first.reason}")
+
+
+class IntegerCheckFailed(RefusedError):
+    def __init__(self, report: IntegerReport) -> None:
+        self.report = report
+        super().__init__(f"{report.input}: --check: an output moved by more than one "
+                         "quantization step; nothing written")
+
+
+ModelArg = ir.Model | str | os.PathLike
+
+
+def default_output(path: str | os.PathLike, direction: Direction) -> Path:
+    p = Path(path)
+    return p.with_name(f"{p.stem}.{'qdq' if direction == 'to-qdq' else 'qop'}.onnx")
+
+
+def to_qdq(model_or_path: ModelArg, out: str | os.PathLike | None = None, *,
+           keep_unconvertible: bool = False, check: bool = False, in_place: bool = False,
+           **writing: Any) -> IntegerReport:
+    """Every integer operator with a faithful QDQ form becomes DequantizeLinear → float op
+    → QuantizeLinear (``to_qdq.IntegerToQdqPass``)."""
+    from dqtool.families.integer.to_qdq import IntegerToQdqPass
+
+    return _run(model_or_path, out, "to-qdq", IntegerToQdqPass(), keep_unconvertible, check,
+                in_place, **writing)
+
+
+def to_qoperator(model_or_path: ModelArg, out: str | os.PathLike | None = None, *,
+                 check: bool = False, in_place: bool = False, **writing: Any
+                 ) -> IntegerReport:
+    """The QDQ patterns onnxruntime fuses become integer operators
+    (``to_qoperator.QdqToIntegerPass``); other QDQ nodes stay as they are."""
+    from dqtool.families.integer.to_qoperator import QdqToIntegerPass
+
+    return _run(model_or_path, out, "to-qoperator", QdqToIntegerPass(), True, check, in_place,
+                **writing)
+
+
+def _run(model_or_path: ModelArg, out, direction: Direction, the_pass: Any, keep: bool,
+         check: bool, in_place: bool, external_data: bool | None = None,
+         shard_size: int | None = None, progress: Any = None) -> IntegerReport:
+    """``external_data``, ``shard_size``, ``progress``: how the output is written
+    (``dqtool.io.save``'s ``external``, ``shard_size``, ``callback``)."""
+    from dqtool import io
+    from dqtool.checking.models import load as load_for_check
+    from dqtool.families.integer import numerics
+
+    is_path = not isinstance(model_or_path, ir.Model)
+    if in_place:
+        if not is_path:
+            raise UsageError("in_place needs a path")
+        out = model_or_path
+    if out is not None and is_path:
+        io.no_overwrite_of_input(model_or_path, out, in_place)
+    # A model object is left as it was: the rewrite works on a copy (``report.model``), so
+    # a refused conversion cannot leave the caller's model half-rewritten.
+    model = io.load(Path(model_or_path)) if is_path else \
+        ir.serde.deserialize_model(ir.serde.serialize_model(model_or_path))
+    source = str(model_or_path) if is_path else "<model>"
+    original = load_for_check(model).proto if check else None
+    the_pass(model)
+    outcome = the_pass.outcome
+    report = IntegerReport(source, direction, outcome.changes, outcome.refusals, kept=keep)
+    if outcome.refusals and not keep:
+        raise IntegerConversionRefused(report)
+    report.model = model
+    if check and original is not None:
+        report.check = numerics.judge(original, load_for_check(model).proto,
+                                      fused=direction == "to-qdq")
+        if not report.check.ok:
+            raise IntegerCheckFailed(report)
+    if out is not None:
+        external = True if shard_size is not None else external_data
+        report.files = [str(p) for p in io.save(model, out, external=external,
+                                                shard_size=shard_size, callback=progress)]
+    return report

@@ -1,0 +1,122 @@
+"""How far a QDQ form is from its integer original, in quantization steps.
+
+Integer accumulation (the QOperator kernels) and the float simulation of a QDQ graph are
+not bit-identical in general: the float operator sums float products and rounds each
+partial sum, where the integer kernel sums integers exactly and rounds once. A conversion
+between the two forms is therefore faithful, not exact. ``judge`` measures it: every
+output on onnxruntime (``ORT_DISABLE_ALL``) and on dqtool's reference evaluator, in steps
+where the output has one, and whether onnxruntime with ``ORT_ENABLE_ALL`` (which fuses QDQ
+back into integer kernels) reproduces the original exactly.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import onnx
+
+from dqtool.checking import against, compare, inputs, runners
+
+# An output with no quantization step (a float output of a dynamic model) is judged in
+# float terms: its largest difference within this fraction of its largest magnitude.
+FLOAT_BUDGET = 1e-3
+
+
+@dataclass
+class ConversionCheck:
+    outputs: list[dict[str, Any]] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)
+    fused: dict[str, Any] | None = None
+
+    @property
+    def ok(self) -> bool:
+        return bool(self.outputs) and all(o["within_budget"] for o in self.outputs)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"ok": self.ok, "outputs": self.outputs, "skipped": self.skipped,
+                "fused": self.fused}
+
+    def describe(self) -> list[str]:
+        lines = []
+        for o in self.outputs:
+            if o["max_steps"] is not None:
+                what = (f"max {o['max_steps']} step(s) (step {o['step']:.6g}); "
+                        f"{o['off_by_one']} of {o['size']} elements 1 step apart, "
+                        f"{o['off_by_more']} more")
+            else:
+                what = (f"no quantization step: max abs {o['max_abs']:.6g}, max rel "
+                        f"{o['max_rel']:.6g} (budget {FLOAT_BUDGET:g} of max |y| "
+                        f"{o['max_expected']:.6g})")
+            verdict = "ok" if o["within_budget"] else "BEYOND ONE STEP"
+            lines.append(f"{o['runtime']}: {o['name']}: {what}: {verdict}")
+        lines += [f"skipped: {s}" for s in self.skipped]
+        if self.fused is not None:
+            f = self.fused
+            if f.get("error"):
+                lines.append(f"onnxruntime ORT_ENABLE_ALL: cannot run it: {f['error']}")
+            else:
+                same = "identical" if f["identical"] else "differs"
+                lines.append("onnxruntime ORT_ENABLE_ALL (fuses QDQ back into integer "
+                             f"kernels) vs the original: {same} ({f['mismatched']} elements "
+                             "differ)")
+        return lines
+
+
+def judge(original: onnx.ModelProto, converted: onnx.ModelProto, seed: int = 0,
+          fused: bool = True) -> ConversionCheck:
+    """``fused``: also run the converted model on ORT_ENABLE_ALL (a QDQ model, whose
+    patterns onnxruntime fuses back) against the original."""
+    feeds, _ = inputs.generate(original, seed=seed)
+    notes: list[str] = []
+    result = ConversionCheck()
+    comparisons = against.compare_models(converted, original, feeds, rtol=0.0, atol=0.0,
+                                         notes=notes)
+    for c in comparisons:
+        if c.skipped:
+            result.skipped.append(c.skipped)
+            continue
+        for o in c.outputs:
+            result.outputs.append(_verdict(c.runtime, o))
+    result.fused = _fused(original, converted, feeds) if fused else None
+    return result
+
+
+def _verdict(runtime: str, o: compare.OutputComparison) -> dict[str, Any]:
+    doc = o.to_json()
+    expected = abs(o.worst_expected or 0.0)
+    if o.failure:
+        ok = False
+    elif o.max_steps is not None:
+        ok = o.max_steps <= 1 and o.nan_mismatches == 0
+    else:
+        ok = o.nan_mismatches == 0 and o.max_abs <= FLOAT_BUDGET * max(expected, 1e-30)
+    return {"runtime": runtime, "name": o.name, "size": o.size, "step": o.step,
+            "max_steps": o.max_steps, "off_by_one": o.off_by_one,
+            "off_by_more": o.off_by_more, "max_abs": o.max_abs, "max_rel": o.max_rel,
+            "max_expected": expected, "mismatched": o.mismatched, "failure": o.failure,
+            "within_budget": ok, "comparison": doc}
+
+
+def _fused(original: onnx.ModelProto, converted: onnx.ModelProto,
+           feeds: dict[str, np.ndarray]) -> dict[str, Any]:
+    """The converted model on onnxruntime with every optimization (QDQ fusions on) against
+    the original on ORT_DISABLE_ALL."""
+    try:
+        import onnxruntime as ort
+
+        want = runners.run_ort(original, feeds)
+        so = ort.SessionOptions()
+        so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        so.log_severity_level = 4
+        sess = ort.InferenceSession(converted.SerializeToString(), so,
+                                    providers=[runners.ORT_PROVIDER])
+        names = [o.name for o in sess.get_outputs()]
+        got = dict(zip(names, sess.run(names, feeds), strict=True))
+    except Exception as e:  # a runtime that cannot run it is a finding, reported
+        return {"identical": False, "mismatched": None, "error": str(e).splitlines()[0][:300]}
+    mismatched = sum(int(np.sum(np.asarray(got[k]) != np.asarray(v))) for k, v in want.items()
+                     if k in got)
+    return {"identical": mismatched == 0 and set(want) <= set(got), "mismatched": mismatched,
+            "error": None}

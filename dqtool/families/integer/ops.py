@@ -1,0 +1,136 @@
+"""The integer-operator family: which operators it holds and where each keeps its
+quantization parameters (input positions), as data every part of the family reads.
+
+Two kinds carry quantized tensors through integer kernels:
+
+* ``qlinear``: quantized inputs and a quantized output, each with its scale and zero point
+  (QLinearConv, QLinearMatMul, the com.microsoft QLinear* ops, QGemm);
+* ``integer``: integer inputs with zero points only, an int32 output; the scales live in
+  the float graph around them (MatMulInteger, ConvInteger);
+* ``dynamic``: a float input quantized at run time (DynamicQuantizeLinear and the
+  com.microsoft ops that do it inside: DynamicQuantizeMatMul, DynamicQuantizeLSTM) or an
+  integer product scaled back to float (MatMulIntegerToFloat).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+Kind = Literal["qlinear", "integer", "dynamic"]
+MS = "com.microsoft"
+ONNX = "ai.onnx"
+
+
+@dataclass(frozen=True)
+class Slot:
+    """One quantized tensor of an operator: the input positions of its value, scale and
+    zero point (None: the operator has no such input; for the output, ``value`` is None)."""
+
+    role: str  # "x", "w", "a", "b", "y", ...
+    value: int | None
+    scale: int | None
+    zero_point: int | None
+    weight: bool = False  # the operand a quantizer stores as an initializer
+
+
+@dataclass(frozen=True)
+class OpDef:
+    domain: str  # as reports spell it
+    op: str
+    since_version: int
+    kind: Kind
+    inputs: tuple[Slot, ...]
+    output: Slot | None  # None: the output is int32 or float, not quantized
+    bias: int | None = None  # input position of an int32 (or float) bias
+    float_op: str | None = None  # the float operator of its QDQ form
+    # Attributes of the integer op that its float op does not take.
+    drop_attributes: tuple[str, ...] = ()
+    # Why the operator has no faithful QDQ form (None: it has one).
+    no_qdq: str | None = None
+
+    @property
+    def key(self) -> tuple[str, str]:
+        return (self.domain, self.op)
+
+
+def _unary(op: str, float_op: str, *, zp_optional: bool = True, drop=()) -> OpDef:
+    return OpDef(MS, op, 1, "qlinear", (Slot("x", 0, 1, 2),), Slot("y", None, 3, 4),
+                 float_op=float_op, drop_attributes=tuple(drop))
+
+
+def _binary(op: str, float_op: str) -> OpDef:
+    return OpDef(MS, op, 1, "qlinear", (Slot("a", 0, 1, 2), Slot("b", 3, 4, 5)),
+                 Slot("c", None, 6, 7), float_op=float_op)
+
+
+OPS: tuple[OpDef, ...] = (
+    OpDef(ONNX, "QLinearConv", 10, "qlinear",
+          (Slot("x", 0, 1, 2), Slot("w", 3, 4, 5, weight=True)), Slot("y", None, 6, 7),
+          bias=8, float_op="Conv"),
+    OpDef(ONNX, "QLinearMatMul", 10, "qlinear",
+          (Slot("a", 0, 1, 2), Slot("b", 3, 4, 5, weight=True)), Slot("y", None, 6, 7),
+          float_op="MatMul"),
+    OpDef(ONNX, "MatMulInteger", 10, "integer",
+          (Slot("a", 0, None, 2), Slot("b", 1, None, 3, weight=True)), None,
+          float_op="MatMul"),
+    OpDef(ONNX, "ConvInteger", 10, "integer",
+          (Slot("x", 0, None, 2), Slot("w", 1, None, 3, weight=True)), None,
+          float_op="Conv"),
+    OpDef(ONNX, "DynamicQuantizeLinear", 11, "dynamic", (), None,
+          # It is already the QDQ form's own way to quantize an activation at run time.
+          float_op="DynamicQuantizeLinear"),
+    OpDef(MS, "QLinearConv", 1, "qlinear",
+          (Slot("x", 0, 1, 2), Slot("w", 3, 4, 5, weight=True)), Slot("y", None, 6, 7),
+          bias=8, float_op="Conv", drop_attributes=("channels_last",)),
+    OpDef(MS, "QGemm", 1, "qlinear",
+          (Slot("a", 0, 1, 2), Slot("b", 3, 4, 5, weight=True)), Slot("y", None, 7, 8),
+          bias=6, float_op="Gemm"),
+    _binary("QLinearAdd", "Add"),
+    _binary("QLinearMul", "Mul"),
+    _unary("QLinearSigmoid", "Sigmoid"),
+    _unary("QLinearLeakyRelu", "LeakyRelu"),
+    _unary("QLinearAveragePool", "AveragePool", drop=("channels_last",)),
+    _unary("QLinearGlobalAveragePool", "GlobalAveragePool", drop=("channels_last",)),
+    _unary("QLinearSoftmax", "Softmax", drop=("opset",)),
+    _unary("QLinearReduceMean", "ReduceMean"),
+    # Variadic: (Y_scale, Y_zero_point, then one (value, scale, zero point) per input);
+    # its slots are made per node by ``slots_of``.
+    OpDef(MS, "QLinearConcat", 1, "qlinear", (), Slot("y", None, 0, 1), float_op="Concat"),
+    OpDef(MS, "QLinearWhere", 1, "qlinear", (Slot("x", 1, 2, 3), Slot("y", 4, 5, 6)),
+          Slot("z", None, 7, 8), float_op="Where"),
+    OpDef(MS, "MatMulIntegerToFloat", 1, "dynamic",
+          (Slot("a", 0, 2, 4), Slot("b", 1, 3, 5, weight=True)), None, bias=6,
+          float_op="MatMul"),
+    OpDef(MS, "DynamicQuantizeMatMul", 1, "dynamic",
+          (Slot("b", 1, 2, 3, weight=True),), None, bias=4, float_op="MatMul"),
+    OpDef(MS, "DynamicQuantizeLSTM", 1, "dynamic",
+          (Slot("W", 1, 8, 9, weight=True), Slot("R", 2, 10, 11, weight=True)), None,
+          no_qdq="its gates quantize the input and the hidden state at every time step "
+          "inside the loop; ai.onnx LSTM takes float weights only, so no QDQ graph "
+          "reproduces it"),
+    OpDef(MS, "MulInteger", 1, "integer",
+          (Slot("a", 0, None, 1), Slot("b", 2, None, 3)), None,
+          no_qdq="its int32 product has no scale in the graph to dequantize it with"),
+    OpDef(MS, "QAttention", 1, "dynamic",
+          (Slot("weight", 1, 4, 7, weight=True),), None,
+          no_qdq="a fused attention block: no single float operator to put between "
+          "DequantizeLinear and QuantizeLinear"),
+    OpDef(MS, "QEmbedLayerNormalization", 1, "qlinear", (), None,
+          no_qdq="a fused embedding + layer normalization: no single float operator to put "
+          "between DequantizeLinear and QuantizeLinear"),
+)
+
+BY_KEY: dict[tuple[str, str], OpDef] = {d.key: d for d in OPS}
+
+
+def lookup(domain: str, op: str) -> OpDef | None:
+    return BY_KEY.get((domain, op))
+
+
+def slots_of(opdef: OpDef, n_inputs: int) -> tuple[Slot, ...]:
+    """The quantized inputs of one node (QLinearConcat's depend on its input count)."""
+    if opdef.op != "QLinearConcat":
+        return opdef.inputs
+    return tuple(Slot(f"x{i}", 2 + 3 * i, 3 + 3 * i, 4 + 3 * i)
+                 for i in range((n_inputs - 2) // 3))

@@ -1,0 +1,126 @@
+"""What both directions of the integer ⇄ QDQ rewrite share: fresh names, constants, the
+report of what changed and what was refused."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import onnx_ir as ir
+
+from dqtool import graph
+
+
+@dataclass(frozen=True)
+class Change:
+    node: str
+    graph: str
+    op: str  # "ai.onnx:QLinearConv"
+    into: str  # "DequantizeLinear ×3 → Conv → QuantizeLinear"
+
+    def to_json(self) -> dict[str, Any]:
+        return {"node": self.node, "graph": self.graph, "op": self.op, "into": self.into}
+
+
+@dataclass(frozen=True)
+class Refusal:
+    node: str
+    graph: str
+    op: str
+    reason: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {"node": self.node, "graph": self.graph, "op": self.op, "reason": self.reason}
+
+
+@dataclass
+class Outcome:
+    changes: list[Change] = field(default_factory=list)
+    refusals: list[Refusal] = field(default_factory=list)
+
+
+class Refused(Exception):
+    """One node cannot be rewritten; the message is the reason."""
+
+
+class Names:
+    """Fresh node and value names, unique across the whole model."""
+
+    def __init__(self, model: ir.Model) -> None:
+        self.used: set[str] = set()
+        for site in graph.walk(model):
+            self.used.add(site.node.name or "")
+            for v in (*site.node.inputs, *site.node.outputs):
+                if v is not None and v.name:
+                    self.used.add(v.name)
+        for g in (model.graph, *(f for f in model.functions.values())):
+            for v in (*g.inputs, *g.outputs):
+                if v.name:
+                    self.used.add(v.name)
+        for name in model.graph.initializers:
+            self.used.add(name)
+
+    def fresh(self, base: str) -> str:
+        name, i = base, 1
+        while name in self.used:
+            name, i = f"{base}_{i}", i + 1
+        self.used.add(name)
+        return name
+
+
+def node_label(node: ir.Node) -> str:
+    return node.name or f"<unnamed {node.op_type}>"
+
+
+def make_constant(g: ir.Graph | ir.Function, names: Names, base: str, arr: np.ndarray
+                  ) -> tuple[ir.Value, ir.Node | None]:
+    """A constant not yet in the graph: an initializer value for a graph (register it
+    with ``g.register_initializer``), a Constant node for a function (insert it)."""
+    tensor = ir.tensor(arr, name=names.fresh(base))
+    if isinstance(g, ir.Graph):
+        return ir.Value(name=tensor.name, shape=ir.Shape(arr.shape),
+                        type=ir.TensorType(tensor.dtype), const_value=tensor), None
+    node = ir.Node("", "Constant", [], [ir.AttrTensor("value", tensor)], name=tensor.name,
+                   num_outputs=1)
+    node.outputs[0].name = tensor.name
+    return node.outputs[0], node
+
+
+def drop_if_unused(values: list[ir.Value | None]) -> None:
+    """Remove what a rewrite left without a use: initializers, and the producers (a scale
+    product ``Mul``, a ``Cast``, a ``Constant``) of values nothing reads any more; then
+    their inputs in turn. Values the input model already left unused are not touched."""
+    todo = [v for v in values if v is not None]
+    while todo:
+        v = todo.pop()
+        if v.uses() or v.is_graph_output() or v.is_graph_input():
+            continue
+        g = v.graph
+        if v.is_initializer() and g is not None and v.name in g.initializers:
+            del g.initializers[v.name]
+            continue
+        p = v.producer()
+        if p is None or p.graph is None or p.op_type not in _DROPPABLE:
+            continue
+        if any(o.uses() or o.is_graph_output() for o in p.outputs):
+            continue
+        inputs = list(p.inputs)
+        p.graph.remove(p, safe=True)
+        todo += [i for i in inputs if i is not None]
+
+
+# Producers the rewrites detach: ORT's dynamic pattern (scale product Mul, Cast), constants.
+_DROPPABLE = frozenset({"Mul", "Cast", "Constant", "DequantizeLinear", "QuantizeLinear"})
+
+
+def prune_opset_imports(model: ir.Model, domain: str) -> None:
+    """Drop ``domain`` from the opset imports once no node uses it."""
+    if any(s.node.domain == domain for s in graph.walk(model)):
+        return
+    model.opset_imports.pop(domain, None)
+    model.graph.opset_imports.pop(domain, None)
+
+
+def scalar_or_vector(value: ir.Value | None) -> np.ndarray | None:
+    return graph.constant_array(value)

@@ -1,0 +1,467 @@
+"""``IntegerToQdqPass``: every integer operator with a faithful QDQ form becomes
+DequantizeLinear on each quantized input → the float operator → QuantizeLinear on the
+output — the form runtimes fuse back into integer kernels.
+
+Rewritten:
+
+* QLinearConv (ai.onnx, com.microsoft NCHW), QLinearMatMul, QGemm, QLinearAdd/Mul,
+  QLinearSigmoid/LeakyRelu, QLinear(Global)AveragePool (NCHW), QLinearSoftmax,
+  QLinearReduceMean, QLinearConcat, QLinearWhere: weights stay quantized initializers,
+  per-channel weights stay per-channel (DequantizeLinear ``axis``); an int32 bias becomes a
+  DequantizeLinear with scale ``x_scale·w_scale`` (float32, as onnxruntime's quantizer
+  writes it) and no zero point;
+* MatMulInteger / ConvInteger followed by ``Cast`` to float and ``Mul`` by
+  ``a_scale·b_scale`` (onnxruntime's dynamic quantization): DequantizeLinear of the
+  activation (with DynamicQuantizeLinear's scale and zero point) and of the weight →
+  float MatMul / Conv, replacing the Mul's output;
+* MatMulIntegerToFloat → DequantizeLinear ×2 → MatMul (→ Add of the bias);
+  DynamicQuantizeMatMul → DynamicQuantizeLinear → DequantizeLinear → MatMul (→ Add).
+
+Refused by name with the reason: operators with no QDQ form (DynamicQuantizeLSTM,
+MulInteger, QAttention, ...), a MatMulInteger/ConvInteger whose scales the graph does not
+hold, NHWC (``channels_last``) layouts, a per-axis DequantizeLinear in a model below
+ai.onnx opset 13, scales that are not constant where a bias scale must be computed.
+
+The QDQ form is faithful, not exact: the float operator sums float products where the
+integer kernel sums integers and rounds once, so outputs may differ by a quantization
+step (measured by ``check --against``; ``docs/integer-ops.md``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import onnx_ir as ir
+
+from dqtool import graph
+from dqtool.families.integer import describe, ops
+from dqtool.families.integer.rewrite import (
+    Change,
+    Names,
+    Outcome,
+    Refusal,
+    Refused,
+    drop_if_unused,
+    make_constant,
+    node_label,
+    prune_opset_imports,
+)
+
+FLOAT = ir.DataType.FLOAT
+
+
+class IntegerToQdqPass(ir.passes.InPlacePass):
+    """Rewrites every integer operator into QDQ; ``outcome`` lists changes and refusals."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.outcome = Outcome()
+
+    def call(self, model: ir.Model) -> ir.passes.PassResult:
+        names = Names(model)
+        for site in list(graph.walk(model)):
+            node = site.node
+            opdef = ops.lookup(graph.domain_name(node.domain), node.op_type)
+            if opdef is None or opdef.op == "DynamicQuantizeLinear" or node.graph is None:
+                continue
+            op, label = f"{opdef.domain}:{opdef.op}", node_label(node)
+            try:
+                into = _try_rewrite(node, opdef, site.opsets, names)
+            except Refused as e:
+                self.outcome.refusals.append(Refusal(label, site.graph, op, str(e)))
+                continue
+            self.outcome.changes.append(Change(label, site.graph, op, into))
+        if self.outcome.changes:
+            prune_opset_imports(model, "com.microsoft")
+        return ir.passes.PassResult(model, bool(self.outcome.changes))
+
+
+def _try_rewrite(node: ir.Node, opdef: ops.OpDef, opsets: dict[str, int], names: Names) -> str:
+    if opdef.no_qdq:
+        raise Refused(f"no QDQ form: {opdef.no_qdq}")
+    spec = describe.read(node, opsets)
+    errors = [] if spec is None else [p for p in spec.errors if p.code != describe.P_NO_IMPORT]
+    if errors:  # a broken node has no faithful rewrite: say what is wrong with it
+        raise Refused(f"{errors[0].code}: {errors[0].message}")
+    attr = node.attributes.get("channels_last")
+    if attr is not None and attr.value:
+        raise Refused("channels_last=1 (NHWC): the float operator is NCHW; a faithful QDQ "
+                      "form would need Transposes around it")
+    if opdef.kind == "integer":
+        return _rewrite_integer(node, opdef, opsets, names)
+    if opdef.kind == "dynamic":
+        return _rewrite_dynamic(node, opdef, opsets, names)
+    return _rewrite_qlinear(node, opdef, opsets, names)
+
+
+# ---- building blocks ---------------------------------------------------------------------
+
+class _Builder:
+    """New nodes for one rewritten node, inserted before it in its graph."""
+
+    def __init__(self, node: ir.Node, names: Names, opsets: dict[str, int]) -> None:
+        self.node, self.names, self.opsets = node, names, opsets
+        self.graph = node.graph
+        self.base = node.name or node.op_type
+        self.new: list[ir.Node] = []
+        self.initializers: list[ir.Value] = []  # registered by finish, not before
+
+    def add(self, op: str, inputs: list[ir.Value | None], attrs: list[ir.Attr] | None = None,
+            suffix: str = "", n_out: int = 1, out_type: ir.DataType | None = FLOAT,
+            name: str | None = None) -> ir.Node:
+        n = ir.Node("", op, _trim(inputs), attrs or [], num_outputs=n_out,
+                    name=name or self.names.fresh(f"{self.base}/{suffix or op}"))
+        for i, o in enumerate(n.outputs):
+            o.name = self.names.fresh(f"{self.base}/{suffix or op}_output_{i}")
+        if out_type is not None:
+            n.outputs[0].dtype = out_type
+        self.new.append(n)
+        return n
+
+    def dequantize(self, value: ir.Value, scale: ir.Value | None, zp: ir.Value | None,
+                   axis: int | None, role: str) -> ir.Value:
+        if scale is None:
+            raise Refused(f"input '{role}' has no scale")
+        attrs = []
+        if axis is not None:
+            if (graph.opset_of(self.opsets, "") or 0) < 13:
+                raise Refused(f"'{role}' is per-axis, which DequantizeLinear takes from "
+                              "ai.onnx opset 13; run `dqtool upgrade --opset 13` first")
+            attrs.append(ir.AttrInt64("axis", axis))
+        return self.add("DequantizeLinear", [value, scale, zp], attrs,
+                        suffix=f"DequantizeLinear_{role}").outputs[0]
+
+    def constant(self, base: str, arr: np.ndarray) -> ir.Value:
+        value, node = make_constant(self.graph, self.names, f"{self.base}/{base}", arr)
+        if node is not None:
+            self.new.append(node)
+        else:
+            self.initializers.append(value)
+        return value
+
+    def commit(self) -> None:
+        """Insert the new nodes and constants (nothing is changed before this)."""
+        for v in self.initializers:
+            self.graph.register_initializer(v)
+        self.graph.insert_before(self.node, self.new)
+        self.new, self.initializers = [], []
+
+    def finish(self, old: list[ir.Value], new: list[ir.Value],
+               detached: list[ir.Value | None] = ()) -> None:
+        """Put the new nodes in, move every use of ``old`` to ``new``, drop the node."""
+        self.commit()
+        for o, n in zip(old, new, strict=True):
+            n.shape = o.shape if o.shape is not None else n.shape
+            if o.type is not None:
+                n.type = o.type
+            was_output = o.is_graph_output()
+            name = o.name
+            o.replace_all_uses_with(n, replace_graph_outputs=True)
+            if was_output:  # keep the model's output names
+                o.name = self.names.fresh(f"{name}_replaced")
+                n.name = name
+        inputs = list(self.node.inputs)
+        self.graph.remove(self.node, safe=True)
+        drop_if_unused([*inputs, *detached])
+
+
+def _trim(inputs: list[ir.Value | None]) -> list[ir.Value | None]:
+    out = list(inputs)
+    while out and out[-1] is None:
+        out.pop()
+    return out
+
+
+def _axis_of(node: ir.Node, opdef: ops.OpDef, slot: ops.Slot) -> int | None:
+    """The DequantizeLinear axis of a per-axis slot; None when per-tensor. Only a 1-D
+    parameter can be expressed (QLinearMatMul's [M, 1] per-row form cannot)."""
+    param = graph.input_value(node, slot.scale if slot.scale is not None else slot.zero_point)
+    shape = graph.shape_of(param)
+    if shape is None:
+        raise Refused(f"the shape of '{slot.role}''s scale is unknown")
+    n = graph.num_elements(shape)
+    if n == 1:
+        return None
+    if len(shape) != 1:
+        raise Refused(f"'{slot.role}' has a {list(shape)} scale (per-row/per-column of an "
+                      "N-D input), which DequantizeLinear's 1-D per-axis scale cannot express")
+    value = graph.input_value(node, slot.value) if slot.value is not None else None
+    vshape = graph.shape_of(value)
+    rank = None if vshape is None else len(vshape)
+    fixed = (opdef.op in ("QLinearConv", "ConvInteger") and slot.role == "w") or \
+        (opdef.op == "QGemm" and slot.role == "b")
+    if rank is None and not fixed:
+        raise Refused(f"the rank of '{slot.role}' is unknown, so its per-column axis is too")
+    return describe.channel_axis(opdef.op, slot.role, node, rank)
+
+
+def _zero_point(b: _Builder, zp: ir.Value | None, like: ir.Value | None) -> ir.Value | None:
+    """An explicit zero point for QuantizeLinear when the op's is absent: QuantizeLinear
+    without one produces uint8, and the op's output may be int8."""
+    if zp is not None:
+        return zp
+    t = graph.elem_type(like)
+    if t in (None, "uint8"):
+        return None
+    from dqtool import types
+
+    return b.constant("zero_point", np.zeros((), types.by_name(t).dtype))
+
+
+def _float_attrs(node: ir.Node, opdef: ops.OpDef, opsets: dict[str, int]) -> list[ir.Attr]:
+    attrs = [a for name, a in node.attributes.items() if name not in opdef.drop_attributes]
+    if opdef.op == "QLinearSoftmax":
+        sm = node.attributes.get("opset")
+        model_opset = graph.opset_of(opsets, "") or 0
+        if sm is not None and (sm.value >= 13) != (model_opset >= 13):
+            raise Refused(f"its softmax follows opset {sm.value} semantics, which Softmax at "
+                          f"the model's opset {model_opset} does not")
+    if opdef.op == "QGemm":
+        alpha = node.attributes.get("alpha")
+        if alpha is not None and alpha.value != 1.0 and graph.input_value(node, 6) is not None:
+            # acc + C is scaled by alpha·a_scale·b_scale: the float Gemm scales C by beta.
+            attrs.append(ir.AttrFloat32("beta", float(alpha.value)))
+    return attrs
+
+
+# ---- qlinear -----------------------------------------------------------------------------
+
+def _rewrite_qlinear(node: ir.Node, opdef: ops.OpDef, opsets: dict[str, int],
+                     names: Names) -> str:
+    b = _Builder(node, names, opsets)
+    slots = ops.slots_of(opdef, len(node.inputs))
+    out = opdef.output
+    params = {i for s in (*slots, out) if s is not None for i in (s.scale, s.zero_point)
+              if i is not None}
+    by_value = {s.value: s for s in slots}
+    float_inputs: list[ir.Value | None] = []
+    for i, v in enumerate(node.inputs):
+        if i in params:
+            continue
+        if i in by_value:
+            s = by_value[i]
+            if v is None:
+                raise Refused(f"input '{s.role}' is missing")
+            float_inputs.append(b.dequantize(v, graph.input_value(node, s.scale),
+                                             graph.input_value(node, s.zero_point),
+                                             _axis_of(node, opdef, s), s.role))
+        elif i == opdef.bias:
+            float_inputs.append(None if v is None else _bias(b, node, opdef, slots, v))
+        else:
+            float_inputs.append(v)
+    if opdef.op == "QLinearReduceMean" and (graph.opset_of(opsets, "") or 0) >= 18:
+        float_inputs, attrs = _reduce_axes(b, node)
+    else:
+        attrs = _float_attrs(node, opdef, opsets)
+    y_scale = graph.input_value(node, out.scale) if out else None
+    f = b.add(opdef.float_op or "", float_inputs, attrs, name=names.fresh(f"{b.base}/float")
+              if node.name is None else node.name)
+    if y_scale is None:  # QGemm without y_scale: float output
+        n_dq = sum(1 for n in b.new if n.op_type == "DequantizeLinear")
+        node.name = names.fresh(f"{b.base}_replaced") if node.name else None
+        b.finish([node.outputs[0]], [f.outputs[0]])
+        return f"DequantizeLinear ×{n_dq} → {f.op_type}"
+    y_zp = _zero_point(b, graph.input_value(node, out.zero_point), node.outputs[0]) \
+        if out.zero_point is not None else None
+    q = b.add("QuantizeLinear", [f.outputs[0], y_scale, y_zp], suffix="QuantizeLinear",
+              out_type=None)
+    node.name = names.fresh(f"{b.base}_replaced") if node.name else None
+    n_dq = sum(1 for n in b.new if n.op_type == "DequantizeLinear")
+    b.finish([node.outputs[0]], [q.outputs[0]])
+    return f"DequantizeLinear ×{n_dq} → {f.op_type} → QuantizeLinear"
+
+
+def _reduce_axes(b: _Builder, node: ir.Node) -> tuple[list[ir.Value | None], list[ir.Attr]]:
+    raise Refused("ReduceMean takes its axes as an input from opset 18; not rewritten")
+
+
+def _bias(b: _Builder, node: ir.Node, opdef: ops.OpDef, slots: tuple[ops.Slot, ...],
+          bias: ir.Value) -> ir.Value:
+    """An int32 bias as DequantizeLinear(bias, x_scale·w_scale): the scale onnxruntime's
+    quantizer quantized it with (float32 product)."""
+    x, w = slots[0], slots[1]
+    xs = graph.constant_array(graph.input_value(node, x.scale))
+    ws = graph.constant_array(graph.input_value(node, w.scale))
+    if xs is None or ws is None:
+        raise Refused("the bias scale x_scale·w_scale needs both scales constant")
+    if graph.elem_type(bias) != "int32":
+        raise Refused(f"bias is {graph.elem_type(bias)}, not int32")
+    scale = (np.asarray(xs, np.float32).reshape(()) if np.size(xs) == 1 else
+             np.asarray(xs, np.float32)) * np.asarray(ws, np.float32)
+    scale = scale.astype(np.float32)
+    axis = None
+    if np.size(scale) == 1:
+        scale = scale.reshape(())
+    else:
+        scale, axis = scale.reshape(-1), 0
+    sv = b.constant("bias_scale", scale)
+    return b.dequantize(bias, sv, None, axis, "bias")
+
+
+# ---- dynamic -----------------------------------------------------------------------------
+
+def _rewrite_dynamic(node: ir.Node, opdef: ops.OpDef, opsets: dict[str, int],
+                     names: Names) -> str:
+    b = _Builder(node, names, opsets)
+    if opdef.op == "DynamicQuantizeMatMul":
+        dql = b.add("DynamicQuantizeLinear", [node.inputs[0]], n_out=3,
+                    suffix="DynamicQuantizeLinear", out_type=ir.DataType.UINT8)
+        dql.outputs[1].dtype, dql.outputs[2].dtype = FLOAT, ir.DataType.UINT8
+        a = b.dequantize(dql.outputs[0], dql.outputs[1], dql.outputs[2], None, "a")
+        slot_b = opdef.inputs[0]
+        into = "DynamicQuantizeLinear → DequantizeLinear ×2 → MatMul"
+    else:  # MatMulIntegerToFloat
+        sa = opdef.inputs[0]
+        if _axis_of(node, opdef, sa) is not None:
+            raise Refused("per-row activation scales have no DequantizeLinear form")
+        a = b.dequantize(node.inputs[0], graph.input_value(node, sa.scale),
+                         graph.input_value(node, sa.zero_point), None, "a")
+        slot_b = opdef.inputs[1]
+        into = "DequantizeLinear ×2 → MatMul"
+    w = b.dequantize(graph.input_value(node, slot_b.value), graph.input_value(node, slot_b.scale),
+                     graph.input_value(node, slot_b.zero_point), _axis_of(node, opdef, slot_b),
+                     slot_b.role)
+    f = b.add("MatMul", [a, w], name=node.name or None)
+    out = f.outputs[0]
+    bias = graph.input_value(node, opdef.bias)
+    if bias is not None:
+        out = b.add("Add", [out, bias], suffix="bias").outputs[0]
+        into += " → Add"
+    node.name = names.fresh(f"{b.base}_replaced") if node.name else None
+    b.finish([node.outputs[0]], [out])
+    return into
+
+
+# ---- MatMulInteger / ConvInteger ---------------------------------------------------------
+
+def _rewrite_integer(node: ir.Node, opdef: ops.OpDef, opsets: dict[str, int],
+                     names: Names) -> str:
+    """Only inside onnxruntime's pattern: int32 → [Add int32 bias →] Cast(float) →
+    Mul(scale), where the scale is Mul(a_scale, w_scale) and a_scale is the activation's
+    DynamicQuantizeLinear scale. An int32 bias (older quantizers quantize it at run time
+    with the same scale) becomes DequantizeLinear(bias, scale) added after the float op."""
+    pattern = _scaled_pattern(node)
+    a_slot, w_slot = opdef.inputs
+    b = _Builder(node, names, opsets)
+    a = b.dequantize(node.inputs[0], pattern.a_scale, graph.input_value(node, a_slot.zero_point),
+                     None, a_slot.role)
+    w_axis = _weight_axis(node, opdef, pattern.w_scale)
+    if pattern.bias is not None and w_axis is not None:
+        raise Refused("an int32 bias added before the per-channel scale: its scale would be "
+                      "per-channel along a broadcast axis")
+    w = b.dequantize(node.inputs[1], pattern.w_scale, graph.input_value(node, w_slot.zero_point),
+                     w_axis, w_slot.role)
+    attrs = list(node.attributes.values())
+    f = b.add(opdef.float_op or "", [a, w], attrs, name=node.name or None)
+    out = f.outputs[0]
+    into = f"DequantizeLinear ×2 → {f.op_type}"
+    if pattern.bias is not None:
+        bias = b.dequantize(pattern.bias, pattern.scale, None, None, "bias")
+        out = b.add("Add", [out, bias], suffix="bias").outputs[0]
+        into += " → Add(DequantizeLinear(int32 bias))"
+    node.name = names.fresh(f"{b.base}_replaced") if node.name else None
+    # Before the Mul: a run-time bias is computed after the integer op, and everything the
+    # pattern reads exists by the Mul.
+    b.node = pattern.mul
+    b.commit()
+    old = pattern.mul.outputs[0]
+    was_output, oname = old.is_graph_output(), old.name
+    old.replace_all_uses_with(out, replace_graph_outputs=True)
+    out.shape, out.type = old.shape, old.type or out.type
+    if was_output:
+        old.name = names.fresh(f"{oname}_replaced")
+        out.name = oname
+    g = node.graph
+    inputs = list(node.inputs)
+    for n in (pattern.mul, pattern.cast, pattern.add, node):
+        if n is not None:
+            g.remove(n, safe=True)
+    drop_if_unused([pattern.scale, *inputs])
+    return into + " (Cast and Mul by the scale product removed)"
+
+
+@dataclass
+class _Scaled:
+    cast: ir.Node
+    mul: ir.Node
+    scale: ir.Value  # the Mul's scale input: a_scale·w_scale
+    a_scale: ir.Value
+    w_scale: ir.Value
+    add: ir.Node | None = None  # an int32 bias Add between the integer op and the Cast
+    bias: ir.Value | None = None
+
+
+def _is_int32(value: ir.Value, depth: int = 0) -> bool:
+    """int32 by its declaration, or by the Cast that makes it through shape-only ops
+    (quantizers write no value_info for their run-time bias)."""
+    t = graph.elem_type(value)
+    if t is not None or depth > 4:
+        return t == "int32"
+    p = value.producer()
+    if p is None:
+        return False
+    if p.op_type == "Cast":
+        to = p.attributes.get("to")
+        return to is not None and to.value == ir.DataType.INT32
+    if p.op_type in ("Reshape", "Unsqueeze", "Squeeze", "Identity", "Expand") and p.inputs:
+        return p.inputs[0] is not None and _is_int32(p.inputs[0], depth + 1)
+    return False
+
+
+def _only_use(value: ir.Value) -> ir.Node | None:
+    uses = list(value.uses())
+    if len(uses) != 1 or value.is_graph_output():
+        return None
+    return uses[0].node
+
+
+def _scaled_pattern(node: ir.Node) -> _Scaled:
+    why = ("its int32 output is not Cast to float and multiplied by a_scale·w_scale (as "
+           "onnxruntime's dynamic quantization writes it): no scales to dequantize with")
+    nxt = _only_use(node.outputs[0])
+    add = bias = None
+    if nxt is not None and nxt.op_type == "Add" and len(nxt.inputs) == 2:
+        other = [v for v in nxt.inputs if v is not node.outputs[0]]
+        if len(other) == 1 and other[0] is not None and _is_int32(other[0]):
+            add, bias = nxt, other[0]
+            nxt = _only_use(nxt.outputs[0])
+    cast = nxt
+    to = cast.attributes.get("to") if cast is not None else None
+    if cast is None or cast.op_type != "Cast" or to is None or to.value != ir.DataType.FLOAT:
+        raise Refused(why)
+    mul = _only_use(cast.outputs[0])
+    if mul is None or mul.op_type != "Mul" or len(mul.inputs) != 2:
+        raise Refused(why)
+    scale = [v for v in mul.inputs if v is not cast.outputs[0]]
+    prod = scale[0].producer() if scale and scale[0] is not None else None
+    if prod is None or prod.op_type != "Mul" or len(prod.inputs) != 2:
+        raise Refused(why)
+    a_src = node.inputs[0].producer() if node.inputs[0] is not None else None
+    s0, s1 = prod.inputs
+    a_scale = a_src.outputs[1] if a_src is not None and \
+        a_src.op_type == "DynamicQuantizeLinear" else None
+    if a_scale is s0:
+        return _Scaled(cast, mul, scale[0], s0, s1, add, bias)
+    if a_scale is s1:
+        return _Scaled(cast, mul, scale[0], s1, s0, add, bias)
+    if graph.constant_tensor(s1) is not None and graph.constant_tensor(s0) is not None:
+        raise Refused(why + " (both scales are constants: which is the activation's is "
+                      "not known)")
+    raise Refused(why)
+
+
+def _weight_axis(node: ir.Node, opdef: ops.OpDef, w_scale: ir.Value) -> int | None:
+    shape = graph.shape_of(w_scale)
+    if shape is None:
+        raise Refused("the shape of the weight scale is unknown")
+    if graph.num_elements(shape) == 1:
+        return None
+    if len(shape) != 1:
+        raise Refused(f"a {list(shape)} weight scale has no DequantizeLinear axis")
+    wshape = graph.shape_of(node.inputs[1])
+    if opdef.op == "ConvInteger":
+        return 0
+    if wshape is None:
+        raise Refused("the weight's rank is unknown")
+    return len(wshape) - 1

@@ -1,0 +1,182 @@
+"""The integer operators' kernels against onnxruntime (ORT_DISABLE_ALL), bit for bit, on
+random small cases; and against hand-computed values."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from helpers.integer import one_node, run_ort
+from onnx import TensorProto as TP
+
+from dqtool.families.integer import kernel as K
+
+MS = "com.microsoft"
+SEEDS = range(6)
+
+
+def f32(x) -> np.ndarray:
+    return np.asarray(x, np.float32)
+
+
+def _case(seed: int):
+    r = np.random.default_rng(seed)
+    m, k, n = (int(v) for v in r.integers(1, 9, 3) + np.array([0, 20, 0]))
+    return r, {
+        "a": r.integers(0, 256, (m, k)).astype(np.uint8),
+        "b": r.integers(-128, 128, (k, n)).astype(np.int8),
+        "az": np.array(np.uint8(r.integers(0, 256))),
+        "bz": np.array(np.int8(r.integers(-20, 20))),
+        "yz": np.array(np.uint8(r.integers(0, 256))),
+        "sa": f32(r.uniform(0.001, 0.05)), "sb": f32(r.uniform(0.001, 0.05)),
+        "bsv": f32(r.uniform(0.001, 0.05, n)), "bzv": np.zeros(n, np.int8),
+        "sy": f32(r.uniform(0.01, 2)),
+    }
+
+
+def test_hand_computed_qlinear_matmul():
+    # row 1: (3-1)*2 + (5-1)*(-1) = 0 → y_zp 10; row 2: (2-1)*2 + 0 = 2, times 1*1/2 → 11.
+    a = np.array([[3, 5], [2, 1]], np.uint8)
+    b = np.array([[2], [-1]], np.int8)
+    y = K.qlinear_matmul(a, f32(1), np.array(np.uint8(1)), b, f32(1), np.array(np.int8(0)),
+                         f32(2), np.array(np.uint8(10)))
+    assert y.tolist() == [[10], [11]]
+
+
+def test_requantize_rounds_half_to_even_and_saturates():
+    acc = np.array([1, 3, 5, -1, 1000, -1000], np.int32)
+    y = K.requantize(acc, f32(0.5), np.array(np.uint8(100)), np.dtype(np.uint8))
+    assert y.tolist() == [100, 102, 102, 100, 255, 0]
+
+
+def test_matmul_integer_wraps_in_int32():
+    a = np.full((1, 3), 255, np.uint8)
+    b = np.full((3, 1), 127, np.int8)
+    big = K.matmul_integer(np.tile(a, (1, 22000)), np.tile(b.T, (1, 22000)).T)
+    assert big.dtype == np.int32
+    assert int(big[0, 0]) == int(np.int64(255 * 127 * 66000).astype(np.int32))
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_matmul_family_matches_onnxruntime(seed):
+    r, c = _case(seed)
+    a, b = c["a"], c["b"]
+    feeds = {"in_a": a}
+    cases = {
+        "QLinearMatMul": (one_node("QLinearMatMul", [
+            ("in_a", a), ("as", c["sa"]), ("az", c["az"]), ("b", b), ("bs", c["sb"]),
+            ("bz", c["bz"]), ("ys", c["sy"]), ("yz", c["yz"])], TP.UINT8),
+            K.qlinear_matmul(a, c["sa"], c["az"], b, c["sb"], c["bz"], c["sy"], c["yz"])),
+        "QLinearMatMul per column": (one_node("QLinearMatMul", [
+            ("in_a", a), ("as", c["sa"]), ("az", c["az"]), ("b", b), ("bs", c["bsv"]),
+            ("bz", c["bzv"]), ("ys", c["sy"]), ("yz", c["yz"])], TP.UINT8),
+            K.qlinear_matmul(a, c["sa"], c["az"], b, c["bsv"], c["bzv"], c["sy"], c["yz"])),
+        "MatMulInteger": (one_node("MatMulInteger", [
+            ("in_a", a), ("b", b), ("az", c["az"]), ("bz", c["bz"])], TP.INT32),
+            K.matmul_integer(a, b, c["az"], c["bz"])),
+    }
+    bias = f32(r.standard_normal(b.shape[1]))
+    cases["MatMulIntegerToFloat"] = (one_node("MatMulIntegerToFloat", [
+        ("in_a", a), ("b", b), ("as", c["sa"]), ("bs", c["bsv"]), ("az", c["az"]),
+        ("bz", c["bzv"]), ("bias", bias)], TP.FLOAT, domain=MS),
+        K.matmul_integer_to_float(a, b, c["sa"], c["bsv"], c["az"], c["bzv"], bias))
+    cint = r.integers(-1000, 1000, b.shape[1]).astype(np.int32)
+    bt = np.ascontiguousarray(b.T)
+    cases["QGemm"] = (one_node("QGemm", [
+        ("in_a", a), ("as", c["sa"]), ("az", c["az"]), ("b", bt), ("bs", c["bsv"]),
+        ("bz", c["bzv"]), ("c", cint), ("ys", c["sy"]), ("yz", c["yz"])], TP.UINT8,
+        domain=MS, transB=1),
+        K.qgemm(a, c["sa"], c["az"], bt, c["bsv"], c["bzv"], cint, c["sy"], c["yz"], transB=1))
+    cases["QGemm float out"] = (one_node("QGemm", [
+        ("in_a", a), ("as", c["sa"]), ("az", c["az"]), ("b", bt), ("bs", c["bsv"]),
+        ("bz", c["bzv"]), ("c", cint)], TP.FLOAT, domain=MS, transB=1),
+        K.qgemm(a, c["sa"], c["az"], bt, c["bsv"], c["bzv"], cint, transB=1))
+    for name, (model, want) in cases.items():
+        got = run_ort(model, feeds)[0]
+        assert got.dtype == want.dtype, name
+        assert np.array_equal(got, want), name
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_dynamic_quantization_matches_onnxruntime(seed):
+    r, c = _case(seed)
+    x = f32(r.standard_normal(c["a"].shape) * r.uniform(0.1, 10) + r.uniform(-3, 3))
+    m = one_node("DynamicQuantizeLinear", [("in_x", x)], [TP.UINT8, TP.FLOAT, TP.UINT8])
+    for got, want in zip(run_ort(m, {"in_x": x}), K.dynamic_quantize_linear(x), strict=True):
+        assert np.array_equal(got, want)
+    bias = f32(r.standard_normal(c["b"].shape[1]))
+    m = one_node("DynamicQuantizeMatMul", [("in_x", x), ("b", c["b"]), ("bs", c["bsv"]),
+                                           ("bz", c["bzv"]), ("bias", bias)], TP.FLOAT,
+                 domain=MS)
+    want = K.dynamic_quantize_matmul(x, c["b"], c["bsv"], c["bzv"], bias)
+    assert np.array_equal(run_ort(m, {"in_x": x})[0], want)
+
+
+def test_dynamic_quantize_linear_spec_values():
+    y, s, z = K.dynamic_quantize_linear(f32([0, 2, -3, -25, -1, 10]))
+    # scale (10 - -25)/255, zero point round(25/scale) = round(182.14…) = 182
+    assert float(s) == float(np.float32(35) / np.float32(255))
+    assert int(z) == 182
+    assert y.tolist() == [182, 197, 160, 0, 175, 255]
+    y, s, z = K.dynamic_quantize_linear(np.zeros(3, np.float32))  # max == min: scale 1
+    assert (float(s), int(z), y.tolist()) == (1.0, 0, [0, 0, 0])
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_conv_family_matches_onnxruntime(seed):
+    r = np.random.default_rng(100 + seed)
+    cin, m, h = int(r.integers(1, 5)), int(r.integers(1, 6)), int(r.integers(3, 9))
+    x = r.integers(0, 256, (1, cin, h, h)).astype(np.uint8)
+    w = r.integers(-128, 128, (m, cin, 3, 3)).astype(np.int8)
+    xz, yz = np.array(np.uint8(r.integers(0, 256))), np.array(np.uint8(r.integers(0, 256)))
+    xs, ys = f32(r.uniform(0.001, 0.05)), f32(r.uniform(0.05, 1))
+    ws, wz = f32(r.uniform(0.001, 0.05, m)), np.zeros(m, np.int8)
+    bias = r.integers(-2000, 2000, m).astype(np.int32)
+    attrs = {"kernel_shape": [3, 3], "pads": [1, 1, 1, 1], "strides": [int(r.integers(1, 3))] * 2}
+    model = one_node("QLinearConv", [("in_x", x), ("xs", xs), ("xz", xz), ("w", w), ("ws", ws),
+                                     ("wz", wz), ("ys", ys), ("yz", yz), ("b", bias)],
+                     TP.UINT8, **attrs)
+    want = K.qlinear_conv(x, xs, xz, w, ws, wz, ys, yz, bias, **attrs)
+    assert np.array_equal(run_ort(model, {"in_x": x})[0], want)
+    wz1 = np.array(np.int8(r.integers(-5, 5)))
+    model = one_node("ConvInteger", [("in_x", x), ("w", w), ("xz", xz), ("wz", wz1)], TP.INT32,
+                     **attrs)
+    assert np.array_equal(run_ort(model, {"in_x": x})[0],
+                          K.conv_integer(x, w, xz, wz1, **attrs))
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_elementwise_and_pooling_match_onnxruntime(seed):
+    r = np.random.default_rng(200 + seed)
+    h = int(r.integers(3, 9))
+    a = r.integers(0, 256, (1, 3, h, h)).astype(np.uint8)
+    b = r.integers(0, 256, (1, 3, h, h)).astype(np.uint8)
+    az, bz, yz = (np.array(np.uint8(v)) for v in r.integers(0, 256, 3))
+    sa, sb, sy = f32(r.uniform(0.001, 0.05)), f32(r.uniform(0.001, 0.05)), f32(r.uniform(0.01, 1))
+    feeds = {"in_a": a, "in_b": b}
+    for op in ("Add", "Mul"):
+        ys = sy * f32(0.01) if op == "Mul" else sy * f32(0.1)
+        model = one_node("QLinear" + op, [("in_a", a), ("as", sa), ("az", az), ("in_b", b),
+                                          ("bs", sb), ("bz", bz), ("ys", ys), ("yz", yz)],
+                         TP.UINT8, domain=MS)
+        want = K.qlinear_binary(op, a, sa, az, b, sb, bz, ys, yz)
+        assert np.array_equal(run_ort(model, feeds)[0], want), op
+    u8 = np.array(np.uint8(0))
+    for op, attrs in (("Sigmoid", {}), ("LeakyRelu", {"alpha": 0.1})):
+        model = one_node("QLinear" + op, [("in_a", a), ("as", sa), ("az", az),
+                                          ("ys", f32(1 / 256)), ("yz", u8)], TP.UINT8,
+                         domain=MS, **attrs)
+        want = K.qlinear_lookup(op, a, sa, az, f32(1 / 256), u8, attrs)
+        assert np.array_equal(run_ort(model, {"in_a": a})[0], want), op
+    pool = {"kernel_shape": [2, 2], "strides": [2, 2]}
+    for op, attrs in (("GlobalAveragePool", {"channels_last": 0}), ("AveragePool", pool)):
+        model = one_node("QLinear" + op, [("in_a", a), ("as", sa), ("az", az),
+                                          ("ys", sy * f32(0.1)), ("yz", yz)], TP.UINT8,
+                         domain=MS, **attrs)
+        want = K.qlinear_via_float(op, [(a, sa, az)], sy * f32(0.1), yz,
+                                   {k: v for k, v in attrs.items() if k != "channels_last"})
+        assert np.array_equal(run_ort(model, {"in_a": a})[0], want), op
+    model = one_node("QLinearConcat", [("ys", sy), ("yz", yz), ("in_a", a), ("as", sa),
+                                       ("az", az), ("in_b", b), ("bs", sb), ("bz", bz)],
+                     TP.UINT8, domain=MS, axis=1)
+    want = K.qlinear_via_float("Concat", [(a, sa, az), (b, sb, bz)], sy, yz, {"axis": 1})
+    assert np.array_equal(run_ort(model, feeds)[0], want)

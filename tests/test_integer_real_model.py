@@ -1,0 +1,103 @@
+"""A real third-party dynamically quantized model: ddddocr's ``common_old.onnx``, shipped in
+the ``ddddocr`` wheel (a dev dependency, pinned). Made by an older onnxruntime quantizer
+("onnx.quantize 0.1.0"): 22 DynamicQuantizeLinear, 21 ConvInteger whose int32 bias is
+quantized at run time and added before the Cast, 1 MatMulInteger, 1 DynamicQuantizeLSTM.
+
+The file is read, the package is never imported. A missing package fails these tests."""
+
+from __future__ import annotations
+
+import importlib.metadata
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from helpers.integer import run_ort
+
+import dqtool
+from dqtool.families.integer import api
+
+
+@pytest.fixture(scope="module")
+def model_path() -> Path:
+    try:
+        dist = importlib.metadata.distribution("ddddocr")
+    except importlib.metadata.PackageNotFoundError:
+        pytest.fail("the ddddocr wheel is not installed: `pip install -e '.[dev]'` (it carries "
+                    "the real model these tests read)")
+    path = Path(str(dist.locate_file("ddddocr/common_old.onnx")))
+    assert path.is_file(), f"{path} is missing from ddddocr {dist.version}"
+    return path
+
+
+def _census(proto: onnx.ModelProto) -> Counter:
+    return Counter(n.op_type for n in proto.graph.node)
+
+
+def test_inspect_counts_every_integer_operator(model_path):
+    report = dqtool.inspect(model_path)
+    assert report.summary["integer_by_op"] == {
+        "ai.onnx:ConvInteger": 21, "ai.onnx:DynamicQuantizeLinear": 22,
+        "ai.onnx:MatMulInteger": 1, "com.microsoft:DynamicQuantizeLSTM": 1}
+    census = _census(onnx.load(str(model_path)))
+    assert census["ConvInteger"] == 21 and census["DynamicQuantizeLSTM"] == 1
+    (lstm,) = report.summary["integer_without_qdq_form"]
+    assert lstm == "LSTM_202_quant"
+
+
+def test_to_qdq_rewrites_all_but_the_lstm(model_path, tmp_path):
+    with pytest.raises(api.IntegerConversionRefused) as e:
+        api.to_qdq(model_path, tmp_path / "refused.onnx")
+    assert [r.op for r in e.value.report.refusals] == ["com.microsoft:DynamicQuantizeLSTM"]
+    assert not (tmp_path / "refused.onnx").exists()
+    out = tmp_path / "qdq.onnx"
+    report = api.to_qdq(model_path, out, keep_unconvertible=True)
+    assert Counter(c.op for c in report.changes) == {"ai.onnx:ConvInteger": 21,
+                                                     "ai.onnx:MatMulInteger": 1}
+    converted = onnx.load(str(out))
+    onnx.checker.check_model(converted, full_check=True)
+    census = _census(converted)
+    assert census["ConvInteger"] == census["MatMulInteger"] == 0
+    assert census["DequantizeLinear"] == 2 * 22 + 21  # x and w per op, plus each conv bias
+    assert census["DynamicQuantizeLSTM"] == 1
+
+
+def test_first_layers_stay_within_one_step(model_path, tmp_path):
+    """Integer accumulation vs the float QDQ form: the first quantized activations agree to
+    one step; later ones drift as each layer re-quantizes (measured, not hidden)."""
+    out = tmp_path / "qdq.onnx"
+    api.to_qdq(model_path, out, keep_unconvertible=True)
+    a, b = onnx.load(str(model_path)), onnx.load(str(out))
+    names = ["147_quantized", "158_quantized", "191_quantized"]
+    for m in (a, b):
+        m.graph.output.extend(onnx.helper.make_empty_tensor_value_info(n) for n in names)
+    x = np.random.default_rng(0).standard_normal((1, 1, 64, 128)).astype(np.float32)
+    got, want = run_ort(b, {"input1": x}), run_ort(a, {"input1": x})
+    steps = [int(np.abs(g.astype(int) - w.astype(int)).max()) for g, w in
+             zip(got[-3:], want[-3:], strict=True)]
+    assert steps[0] == 0 and steps[1] <= 1
+    assert steps[2] >= 1  # the drift is real: a check must report it
+
+
+def test_check_against_reports_steps_and_lint_flags(model_path, tmp_path):
+    out = tmp_path / "qdq.onnx"
+    api.to_qdq(model_path, out, keep_unconvertible=True)
+    report = dqtool.check(out, against=model_path, shapes={"image_width": (32,)})
+    ort = next(c for c in report.comparisons if c.runtime == "onnxruntime")
+    (o,) = ort.outputs
+    assert o.step is not None and o.step > 0
+    assert o.off_by_one is not None and o.off_by_more is not None
+    assert o.max_steps >= 1
+    lint = dqtool.lint(model_path, target="onnx-opset-21", select="DQ110")
+    assert [f.op.split(":")[1] for f in lint.findings] == ["DynamicQuantizeLSTM"]
+
+
+def test_check_alone_is_bit_exact_except_the_unimplemented_lstm(model_path):
+    report = dqtool.check(model_path, shapes={"image_width": (48,)})
+    statuses = Counter((n.op.split(":")[1].split("-")[0], n.status) for n in report.nodes)
+    assert statuses == {("DynamicQuantizeLinear", "bit-exact"): 22,
+                        ("ConvInteger", "bit-exact"): 21, ("MatMulInteger", "bit-exact"): 1,
+                        ("DynamicQuantizeLSTM", "skipped"): 1}
+    assert report.passed
