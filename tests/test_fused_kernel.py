@@ -41,8 +41,8 @@ def test_float_zero_point_is_not_rounded_once():
     ours = dqtool.dequantize_matmul_nbits(inputs["B"], inputs["scales"], inputs["zero_points"],
                                           K=64, N=16, bits=4, block_size=32)
     codes = packing.unpack(inputs["B"].reshape(16, -1), 4).astype(np.float32)
-    zp = np.repeat(inputs["zero_points"], 32, axis=1)
-    s = np.repeat(inputs["scales"], 32, axis=1)
+    zp = np.repeat(inputs["zero_points"].reshape(16, 2), 32, axis=1)
+    s = np.repeat(inputs["scales"].reshape(16, 2), 32, axis=1)
     once = ((codes - zp) * s).T
     assert (bits_of(once) != bits_of(ours)).sum() > 0
 

@@ -82,3 +82,36 @@ def test_lint_flags_them_off_onnxruntime(name):
     assert sum(f.code == "DQ109" for f in found) == fused
     assert not [f for f in dqtool.lint(MODELS / name, target="onnxruntime").findings
                 if f.code == "DQ109"]
+
+
+def test_external_data_models_convert_and_pack_from_their_files(tmp_path):
+    """Weights in a data file: read without a memory map, the uint8-packed table of a
+    GatherBlockQuantized reinterpreted over the same bytes, the result loadable."""
+    from helpers.fused import gbq_model
+
+    from dqtool.families.fused import packing
+
+    rng = np.random.default_rng(0)
+    table = packing.pack(rng.integers(0, 16, size=(40, 64), dtype=np.uint8), 4)
+    proto = gbq_model(table, (rng.random((40, 2)) + 0.1).astype(np.float32), None)
+    idx = {"indices": np.array([39, 0, 7, 7, 1], np.int64)}
+    (want,) = run_ort(proto, idx)
+    src = tmp_path / "g.onnx"
+    onnx.save(proto, src, save_as_external_data=True, location="g.onnx.data",
+              size_threshold=0)
+    up = tmp_path / "up.onnx"
+    dqtool.upgrade(src, 21, up)
+    import onnxruntime as ort
+
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    got = ort.InferenceSession(str(up), so, providers=["CPUExecutionProvider"]).run(None, idx)
+    assert np.array_equal(got[0], want)
+    report = dqtool.check(up, against=src, inputs=idx)
+    assert [w.status for w in report.weights] == ["bit-identical"] and report.passed
+    back = tmp_path / "back.onnx"
+    dqtool.pack(up, back)
+    packed = ort.InferenceSession(str(back), so, providers=["CPUExecutionProvider"])
+    assert np.array_equal(packed.run(None, idx)[0], want)
+    assert [n.op_type for n in onnx.load(back, load_external_data=False).graph.node] == \
+        ["GatherBlockQuantized"]

@@ -24,8 +24,9 @@ def nbits_inputs(rng: np.random.Generator, k: int, n: int, bits: int, block: int
     if zp == "packed":
         zero_points = packing.pack(rng.integers(0, 1 << bits, size=(n, kb), dtype=np.uint8),
                                    bits)
-    elif zp == "float":
-        zero_points = (rng.random((n, kb)) * (1 << bits)).astype(dtype)
+    elif zp == "float":  # as onnxruntime's HQQ quantizer writes them: flat, with the scales
+        zero_points = (rng.random(n * kb) * (1 << bits)).astype(dtype)
+        scales = scales.reshape(-1)
     return {"B": b, "scales": scales, "zero_points": zero_points}
 
 

@@ -54,3 +54,18 @@ def json_extras(spec: FusedSpec) -> dict[str, Any]:
         "accuracy_level": spec.accuracy_level,
         "gather_axis": spec.gather_axis,
     }
+
+
+def mostly_rewritten(model) -> bool:
+    """Whether the constant weights of fused nodes (which ``upgrade`` rewrites) hold more
+    than half of the model's tensor bytes; reads no tensor data."""
+    from dqtool import graph, io
+    from dqtool.families.fused import read
+
+    fused = 0
+    for site in graph.walk(model):
+        if read.is_fused(site.node) and site.node.inputs:
+            first = site.node.inputs[1 if site.node.op_type == "MatMulNBits" else 0]
+            tensor = graph.constant_tensor(first)
+            fused += tensor.nbytes if tensor is not None else 0
+    return fused > io.tensor_bytes(model) // 2

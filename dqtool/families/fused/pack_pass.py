@@ -341,11 +341,13 @@ class FusedPackPass:
             return packing.onnx_to_nbits(codes, rows, n, bits, block)
 
         bq = b.constant("B", ir.DataType.UINT8, (n, kb, block * bits // 8), b_bytes)
-        s = b.constant("scales", s_type.ir_type, (n, kb),
+        # Flat (N·k_blocks), as onnxruntime's HQQ quantizer (the writer of float zero
+        # points) stores scales and zero points.
+        s = b.constant("scales", s_type.ir_type, (n * kb,),
                        lambda: np.ascontiguousarray(_array(scale).reshape(kb, n).T)
-                       .astype(s_type.dtype))
-        z = b.constant("zero_points", s_type.ir_type, (n, kb),
-                       lambda: np.ascontiguousarray(_array(zc).reshape(kb, n).T))
+                       .astype(s_type.dtype).reshape(-1))
+        z = b.constant("zero_points", s_type.ir_type, (n * kb,),
+                       lambda: np.ascontiguousarray(_array(zc).reshape(kb, n).T).reshape(-1))
         inputs: list[ir.Value | None] = [a, bq, s, z]
         if bias is not None:
             inputs += [None, bias]
