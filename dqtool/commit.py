@@ -15,7 +15,8 @@ mix. Commits into one folder hold a lock on the folder, so concurrent writers to
 cannot interleave (the last to commit wins, whole). A temporary folder is named
 ``.X.dqtool-tmp-<pid>-<random>`` and locked by its owner while it lives; a later save into
 the same folder removes those whose owner is gone (the lock is free once a process dies,
-whatever killed it).
+whatever killed it), and whose named process is not running (a folder is made before it is
+locked).
 """
 
 from __future__ import annotations
@@ -71,7 +72,7 @@ def clean_leftovers(parent: Path) -> list[Path]:
     for entry in entries:
         if TEMP_TAG not in entry.name or not entry.name.startswith("."):
             continue
-        if not entry.is_dir(follow_symlinks=False):
+        if not entry.is_dir(follow_symlinks=False) or _alive(entry.name):
             continue
         try:
             fd = os.open(entry.path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
@@ -88,6 +89,23 @@ def clean_leftovers(parent: Path) -> list[Path]:
         finally:
             os.close(fd)
     return removed
+
+
+def _alive(name: str) -> bool:
+    """Whether the process named in a temporary folder's name runs: a folder is locked
+    only just after it is made, so a live owner's new folder is left alone even before
+    its lock is taken (a reused PID only delays the clean-up)."""
+    try:
+        pid = int(name.rsplit(TEMP_TAG, 1)[1].split("-", 1)[0])
+    except (IndexError, ValueError):
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # exists, owned by another user
+        return True
+    return True
 
 
 @contextlib.contextmanager
