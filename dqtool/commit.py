@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import fcntl
 import os
 import re
 import secrets
@@ -35,6 +34,11 @@ from pathlib import Path
 import onnx
 
 from dqtool.errors import OutputError, UsageError
+
+try:
+    import fcntl
+except ImportError:  # no flock here: the owner's PID alone says a folder is live
+    fcntl = None  # type: ignore[assignment]
 
 TEMP_TAG = ".dqtool-tmp-"
 DATA_SUFFIX = ".data"
@@ -48,11 +52,12 @@ class Temp:
         name = f".{out_name}{TEMP_TAG}{os.getpid()}-{secrets.token_hex(4)}"
         self.path = parent / name
         os.mkdir(self.path, 0o700)
+        self._fd = -1
         try:
-            self._fd = os.open(self.path, os.O_RDONLY | os.O_DIRECTORY)
-            fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            self._fd = os.open(self.path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+            _lock(self._fd, wait=False)
         except OSError:
-            shutil.rmtree(self.path, ignore_errors=True)
+            self.remove()
             raise
 
     def remove(self) -> None:
@@ -75,12 +80,16 @@ def clean_leftovers(parent: Path) -> list[Path]:
         if not entry.is_dir(follow_symlinks=False) or _alive(entry.name):
             continue
         try:
-            fd = os.open(entry.path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+            fd = os.open(entry.path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0)
+                         | getattr(os, "O_NOFOLLOW", 0))
         except OSError:
             continue
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:  # a live process owns it
+            _lock(fd, wait=False)
+        except BlockingIOError:  # a live process owns it
+            os.close(fd)
+            continue
+        except OSError:
             os.close(fd)
             continue
         try:
@@ -108,12 +117,27 @@ def _alive(name: str) -> bool:
     return True
 
 
+def _lock(fd: int, wait: bool) -> None:
+    """An exclusive ``flock`` on ``fd`` (released when it is closed or the process dies);
+    ``BlockingIOError`` when another holds it and ``wait`` is false. Where the file system
+    has no such locks, nothing (the owner's PID then says whether a folder is live)."""
+    if fcntl is None:
+        return
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
+    except BlockingIOError:
+        raise
+    except OSError as e:
+        if e.errno not in (errno.ENOLCK, errno.EOPNOTSUPP, errno.EINVAL, errno.EBADF):
+            raise
+
+
 @contextlib.contextmanager
 def folder_lock(parent: Path) -> Iterator[None]:
     """Held while a save commits into ``parent``: commits never interleave."""
-    fd = os.open(parent, os.O_RDONLY | os.O_DIRECTORY)
+    fd = os.open(parent, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
+        _lock(fd, wait=True)
         yield
     finally:
         os.close(fd)  # releases the lock

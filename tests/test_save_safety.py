@@ -294,3 +294,18 @@ def test_concurrent_writers_leave_one_complete_model(tmp_path):
         data = {p.name for p in tmp_path.iterdir() if p.name.startswith("out.onnx.")}
         assert data == referenced  # no data file of another writer left
         assert not _leftovers(tmp_path)
+
+
+def test_without_file_locks_the_owners_pid_decides(tmp_path, monkeypatch):
+    """A file system (or platform) without flock: saves still work, a live run's folder
+    is kept, a dead run's removed."""
+    monkeypatch.setattr(commit, "fcntl", None)
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    dead = tmp_path / f".o.onnx{commit.TEMP_TAG}{gone.pid}-12345678"
+    live = tmp_path / f".o.onnx{commit.TEMP_TAG}{os.getpid()}-87654321"
+    dead.mkdir()
+    live.mkdir()
+    model = io.load(_model(tmp_path / "m.onnx"))
+    assert [p.name for p in io.save(model, tmp_path / "o.onnx")] == ["o.onnx"]
+    assert not dead.exists() and live.exists()
