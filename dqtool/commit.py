@@ -15,14 +15,14 @@ mix. Commits into one folder hold a lock on the folder, so concurrent writers to
 cannot interleave (the last to commit wins, whole). A temporary folder is named
 ``.X.dqtool-tmp-<pid>-<random>`` and locked by its owner while it lives; a later save into
 the same folder removes those whose owner is gone (the lock is free once a process dies,
-whatever killed it).
+whatever killed it), and whose named process is not running (a folder is made before it is
+locked).
 """
 
 from __future__ import annotations
 
 import contextlib
 import errno
-import fcntl
 import os
 import re
 import secrets
@@ -34,6 +34,11 @@ from pathlib import Path
 import onnx
 
 from dqtool.errors import OutputError, UsageError
+
+try:
+    import fcntl
+except ImportError:  # no flock here: the owner's PID alone says a folder is live
+    fcntl = None  # type: ignore[assignment]
 
 TEMP_TAG = ".dqtool-tmp-"
 DATA_SUFFIX = ".data"
@@ -47,11 +52,12 @@ class Temp:
         name = f".{out_name}{TEMP_TAG}{os.getpid()}-{secrets.token_hex(4)}"
         self.path = parent / name
         os.mkdir(self.path, 0o700)
+        self._fd = -1
         try:
-            self._fd = os.open(self.path, os.O_RDONLY | os.O_DIRECTORY)
-            fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            self._fd = os.open(self.path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+            _lock(self._fd, wait=False)
         except OSError:
-            shutil.rmtree(self.path, ignore_errors=True)
+            self.remove()
             raise
 
     def remove(self) -> None:
@@ -71,15 +77,19 @@ def clean_leftovers(parent: Path) -> list[Path]:
     for entry in entries:
         if TEMP_TAG not in entry.name or not entry.name.startswith("."):
             continue
-        if not entry.is_dir(follow_symlinks=False):
+        if not entry.is_dir(follow_symlinks=False) or _alive(entry.name):
             continue
         try:
-            fd = os.open(entry.path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+            fd = os.open(entry.path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0)
+                         | getattr(os, "O_NOFOLLOW", 0))
         except OSError:
             continue
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:  # a live process owns it
+            _lock(fd, wait=False)
+        except BlockingIOError:  # a live process owns it
+            os.close(fd)
+            continue
+        except OSError:
             os.close(fd)
             continue
         try:
@@ -90,12 +100,44 @@ def clean_leftovers(parent: Path) -> list[Path]:
     return removed
 
 
+def _alive(name: str) -> bool:
+    """Whether the process named in a temporary folder's name runs: a folder is locked
+    only just after it is made, so a live owner's new folder is left alone even before
+    its lock is taken (a reused PID only delays the clean-up)."""
+    try:
+        pid = int(name.rsplit(TEMP_TAG, 1)[1].split("-", 1)[0])
+    except (IndexError, ValueError):
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # exists, owned by another user
+        return True
+    return True
+
+
+def _lock(fd: int, wait: bool) -> None:
+    """An exclusive ``flock`` on ``fd`` (released when it is closed or the process dies);
+    ``BlockingIOError`` when another holds it and ``wait`` is false. Where the file system
+    has no such locks, nothing (the owner's PID then says whether a folder is live)."""
+    if fcntl is None:
+        return
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
+    except BlockingIOError:
+        raise
+    except OSError as e:
+        if e.errno not in (errno.ENOLCK, errno.EOPNOTSUPP, errno.EINVAL, errno.EBADF):
+            raise
+
+
 @contextlib.contextmanager
 def folder_lock(parent: Path) -> Iterator[None]:
     """Held while a save commits into ``parent``: commits never interleave."""
-    fd = os.open(parent, os.O_RDONLY | os.O_DIRECTORY)
+    fd = os.open(parent, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
+        _lock(fd, wait=True)
         yield
     finally:
         os.close(fd)  # releases the lock

@@ -136,25 +136,45 @@ def test_output_path_keeps_plain_names():
 # Crash leftovers.
 def test_dead_runs_temporary_folders_are_removed_by_the_next_save(tmp_path):
     src = _model(tmp_path / "m.onnx")
-    dead = tmp_path / f".out.onnx{commit.TEMP_TAG}999999-0badf00d"
+    gone = subprocess.Popen(["true"])
+    gone.wait()  # a process that has ended: its folder is a leftover
+    dead = tmp_path / f".out.onnx{commit.TEMP_TAG}{gone.pid}-0badf00d"
     dead.mkdir()
     (dead / "out.onnx.data").write_bytes(b"\0" * 1000)
     live = tmp_path / f".out.onnx{commit.TEMP_TAG}{os.getpid()}-feedbeef"
     live.mkdir()
     fd = os.open(live, os.O_RDONLY | os.O_DIRECTORY)
     fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # as a live run holds its folder
+    # a live run's folder made a moment ago, before its lock is taken
+    unlocked = tmp_path / f".out.onnx{commit.TEMP_TAG}{os.getpid()}-0dd0dd00"
+    unlocked.mkdir()
     unrelated = tmp_path / ".out.onnx.abcdefgh"  # not dqtool's: never touched
     unrelated.mkdir()
     try:
         res = _run("fold", str(src), "-o", str(tmp_path / "out.onnx"))
         assert res.returncode == 0, res.stderr
         assert not dead.exists()
-        assert live.exists() and unrelated.exists()
+        assert live.exists() and unlocked.exists() and unrelated.exists()
     finally:
         os.close(fd)
-    res = _run("fold", str(src), "-o", str(tmp_path / "out.onnx"))
-    assert res.returncode == 0
-    assert not live.exists() and unrelated.exists()
+    assert commit.clean_leftovers(tmp_path) == []  # a live process's: never removed
+
+
+def test_a_dead_processs_folder_is_removed_even_if_its_pid_is_reused(tmp_path):
+    """The lock decides: a folder nobody locks whose named process is gone is removed."""
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    dead = tmp_path / f".x.onnx{commit.TEMP_TAG}{gone.pid}-12345678"
+    dead.mkdir()
+    locked = tmp_path / f".x.onnx{commit.TEMP_TAG}{gone.pid}-87654321"
+    locked.mkdir()
+    fd = os.open(locked, os.O_RDONLY | os.O_DIRECTORY)
+    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    try:
+        assert commit.clean_leftovers(tmp_path) == [dead]
+        assert locked.exists()
+    finally:
+        os.close(fd)
 
 
 KILL_DURING_COMMIT = textwrap.dedent("""
@@ -274,3 +294,18 @@ def test_concurrent_writers_leave_one_complete_model(tmp_path):
         data = {p.name for p in tmp_path.iterdir() if p.name.startswith("out.onnx.")}
         assert data == referenced  # no data file of another writer left
         assert not _leftovers(tmp_path)
+
+
+def test_without_file_locks_the_owners_pid_decides(tmp_path, monkeypatch):
+    """A file system (or platform) without flock: saves still work, a live run's folder
+    is kept, a dead run's removed."""
+    monkeypatch.setattr(commit, "fcntl", None)
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    dead = tmp_path / f".o.onnx{commit.TEMP_TAG}{gone.pid}-12345678"
+    live = tmp_path / f".o.onnx{commit.TEMP_TAG}{os.getpid()}-87654321"
+    dead.mkdir()
+    live.mkdir()
+    model = io.load(_model(tmp_path / "m.onnx"))
+    assert [p.name for p in io.save(model, tmp_path / "o.onnx")] == ["o.onnx"]
+    assert not dead.exists() and live.exists()
