@@ -224,3 +224,16 @@ def test_fused_node_inside_a_function_uses_constant_nodes():
     assert [n.op_type for n in back.functions[0].node if n.op_type != "Constant"] == \
         ["MatMulNBits"]
     assert np.array_equal(bits_of(run_ort(original, eye)[0]), bits_of(run_ort(back, eye)[0]))
+
+
+@pytest.mark.parametrize(("bits", "zp", "opset"), [(4, "packed", 21), (4, "float", 21),
+                                                   (8, "none", 21), (2, "packed", 25)])
+def test_per_axis_follows_the_usual_lowering_exactly(bits, zp, opset):
+    rng = np.random.default_rng(bits + 40)
+    original = nbits_model(100, 6, bits, 32, nbits_inputs(rng, 100, 6, bits, 32, zp=zp))
+    converted, report = _upgrade(original, opset, per_axis=True)
+    dq = next(n for n in converted.graph.node if n.op_type == "DequantizeLinear")
+    assert "block_size" not in {a.name for a in dq.attribute}
+    assert "--per-axis" in report.changes[0].why
+    eye = {"A": np.eye(100, dtype=np.float32)}
+    assert np.array_equal(bits_of(run_ort(original, eye)[0]), bits_of(run_ort(converted, eye)[0]))
