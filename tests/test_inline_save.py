@@ -281,3 +281,35 @@ def test_a_loaded_model_reads_the_file_as_it_was_loaded(tmp_path, stream_everyth
     replacement.write_bytes((MODELS / "ort_qdq_per_tensor.onnx").read_bytes())
     os.replace(replacement, path)
     assert _streamed(model, tmp_path) == expected
+
+
+FOLDABLE = [p for p in sorted(MODELS.glob("*.onnx")) if not p.name.startswith("invalid_")]
+
+
+@pytest.mark.parametrize("path", FOLDABLE, ids=lambda p: p.name)
+def test_fold_and_upgrade_write_the_same_bytes_lean_or_not(path, tmp_path, monkeypatch):
+    """Tensors left in the input file and streamed out give the very bytes that tensors
+    read into memory and serialized whole give."""
+    import dqtool
+    from dqtool.errors import DqtoolError
+
+    def run(lean: bool, name: str) -> dict[str, bytes]:
+        monkeypatch.setattr(inline_save, "STREAM_MIN_BYTES", 1 if lean else 1 << 40)
+        monkeypatch.setattr(inline_load, "MIN_FILE_BYTES", 0 if lean else 1 << 40)
+        monkeypatch.setattr(inline_load, "MIN_TENSOR_BYTES", 1)
+        got = {}
+        for command, call in (("fold", lambda out: dqtool.fold(path, out)),
+                              ("upgrade", lambda out: dqtool.upgrade(path, 25, out))):
+            out = tmp_path / f"{name}.{command}.onnx"
+            try:
+                call(out)
+            except DqtoolError as e:
+                got[command] = str(e).encode()
+                continue
+            got[command] = out.read_bytes()
+        return got
+
+    lean, whole = run(True, "lean"), run(False, "whole")
+    assert lean.keys() == whole.keys()
+    for command in lean:
+        assert lean[command].replace(b"lean.", b"whole.") == whole[command], command
