@@ -313,3 +313,72 @@ def test_fold_and_upgrade_write_the_same_bytes_lean_or_not(path, tmp_path, monke
     assert lean.keys() == whole.keys()
     for command in lean:
         assert lean[command].replace(b"lean.", b"whole.") == whole[command], command
+
+
+@pytest.fixture
+def early(monkeypatch, stream_everything):
+    from dqtool import early_copy
+
+    monkeypatch.setattr(early_copy, "MIN_BYTES", 0)
+    yield early_copy
+    early_copy.discard_all()
+
+
+def _kept_spy(monkeypatch) -> list[tuple[int, int]]:
+    seen = []
+    real = inline_save._in_place
+
+    def spy(placed, copied):
+        kept = real(placed, copied)
+        seen.append((len(kept), sum(isinstance(p, inline_save.Payload) for _, p in placed)))
+        return kept
+
+    monkeypatch.setattr(inline_save, "_in_place", spy)
+    return seen
+
+
+def test_an_early_copy_of_the_input_is_kept_where_it_matches(tmp_path, early, monkeypatch):
+    import dqtool
+
+    src = tmp_path / "m.onnx"  # as onnx_ir writes it: its layout survives a re-save
+    ir.save(ir.load(MODELS / "ort_qdq_per_channel.onnx"), src)
+    dqtool.upgrade(src, 25, tmp_path / "plain.onnx")
+    seen = _kept_spy(monkeypatch)
+    early.start(src, tmp_path / "out.onnx")
+    dqtool.upgrade(src, 25, tmp_path / "out.onnx")
+    assert seen and seen[0][0] == seen[0][1] > 0  # every payload was already in place
+    assert (tmp_path / "out.onnx").read_bytes() == (tmp_path / "plain.onnx").read_bytes()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.onnx", "out.onnx", "plain.onnx"]
+
+
+def test_an_early_copy_of_a_replaced_input_is_not_used(tmp_path, early, monkeypatch):
+    import dqtool
+
+    src = tmp_path / "m.onnx"
+    src.write_bytes((MODELS / "ort_qdq_per_tensor.onnx").read_bytes())
+    early.start(src, tmp_path / "out.onnx")
+    copy = early._pending[early._key(src, tmp_path / "out.onnx")]
+    copy.join()
+    other = tmp_path / "other.onnx"
+    other.write_bytes((MODELS / "ort_qdq_per_channel.onnx").read_bytes())
+    os.replace(other, src)  # the input changes after the copy started
+    dqtool.upgrade(src, 25, tmp_path / "plain.onnx")  # no early copy for this output
+    seen = _kept_spy(monkeypatch)
+    dqtool.upgrade(src, 25, tmp_path / "out.onnx")
+    assert seen == [] or seen[0][0] == 0
+    assert (tmp_path / "out.onnx").read_bytes() == (tmp_path / "plain.onnx").read_bytes()
+
+
+@pytest.mark.parametrize("args, code", [(["--opset", "25"], 0), (["--opset", "99"], 2)])
+def test_the_cli_leaves_no_early_copy_behind(tmp_path, early, args, code):
+    from click.testing import CliRunner
+
+    from dqtool.cli import cli
+
+    src = tmp_path / "m.onnx"
+    src.write_bytes((MODELS / "ort_qdq_per_channel.onnx").read_bytes())
+    r = CliRunner().invoke(cli, ["upgrade", str(src), *args, "-o", str(tmp_path / "o.onnx")])
+    assert r.exit_code == code, r.output
+    assert sorted(p.name for p in tmp_path.iterdir()) == (["m.onnx", "o.onnx"] if code == 0
+                                                         else ["m.onnx"])
+    assert early._pending == {}
