@@ -382,3 +382,37 @@ def test_the_cli_leaves_no_early_copy_behind(tmp_path, early, args, code):
     assert sorted(p.name for p in tmp_path.iterdir()) == (["m.onnx", "o.onnx"] if code == 0
                                                          else ["m.onnx"])
     assert early._pending == {}
+
+
+@pytest.mark.parametrize("dtype", [TP.INT4, TP.UINT4, TP.FLOAT4E2M1])
+@pytest.mark.parametrize("shape", [(7, 5), (8, 6), (9, 1)])
+def test_4bit_rows_read_from_the_file_fold_as_in_memory(tmp_path, monkeypatch, dtype, shape):
+    """Row blocks of a packed 4-bit weight read from the file (odd rows, a padding
+    nibble) fold to the very bytes of the weight unpacked in memory."""
+    import dqtool
+    from dqtool.folding import compute
+
+    rng = np.random.default_rng(int(dtype) + shape[0])
+    codes = rng.integers(0, 16, shape).astype(np.uint8)
+    q = h.make_tensor("q", dtype, shape, codes, raw=True)
+    scale = h.make_tensor("s", TP.FLOAT, [], [0.25])
+    node = h.make_node("DequantizeLinear", ["q", "s"], ["y"], name="dq")
+    g = h.make_graph([node], "g", [], [h.make_tensor_value_info("y", TP.FLOAT, shape)],
+                     initializer=[q, scale])
+    model = h.make_model(g, opset_imports=[h.make_opsetid("", 23)])
+    model.ir_version = 11
+    src = tmp_path / "m.onnx"
+    onnx.save(model, src)
+    monkeypatch.setattr(compute, "CHUNK_ELEMENTS", 2)  # a few rows per block
+    monkeypatch.setattr(inline_save, "STREAM_MIN_BYTES", 1)  # written block by block
+    monkeypatch.setattr(inline_load, "MIN_FILE_BYTES", 1 << 40)
+    dqtool.fold(src, tmp_path / "whole.onnx")
+    monkeypatch.setattr(inline_load, "MIN_FILE_BYTES", 0)
+    monkeypatch.setattr(inline_load, "MIN_TENSOR_BYTES", 1)
+    mapped = io.load(src)
+    assert isinstance(mapped.graph.initializers["q"].const_value, inline_load.MappedTensor)
+    dqtool.fold(src, tmp_path / "lean.onnx")
+    assert (tmp_path / "lean.onnx").read_bytes() == (tmp_path / "whole.onnx").read_bytes()
+    folded = onnx.numpy_helper.to_array(onnx.load(tmp_path / "lean.onnx").graph.initializer[0])
+    expected = onnx.numpy_helper.to_array(q).astype(np.float32) * np.float32(0.25)
+    np.testing.assert_array_equal(folded, expected)
