@@ -25,13 +25,10 @@ import contextlib
 import errno
 import os
 import re
-import secrets
 import shutil
 import stat
 from collections.abc import Iterable, Iterator
 from pathlib import Path
-
-import onnx
 
 from dqtool.errors import OutputError, UsageError
 
@@ -49,7 +46,7 @@ class Temp:
 
     def __init__(self, parent: Path, out_name: str) -> None:
         clean_leftovers(parent)
-        name = f".{out_name}{TEMP_TAG}{os.getpid()}-{secrets.token_hex(4)}"
+        name = f".{out_name}{TEMP_TAG}{os.getpid()}-{os.urandom(4).hex()}"
         self.path = parent / name
         os.mkdir(self.path, 0o700)
         self._fd = -1
@@ -176,13 +173,15 @@ def data_name(parent: Path, out_name: str) -> str:
 
 def _fresh(parent: Path, out_name: str) -> str:
     while True:
-        name = f"{out_name}.{secrets.token_hex(4)}{DATA_SUFFIX}"
+        name = f"{out_name}.{os.urandom(4).hex()}{DATA_SUFFIX}"
         if not os.path.lexists(parent / name):
             return name
 
 
 def _locations(model_file: Path) -> set[str]:
     """The external-data locations a model file names (its payloads are not read)."""
+    import onnx
+
     from dqtool import inline_load
 
     lean = inline_load.read(model_file)
@@ -212,6 +211,8 @@ def _named_for(name: str, out_name: str) -> bool:
 
 
 def _rename_locations(model_file: Path, renames: dict[str, str]) -> None:
+    import onnx
+
     proto = onnx.load_model(str(model_file), load_external_data=False)
     from onnx import external_data_helper
 

@@ -225,13 +225,17 @@ def _coalesce(parts: list[Segment]) -> Iterator[Segment]:
         yield b"".join(pending)
 
 
-def write(model: ir.Model, path: str | os.PathLike) -> int:
+def write(model: ir.Model, path: str | os.PathLike,
+          prefilled: os.stat_result | None = None) -> int:
     """Write ``model`` inline to ``path``; returns the bytes written. The file holds
     exactly what ``ir.save(model, path)`` would write.
 
     Every part's place in the file is known before anything is written, so payloads that
     are byte ranges of files (tensors of the input, inline or external) are copied in the
-    kernel by two threads at their places while the rest is written in order."""
+    kernel by two threads at their places while the rest is written in order.
+    ``prefilled``: ``path`` already holds a copy of the input file with this status
+    (``early_copy``); payloads at the same place in it are kept, the rest is written over
+    it (or, when less than half of it would be kept, the file is written from scratch)."""
     proto, payloads = skeleton(model)
     parts = segments(proto, payloads) if payloads else None
     if parts is None:
@@ -241,16 +245,26 @@ def write(model: ir.Model, path: str | os.PathLike) -> int:
     if total > 2**31 - 1:
         raise ValueError(f"{total} bytes: past protobuf's 2 GiB limit for one message; "
                          "write external data")
+    placed: list[tuple[int, Segment]] = []
+    offset = 0
+    for part in _coalesce(parts):
+        placed.append((offset, part))
+        offset += part.length if isinstance(part, Payload) else len(part)
+    kept = _in_place(placed, prefilled) if prefilled is not None else set()
+    if 2 * sum(placed[i][1].length for i in kept) < total:
+        kept, prefilled = set(), None
     from concurrent.futures import ThreadPoolExecutor
 
     from dqtool.kernel.parallel import num_threads
 
-    with open(Path(path), "wb", buffering=_WRITE_BUFFER) as f, \
+    with open(Path(path), "r+b" if prefilled is not None else "wb",
+              buffering=_WRITE_BUFFER) as f, \
             ThreadPoolExecutor(num_threads(), thread_name_prefix="dqtool-copy") as pool:
         copies = []
-        offset = 0
         try:
-            for part in _coalesce(parts):
+            for i, (offset, part) in enumerate(placed):
+                if i in kept:
+                    continue
                 if not isinstance(part, Payload):
                     f.seek(offset)
                     f.write(part)
@@ -266,17 +280,41 @@ def write(model: ir.Model, path: str | os.PathLike) -> int:
                         raise OSError(f"tensor '{part.tensor.name}' wrote "
                                       f"{f.tell() - offset} bytes, its type and shape "
                                       f"need {part.length}")
-                offset += part.length if isinstance(part, Payload) else len(part)
             f.flush()
             for c in copies:
                 c.result()
         finally:
             for c in copies:
                 c.cancel()
+        if prefilled is not None:
+            f.truncate(total)
         written = os.fstat(f.fileno()).st_size
     if written != total:
         raise OSError(f"wrote {written} bytes, expected {total}")
     return written
+
+
+def _in_place(placed: list[tuple[int, Segment]], copied: os.stat_result) -> set[int]:
+    """Indexes of the payloads a copy of the file ``copied`` already holds at their
+    places: byte ranges of that very file (same device, inode, size and modification
+    time) at the offsets they are written to."""
+    same: dict[str, bool] = {}
+    kept = set()
+    for i, (offset, part) in enumerate(placed):
+        if not isinstance(part, Payload) or (source := file_range(part.tensor)) is None:
+            continue
+        path, at = source
+        if path not in same:
+            try:
+                st = os.stat(path)
+            except OSError:
+                st = None
+            same[path] = st is not None and (st.st_dev, st.st_ino, st.st_size,
+                                             st.st_mtime_ns) == (
+                copied.st_dev, copied.st_ino, copied.st_size, copied.st_mtime_ns)
+        if same[path] and at == offset:
+            kept.add(i)
+    return kept
 
 
 def file_range(t: ir.TensorProtocol) -> tuple[str, int] | None:

@@ -17,7 +17,7 @@ import onnx_ir as ir
 from google.protobuf.message import DecodeError
 from onnx import external_data_helper
 
-from dqtool import commit, external_data, inline_load, inline_save, types
+from dqtool import commit, early_copy, external_data, inline_load, inline_save, types
 from dqtool.errors import DqtoolError, InputError, OutputError, UsageError
 
 MAX_ONNX_OPSET = onnx.defs.onnx_opset_version()
@@ -340,7 +340,7 @@ def save(
                     max_shard_size_bytes=shard_size, callback=callback,
                     max_workers=2)
         else:
-            inline_save.write(model, tmp / out.name)
+            _write_inline(model, tmp / out.name, out)
         if verify is not None:
             verify(tmp / out.name)
         _refuse_overwriting_sources(model, out, [parent / out.name])
@@ -354,6 +354,25 @@ def save(
         if prefill is not None:
             prefill.finish(cancel=True)
         temp.remove()
+
+
+def _write_inline(model: ir.Model, path: Path, out: Path) -> None:
+    """Stream the model to ``path``, over the input's copy when one was started early for
+    this output (``early_copy``) and it is still the file the model was loaded from."""
+    sources = model.meta.get(SOURCES)
+    early = early_copy.take(sources[0], out) if sources is not None else None
+    if early is None:
+        inline_save.write(model, path)
+        return
+    try:
+        copied = early.finish()
+        if copied is None:
+            inline_save.write(model, path)
+            return
+        os.replace(early.path, path)
+        inline_save.write(model, path, prefilled=copied)
+    finally:
+        early.discard()
 
 
 def output_path(out: str | os.PathLike) -> Path:

@@ -281,3 +281,138 @@ def test_a_loaded_model_reads_the_file_as_it_was_loaded(tmp_path, stream_everyth
     replacement.write_bytes((MODELS / "ort_qdq_per_tensor.onnx").read_bytes())
     os.replace(replacement, path)
     assert _streamed(model, tmp_path) == expected
+
+
+FOLDABLE = [p for p in sorted(MODELS.glob("*.onnx")) if not p.name.startswith("invalid_")]
+
+
+@pytest.mark.parametrize("path", FOLDABLE, ids=lambda p: p.name)
+def test_fold_and_upgrade_write_the_same_bytes_lean_or_not(path, tmp_path, monkeypatch):
+    """Tensors left in the input file and streamed out give the very bytes that tensors
+    read into memory and serialized whole give."""
+    import dqtool
+    from dqtool.errors import DqtoolError
+
+    def run(lean: bool, name: str) -> dict[str, bytes]:
+        monkeypatch.setattr(inline_save, "STREAM_MIN_BYTES", 1 if lean else 1 << 40)
+        monkeypatch.setattr(inline_load, "MIN_FILE_BYTES", 0 if lean else 1 << 40)
+        monkeypatch.setattr(inline_load, "MIN_TENSOR_BYTES", 1)
+        got = {}
+        for command, call in (("fold", lambda out: dqtool.fold(path, out)),
+                              ("upgrade", lambda out: dqtool.upgrade(path, 25, out))):
+            out = tmp_path / f"{name}.{command}.onnx"
+            try:
+                call(out)
+            except DqtoolError as e:
+                got[command] = str(e).encode()
+                continue
+            got[command] = out.read_bytes()
+        return got
+
+    lean, whole = run(True, "lean"), run(False, "whole")
+    assert lean.keys() == whole.keys()
+    for command in lean:
+        assert lean[command].replace(b"lean.", b"whole.") == whole[command], command
+
+
+@pytest.fixture
+def early(monkeypatch, stream_everything):
+    from dqtool import early_copy
+
+    monkeypatch.setattr(early_copy, "MIN_BYTES", 0)
+    yield early_copy
+    early_copy.discard_all()
+
+
+def _kept_spy(monkeypatch) -> list[tuple[int, int]]:
+    seen = []
+    real = inline_save._in_place
+
+    def spy(placed, copied):
+        kept = real(placed, copied)
+        seen.append((len(kept), sum(isinstance(p, inline_save.Payload) for _, p in placed)))
+        return kept
+
+    monkeypatch.setattr(inline_save, "_in_place", spy)
+    return seen
+
+
+def test_an_early_copy_of_the_input_is_kept_where_it_matches(tmp_path, early, monkeypatch):
+    import dqtool
+
+    src = tmp_path / "m.onnx"  # as onnx_ir writes it: its layout survives a re-save
+    ir.save(ir.load(MODELS / "ort_qdq_per_channel.onnx"), src)
+    dqtool.upgrade(src, 25, tmp_path / "plain.onnx")
+    seen = _kept_spy(monkeypatch)
+    early.start(src, tmp_path / "out.onnx")
+    dqtool.upgrade(src, 25, tmp_path / "out.onnx")
+    assert seen and seen[0][0] == seen[0][1] > 0  # every payload was already in place
+    assert (tmp_path / "out.onnx").read_bytes() == (tmp_path / "plain.onnx").read_bytes()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.onnx", "out.onnx", "plain.onnx"]
+
+
+def test_an_early_copy_of_a_replaced_input_is_not_used(tmp_path, early, monkeypatch):
+    import dqtool
+
+    src = tmp_path / "m.onnx"
+    src.write_bytes((MODELS / "ort_qdq_per_tensor.onnx").read_bytes())
+    early.start(src, tmp_path / "out.onnx")
+    copy = early._pending[early._key(src, tmp_path / "out.onnx")]
+    copy.join()
+    other = tmp_path / "other.onnx"
+    other.write_bytes((MODELS / "ort_qdq_per_channel.onnx").read_bytes())
+    os.replace(other, src)  # the input changes after the copy started
+    dqtool.upgrade(src, 25, tmp_path / "plain.onnx")  # no early copy for this output
+    seen = _kept_spy(monkeypatch)
+    dqtool.upgrade(src, 25, tmp_path / "out.onnx")
+    assert seen == [] or seen[0][0] == 0
+    assert (tmp_path / "out.onnx").read_bytes() == (tmp_path / "plain.onnx").read_bytes()
+
+
+@pytest.mark.parametrize("args, code", [(["--opset", "25"], 0), (["--opset", "99"], 2)])
+def test_the_cli_leaves_no_early_copy_behind(tmp_path, early, args, code):
+    from click.testing import CliRunner
+
+    from dqtool.cli import cli
+
+    src = tmp_path / "m.onnx"
+    src.write_bytes((MODELS / "ort_qdq_per_channel.onnx").read_bytes())
+    r = CliRunner().invoke(cli, ["upgrade", str(src), *args, "-o", str(tmp_path / "o.onnx")])
+    assert r.exit_code == code, r.output
+    assert sorted(p.name for p in tmp_path.iterdir()) == (["m.onnx", "o.onnx"] if code == 0
+                                                         else ["m.onnx"])
+    assert early._pending == {}
+
+
+@pytest.mark.parametrize("dtype", [TP.INT4, TP.UINT4, TP.FLOAT4E2M1])
+@pytest.mark.parametrize("shape", [(7, 5), (8, 6), (9, 1)])
+def test_4bit_rows_read_from_the_file_fold_as_in_memory(tmp_path, monkeypatch, dtype, shape):
+    """Row blocks of a packed 4-bit weight read from the file (odd rows, a padding
+    nibble) fold to the very bytes of the weight unpacked in memory."""
+    import dqtool
+    from dqtool.folding import compute
+
+    rng = np.random.default_rng(int(dtype) + shape[0])
+    codes = rng.integers(0, 16, shape).astype(np.uint8)
+    q = h.make_tensor("q", dtype, shape, codes, raw=True)
+    scale = h.make_tensor("s", TP.FLOAT, [], [0.25])
+    node = h.make_node("DequantizeLinear", ["q", "s"], ["y"], name="dq")
+    g = h.make_graph([node], "g", [], [h.make_tensor_value_info("y", TP.FLOAT, shape)],
+                     initializer=[q, scale])
+    model = h.make_model(g, opset_imports=[h.make_opsetid("", 23)])
+    model.ir_version = 11
+    src = tmp_path / "m.onnx"
+    onnx.save(model, src)
+    monkeypatch.setattr(compute, "CHUNK_ELEMENTS", 2)  # a few rows per block
+    monkeypatch.setattr(inline_save, "STREAM_MIN_BYTES", 1)  # written block by block
+    monkeypatch.setattr(inline_load, "MIN_FILE_BYTES", 1 << 40)
+    dqtool.fold(src, tmp_path / "whole.onnx")
+    monkeypatch.setattr(inline_load, "MIN_FILE_BYTES", 0)
+    monkeypatch.setattr(inline_load, "MIN_TENSOR_BYTES", 1)
+    mapped = io.load(src)
+    assert isinstance(mapped.graph.initializers["q"].const_value, inline_load.MappedTensor)
+    dqtool.fold(src, tmp_path / "lean.onnx")
+    assert (tmp_path / "lean.onnx").read_bytes() == (tmp_path / "whole.onnx").read_bytes()
+    folded = onnx.numpy_helper.to_array(onnx.load(tmp_path / "lean.onnx").graph.initializer[0])
+    expected = onnx.numpy_helper.to_array(q).astype(np.float32) * np.float32(0.25)
+    np.testing.assert_array_equal(folded, expected)

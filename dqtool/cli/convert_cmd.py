@@ -50,6 +50,22 @@ def render(app: App, report, as_json: bool) -> None:
 def _run(app: App, direction: str, model: str, opset: int, out: str | None, as_json: bool,
          in_place: bool, external_data: bool, shard_size: str | None, progress: bool | None,
          **kwargs: Any) -> None:
+    from dqtool import early_copy
+
+    # A large input starts copying to the output's folder now, while the imports below
+    # run; the save keeps what is still in place (see dqtool/early_copy.py).
+    if not external_data and shard_size is None and not kwargs.get("to_qdq"):
+        early_copy.start(model, model if in_place else out)
+    try:
+        _convert(app, direction, model, opset, out, as_json, in_place, external_data,
+                 shard_size, progress, **kwargs)
+    finally:
+        early_copy.discard_all()
+
+
+def _convert(app: App, direction: str, model: str, opset: int, out: str | None,
+             as_json: bool, in_place: bool, external_data: bool, shard_size: str | None,
+             progress: bool | None, **kwargs: Any) -> None:
     from dqtool import convert
 
     if out is None and not in_place:

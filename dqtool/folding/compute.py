@@ -173,6 +173,15 @@ def _read_rows(t: ir.ExternalTensor | inline_load.MappedTensor, et: types.ElemTy
     if et.bits >= 8:
         arr = np.fromfile(t.path, dtype=et.dtype, count=(r1 - r0) * row, offset=offset)
         return arr.reshape((r1 - r0, *dims[1:]))
+    if et.bits == 4:
+        # Low nibble first, as ONNX packs; two passes written in place (onnx_ir's unpacking
+        # takes five). The codes are viewed as the 4-bit type, as onnx_ir views them.
+        packed = np.fromfile(t.path, dtype=np.uint8, count=(count + 7) // 8, offset=offset)
+        codes = np.empty(2 * packed.size, dtype=np.uint8)
+        np.bitwise_and(packed, 0x0F, out=codes[0::2])
+        np.right_shift(packed, 4, out=codes[1::2])
+        elements = (r1 - r0) * row
+        return codes[:elements].view(t.dtype.numpy()).reshape((r1 - r0, *dims[1:]))
     # onnx_ir unpacks a tensor of just these rows into a new array (not a view of its
     # memory map), so the map can be released at once.
     part = ir.ExternalTensor(t.location, offset, (count + 7) // 8, t.dtype,
