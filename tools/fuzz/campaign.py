@@ -34,7 +34,8 @@ def signature(case: Case, outcome: Outcome) -> str:
     """What makes two failures the same bug, roughly: the verdict, the command, the
     mutation and the last line of the error without numbers."""
     detail = "".join(c for c in outcome.detail if not c.isdigit())[:120]
-    return f"{outcome.verdict}|{case.argv[0]}|{case.kind.split('@')[0]}|{detail}"
+    kind = case.kind.split("@")[0].split(":")[0]
+    return f"{outcome.verdict}|{case.family}|{kind}|{detail}"
 
 
 def _folder_name(case: Case) -> str:

@@ -135,10 +135,16 @@ def _model_arg(argv: list[str]) -> str:
     return ""
 
 
-def _file_args(argv: list[str]) -> list[str]:
-    """The paths a one-line error may name: the model(s), --against, the output."""
-    paths = [a for a in argv[1:] if not a.startswith("-")]
-    return [p for p in paths if "/" in p or p.endswith(".onnx")]
+def _file_args(argv: list[str]) -> set[str]:
+    """The paths a one-line error may name: the model(s), --against, the output, as given
+    or normalized (``out/dir/`` may be named ``out/dir``, an empty name ``.``)."""
+    paths = [_model_arg(argv)]
+    for flag in ("-o", "--output", "--against"):
+        if flag in argv:
+            paths.append(argv[argv.index(flag) + 1])
+    if argv and argv[0] == "lint":
+        paths += [a for a in argv[1:] if a.endswith(".onnx")]
+    return {p for p in paths} | {os.path.normpath(p) for p in paths}
 
 
 def _under(rel: str, folder: str) -> bool:
@@ -146,7 +152,9 @@ def _under(rel: str, folder: str) -> bool:
 
 
 def judge(case: Case, before: dict[str, Entry], after: dict[str, Entry], code: int | None,
-          stderr: str) -> tuple[str, str]:
+          stderr: str, out_folder: str | None = None) -> tuple[str, str]:
+    """The verdict and its detail. ``out_folder``: the output's folder with symbolic links
+    resolved (relative to the sandbox), when it differs from the one named."""
     argv = case.argv
     lines = [line for line in stderr.splitlines() if line.strip()]
     if "Traceback (most recent call last)" in stderr:
@@ -167,7 +175,7 @@ def judge(case: Case, before: dict[str, Entry], after: dict[str, Entry], code: i
         stray = [line for line in lines if not OWN_LINE.match(line)]
         if stray:
             return "stray-stderr", " | ".join(stray)[:400]
-    out = _output_folder(argv)
+    out = out_folder if out_folder is not None else _output_folder(argv)
     model_folder = os.path.dirname(_model_arg(argv)) or "."
     in_place_ok = "--in-place" in argv and code in (0, 1)
     refused = code == 2 or (code == 1 and argv[0] in ("upgrade", "downgrade"))
@@ -312,13 +320,25 @@ def run(case: Case, timeout: float = 30.0, fork: bool = True,
             return Outcome("signal", f"killed by {signal.Signals(sig).name}", None, stderr,
                            seconds)
         restore_permissions(root)
-        verdict, detail = judge(case, before, snapshot(root), code, stderr)
+        verdict, detail = judge(case, before, snapshot(root), code, stderr,
+                                _resolved(root, _output_folder(case.argv)))
         return Outcome(verdict, detail, code, stderr, seconds)
     finally:
         restore_permissions(base)
         if keep is not None:
             shutil.copytree(base, keep, symlinks=True, dirs_exist_ok=True)
         shutil.rmtree(base, ignore_errors=True)
+
+
+def _resolved(root: Path, folder: str | None) -> str | None:
+    """A folder named through a symbolic link is the folder it points to (a user who gives
+    ``-o link/out.onnx`` asks for a file there)."""
+    if folder is None:
+        return None
+    real = os.path.realpath(root / folder)
+    base = os.path.realpath(root)
+    return os.path.relpath(real, base) if real.startswith(base + os.sep) or real == base \
+        else folder
 
 
 def _subprocess(argv: list[str], cwd: Path, out_path: Path, err_path: Path,
