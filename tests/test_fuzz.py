@@ -84,12 +84,25 @@ def test_in_place_may_change_the_input_only_on_success():
 
 
 # -- real runs ---------------------------------------------------------------------------------
-def test_a_run_that_crashes_is_caught(tmp_path):
-    """The runner itself: an input that makes the CLI fail is reported, not missed."""
+def test_a_usage_message_is_not_one_error_line():
     case = Case("output", "usage", ["fold", "in/m.onnx", "--no-such-option"],
                 {"in/m.onnx": b"x"})
     outcome = run(case, timeout=60)
-    assert outcome.exit_code == 2 and outcome.verdict == "not-one-error-line"
+    assert outcome.exit_code == 2 and outcome.verdict == "multi-line-error"
+
+
+def test_a_run_that_crashes_is_caught(monkeypatch):
+    """The runner forks this process: a bug planted here is what the child runs."""
+    import dqtool.inspection
+
+    def broken(path):
+        raise RuntimeError("planted bug")
+
+    monkeypatch.setattr(dqtool.inspection, "inspect", broken)
+    case = Case("structure", "planted", ["inspect", "in/m.onnx"],
+                {"in/m.onnx": (REPO / "models" / "dq13_int8_per_axis.onnx").read_bytes()})
+    outcome = run(case, timeout=60)
+    assert outcome.verdict == "traceback" and "planted bug" in outcome.detail
 
 
 def test_an_output_case_runs_clean_or_is_known():

@@ -50,6 +50,8 @@ class Campaign:
                  timeout: float = 30.0, fork: bool = True,
                  families: tuple[str, ...] = FAMILIES, log=print) -> None:
         self.deadline = time.monotonic() + seconds
+        if seconds >= 600:
+            mutate_structure.CHAIN_LENGTHS[:] = mutate_structure.LONG_CHAIN_LENGTHS
         self.seed = seed_value
         self.rng = random.Random(seed_value)
         self.save_to = save_to
