@@ -56,7 +56,7 @@ def _text(proto: onnx.ModelProto) -> None:
                 values = value if _repeated(field) else [value]
                 if any(not isinstance(v, str) for v in values):
                     raise Invalid(f"{_describe(msg, where)}: field '{field.name}' is not valid "
-                               "UTF-8 text")
+                                  "UTF-8 text")
             elif field.type == FieldDescriptor.TYPE_MESSAGE:
                 label = f"{where}.{field.name}"
                 if _repeated(field):
@@ -81,7 +81,7 @@ def _describe(msg: object, where: str) -> str:
 def _versions(proto: onnx.ModelProto) -> None:
     if proto.ir_version > onnx.IR_VERSION:
         raise Invalid(f"IR version {proto.ir_version} is newer than dqtool knows (up to "
-                   f"{onnx.IR_VERSION})")
+                      f"{onnx.IR_VERSION})")
     for imports, owner in [(proto.opset_import, "the model"),
                            *((f.opset_import, f"function '{f.name}'") for f in proto.functions)]:
         seen: dict[str, int] = {}
@@ -92,10 +92,10 @@ def _versions(proto: onnx.ModelProto) -> None:
                 raise Invalid(f"{owner} imports {label} opset {op.version}; opsets start at 1")
             if not domain and op.version > MAX_OPSET:
                 raise Invalid(f"{owner} imports ai.onnx opset {op.version}, newer than dqtool "
-                           f"knows (up to {MAX_OPSET})")
+                              f"knows (up to {MAX_OPSET})")
             if seen.get(domain, op.version) != op.version:
                 raise Invalid(f"{owner} imports {label} twice, as opsets {seen[domain]} and "
-                           f"{op.version}")
+                              f"{op.version}")
             seen[domain] = op.version
 
 
@@ -182,7 +182,13 @@ def _tensor(t: onnx.TensorProto, where: str,
             raise Invalid(f"{where} is a string tensor with raw data")
         if len(t.raw_data) != need:
             raise Invalid(f"{where} holds {len(t.raw_data)} bytes; its dims {list(t.dims)} "
-                       f"and type {_type_name(t.data_type)} need {need}")
+                          f"and type {_type_name(t.data_type)} need {need}")
+        bits = _bits(t.data_type) or 8
+        used = n * bits % 8  # bits of the last byte that hold data
+        # onnx_ir refuses 6-bit data whose unused last bits are set (when it unpacks it).
+        if bits == 6 and used and t.raw_data[-1] & (0xFF << used) & 0xFF:
+            raise Invalid(f"{where} has nonzero padding bits after its last "
+                          f"{_type_name(t.data_type)} element")
         return
     field, per = _TYPED.get(t.data_type, ("int32_data", 1))
     have = len(getattr(t, field))
@@ -191,7 +197,7 @@ def _tensor(t: onnx.TensorProto, where: str,
     expected = {n * per} if bits >= 8 else {(n * bits + 7) // 8, n}
     if have not in expected:
         raise Invalid(f"{where} holds {have} values in {field}; its dims {list(t.dims)} and "
-                   f"type {_type_name(t.data_type)} need {min(expected)}")
+                      f"type {_type_name(t.data_type)} need {min(expected)}")
 
 
 def _type_name(data_type: int) -> str:
@@ -228,7 +234,7 @@ def _type_proto(tp: onnx.TypeProto, where: str) -> None:
                     ir.DataType(tt.elem_type)
                 except ValueError:
                     raise Invalid(f"{where} has element type {tt.elem_type}, which is not an "
-                               "ONNX type") from None
+                                  "ONNX type") from None
             for d in tt.shape.dim:
                 if d.HasField("dim_value") and d.dim_value < 0:
                     raise Invalid(f"{where} declares a negative dimension {d.dim_value}")
@@ -303,7 +309,7 @@ def _check_nodes(nodes, where: str, given: set[str], outer: frozenset[str],
                 continue
             if o in producer or o in given:
                 raise Invalid(f"{where}: value '{o}' is defined twice (node "
-                           f"'{node.name or node.op_type}' makes it again)")
+                              f"'{node.name or node.op_type}' makes it again)")
             producer[o] = i
     known = given | outer
     # Kahn's algorithm over the nodes: a node is ready once every value it reads is.
@@ -316,7 +322,7 @@ def _check_nodes(nodes, where: str, given: set[str], outer: frozenset[str],
                 deps.add(producer[x])
             elif x not in known:
                 raise Invalid(f"{where}: node '{node.name or node.op_type}' reads '{x}', which "
-                           "no node, input or initializer defines")
+                              "no node, input or initializer defines")
         waiting.append(len(deps))
         for d in deps:
             readers.setdefault(d, []).append(i)
@@ -332,11 +338,11 @@ def _check_nodes(nodes, where: str, given: set[str], outer: frozenset[str],
     if done != len(nodes):
         stuck = next(nodes[i] for i, w in enumerate(waiting) if w > 0)
         raise Invalid(f"{where}: the nodes form a cycle (node '{stuck.name or stuck.op_type}' "
-                   "depends on its own output)")
+                      "depends on its own output)")
     for o in outputs:
         if o not in producer and o not in known:
             raise Invalid(f"{where}: graph output '{o}' is not defined by any node, input or "
-                       "initializer")
+                          "initializer")
     return frozenset(producer) | frozenset(given)
 
 
@@ -364,7 +370,7 @@ def _functions(proto: onnx.ModelProto) -> None:
                 stack.pop()
             elif state[nxt] == 1:
                 raise Invalid(f"function '{nxt[1]}' calls itself (through "
-                           f"{' → '.join(k[1] for k, _ in stack)} → {nxt[1]})")
+                              f"{' → '.join(k[1] for k, _ in stack)} → {nxt[1]})")
             elif state[nxt] == 0:
                 state[nxt] = 1
                 stack.append((nxt, iter(sorted(calls[nxt]))))

@@ -216,3 +216,12 @@ def test_lint_of_an_integer_scale_reports_instead_of_crashing(tmp_path):
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 1 and "Traceback" not in r.stderr
     assert "DQ010" in r.stdout  # uint4 is not a scale type
+
+
+def test_six_bit_data_with_padding_bits_set_is_refused(tmp_path):
+    m = _model()
+    m.graph.initializer.append(helper.make_tensor("f6", 27, [1], b"\xff", raw=True))
+    m.graph.node.append(helper.make_node("Identity", ["f6"], ["f6_out"]))
+    path = _save(tmp_path, m)
+    with pytest.raises(InputError, match="nonzero padding bits"):
+        io.load(path)
