@@ -183,19 +183,6 @@ def test_library_warnings_and_logs_stay_quiet_unless_verbose(tmp_path):
     assert loud.returncode == 0 and "colour" in loud.stderr
 
 
-def test_check_skips_what_it_cannot_hold_and_says_why(tmp_path, monkeypatch):
-    from dqtool.checking import check, selfcheck
-
-    path = _save(tmp_path, _model())
-    monkeypatch.setattr(selfcheck, "MAX_NODE_OUTPUT_BYTES", 16)  # the DQ's output: 32 B
-    report = check(str(path))
-    (node,) = report.nodes
-    assert node.status == "skipped" and "more than check computes for one node" in node.reason
-    monkeypatch.setattr(selfcheck, "MAX_MODEL_DEQUANTIZED_BYTES", 16)
-    report = check(str(path))
-    assert any("was not run whole" in n for n in report.notes)
-
-
 def test_check_refuses_to_generate_a_huge_declared_input(tmp_path):
     m = _model()
     m.graph.input[0].type.tensor_type.shape.dim[1].dim_value = 2**30  # X: float[1, 2^30]

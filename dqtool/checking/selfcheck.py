@@ -26,14 +26,6 @@ from dqtool.graph import Site
 from dqtool.messages import one_line
 from dqtool.spec import QuantSpec
 
-# A DequantizeLinear run alone holds its output twice (kernel and onnxruntime) and its
-# inputs once: past this many output bytes a node is skipped, with the reason, rather than
-# taking several times its size in memory (a 2^31-element int8 weight would hold 16 GiB).
-MAX_NODE_OUTPUT_BYTES = 1 << 30
-# A whole-model run holds every dequantized weight at once: past this many bytes of them
-# the run is skipped (with a note) and each weight DequantizeLinear is checked alone.
-MAX_MODEL_DEQUANTIZED_BYTES = 4 << 30
-
 BIT_EXACT, MISMATCH, KERNEL_ONLY, SKIPPED, ERROR = (
     "bit-exact", "mismatch", "kernel-only", "skipped", "error")
 
@@ -101,13 +93,6 @@ def numeric(proto: onnx.ModelProto, model: ir.Model, sites: list[tuple[Site, Qua
     main = [(s, spec) for s, spec in dqs if s.graph == "main"]
     to_ort, to_ref = _exposable(main)
     ort_values: dict[str, np.ndarray] = {}
-    held = qdq_value_bytes(proto)
-    if held > MAX_MODEL_DEQUANTIZED_BYTES:
-        notes.append(f"the model's dequantized values take about {held / 2**30:.1f} GiB, "
-                     f"more than check holds at once ({MAX_MODEL_DEQUANTIZED_BYTES >> 30} "
-                     "GiB): the model was not run whole; each DequantizeLinear of constants "
-                     "ran alone, the others were skipped")
-        return [_check_node(s, spec, {}, {}, model.ir_version) for s, spec in dqs]
     ort_model, note = for_ort(with_outputs(proto, to_ort))
     if note:
         notes.append(note)
@@ -168,13 +153,6 @@ def _check_node(site: Site, spec: QuantSpec, ort_values: dict[str, np.ndarray],
     if single_node.has_reference_attributes(node):
         return NodeCheck(**base, status=SKIPPED,
                          reason="attributes refer to the calling node's; cannot run alone")
-    n = graph.num_elements(graph.shape_of(graph.input_value(node, 0)))
-    out_type = types.TYPES.get(spec.float_type or "")
-    out_bytes = None if n is None else n * (out_type.bits if out_type else 32) // 8
-    if out_bytes is not None and out_bytes > MAX_NODE_OUTPUT_BYTES:
-        return NodeCheck(**base, status=SKIPPED,
-                         reason=f"its output is {out_bytes / 2**30:.1f} GiB, more than check "
-                         f"computes for one node ({MAX_NODE_OUTPUT_BYTES >> 30} GiB)")
     inputs: list[np.ndarray | None] = []
     from_ort = True  # every input as onnxruntime computed it in the whole-model run
     for v in node.inputs:
