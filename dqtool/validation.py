@@ -82,19 +82,20 @@ def _versions(proto: onnx.ModelProto) -> None:
     if proto.ir_version > onnx.IR_VERSION:
         raise Invalid(f"IR version {proto.ir_version} is newer than dqtool knows (up to "
                       f"{onnx.IR_VERSION})")
-    for imports, owner in [(proto.opset_import, "the model"),
-                           *((f.opset_import, f"function '{f.name}'") for f in proto.functions)]:
+    for imports, owner in [(proto.opset_import, ""),
+                           *((f.opset_import, f"function {f.name} ") for f in proto.functions)]:
         seen: dict[str, int] = {}
         for op in imports:
             domain = "" if op.domain == "ai.onnx" else op.domain
             label = op.domain or "ai.onnx"
             if op.version <= 0:
-                raise Invalid(f"{owner} imports {label} opset {op.version}; opsets start at 1")
+                raise Invalid(f"{owner}declares {label} opset {op.version}, which does not "
+                              "exist (opsets start at 1)")
             if not domain and op.version > MAX_OPSET:
-                raise Invalid(f"{owner} imports ai.onnx opset {op.version}, newer than dqtool "
+                raise Invalid(f"{owner}imports ai.onnx opset {op.version}, newer than dqtool "
                               f"knows (up to {MAX_OPSET})")
             if seen.get(domain, op.version) != op.version:
-                raise Invalid(f"{owner} imports {label} twice, as opsets {seen[domain]} and "
+                raise Invalid(f"{owner}imports {label} twice, as opsets {seen[domain]} and "
                               f"{op.version}")
             seen[domain] = op.version
 
@@ -180,9 +181,13 @@ def _tensor(t: onnx.TensorProto, where: str,
     if t.HasField("raw_data"):
         if need is None:
             raise Invalid(f"{where} is a string tensor with raw data")
-        if len(t.raw_data) != need:
-            raise Invalid(f"{where} holds {len(t.raw_data)} bytes; its dims {list(t.dims)} "
+        left = in_file.get(t.raw_data) if len(t.raw_data) < 64 else None
+        have = left[1] if left is not None else len(t.raw_data)
+        if have != need:
+            raise Invalid(f"{where} holds {have} bytes; its dims {list(t.dims)} "
                           f"and type {_type_name(t.data_type)} need {need}")
+        if left is not None:
+            return  # the bytes are in the file, not here: their length is what counts
         bits = _bits(t.data_type) or 8
         used = n * bits % 8  # bits of the last byte that hold data
         # onnx_ir refuses 6-bit data whose unused last bits are set (when it unpacks it).

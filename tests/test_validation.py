@@ -93,10 +93,10 @@ def _broken(kind: str) -> tuple[onnx.ModelProto, bool, str]:
         return m, False, "cycle"
     if kind == "opset-zero":
         m.opset_import[0].version = 0
-        return m, False, "opset 0; opsets start at 1"
+        return m, False, "declares ai.onnx opset 0, which does not exist"
     if kind == "opset-negative":
         m.opset_import[0].version = -3
-        return m, False, "opset -3"
+        return m, False, "declares ai.onnx opset -3"
     if kind == "ir-too-new":
         m.ir_version = 1000
         return m, False, "IR version 1000 is newer"
