@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 from tools.fuzz.campaign import FAMILIES, Campaign
+from tools.fuzz.known import KNOWN, SEEN
 from tools.fuzz.run import preload
 
 REPO = Path(__file__).resolve().parents[2]
@@ -35,6 +36,8 @@ def main(argv: list[str] | None = None) -> int:
           f"verdicts: {dict(sorted(r.by_verdict.items()))}")
     for what, n in sorted(r.known.items()):
         print(f"  known ({n}×): {what}")
+    for entry in sorted(set(KNOWN) - SEEN):
+        print(f"  known entry not seen in this campaign (does it pass now?): {entry}")
     for case, outcome in r.findings:
         print(f"  FINDING {outcome.verdict}: {case.label}: {outcome.detail}")
     for folder in r.saved:

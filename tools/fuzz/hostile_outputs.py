@@ -38,8 +38,8 @@ TARGETS: dict[str, tuple[str, list]] = {
     "output-is-input-data": ("in/model.onnx.data", []),
     "empty-name": ("", []),
     "dot": (".", []),
-    "nul-in-name": ("out/a\x00b.onnx", []),
 }
+# (No NUL in an output name: execve cannot pass one in argv, so no user can type it.)
 VERBS = [["fold"], ["fold", "--external-data"], ["upgrade", "--opset", "21"],
          ["downgrade", "--opset", "13"]]
 
