@@ -33,6 +33,7 @@ def validate(path: Path, proto: onnx.ModelProto,
         _versions(proto)
         for t, where in _tensors(proto):
             _tensor(t, where, in_file or {})
+        _attributes(proto)
         _value_types(proto)
         _graphs(proto)
         _functions(proto)
@@ -210,6 +211,24 @@ def _type_name(data_type: int) -> str:
         return onnx.TensorProto.DataType.Name(data_type).lower()
     except ValueError:
         return str(data_type)
+
+
+_ATTRIBUTE_TYPES = frozenset(onnx.AttributeProto.AttributeType.values()) - {
+    onnx.AttributeProto.UNDEFINED}
+
+
+def _attributes(proto: onnx.ModelProto) -> None:
+    """Every attribute says which kind of value it holds (onnx_ir cannot write one that
+    does not: a byte flip in ``type`` would fail the save, not the load)."""
+    nodes = [*proto.graph.node, *(n for f in proto.functions for n in f.node)]
+    while nodes:
+        node = nodes.pop()
+        for a in node.attribute:
+            if a.type not in _ATTRIBUTE_TYPES:
+                raise Invalid(f"node '{node.name or node.op_type}': attribute '{a.name}' has "
+                              f"type {a.type}, not an ONNX attribute type")
+            for g in [a.g] if a.HasField("g") else a.graphs:
+                nodes.extend(g.node)
 
 
 def _value_types(proto: onnx.ModelProto) -> None:

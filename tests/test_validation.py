@@ -100,6 +100,9 @@ def _broken(kind: str) -> tuple[onnx.ModelProto, bool, str]:
     if kind == "ir-too-new":
         m.ir_version = 1000
         return m, False, "IR version 1000 is newer"
+    if kind == "attribute-type":
+        g.node[0].attribute[0].type = 0
+        return m, False, "attribute 'axis' has type 0"
     if kind == "recursive-function":
         m.functions.append(helper.make_function(
             "fz", "F", ["a"], ["b"], [helper.make_node("G", ["a"], ["b"], domain="fz")],
@@ -116,7 +119,7 @@ def _broken(kind: str) -> tuple[onnx.ModelProto, bool, str]:
 KINDS = ["utf8-node-name", "utf8-value", "raw-short", "raw-odd-scale", "dims-huge",
          "dims-negative", "undefined-type", "unknown-type", "typed-count", "input-type",
          "dangling", "defined-twice", "output-twice", "cycle-listed-first", "dq-reads-itself",
-         "opset-zero", "opset-negative", "ir-too-new", "recursive-function"]
+         "opset-zero", "opset-negative", "ir-too-new", "recursive-function", "attribute-type"]
 
 
 @pytest.mark.parametrize("kind", KINDS)
