@@ -17,8 +17,13 @@ UV     := uv==0.13.9
 ORT    ?= 1.31.1
 # Hypothesis and size tests run small by default; `make test DQTOOL_SLOW=1` runs them bigger.
 export DQTOOL_SLOW ?=
+# `make fuzz` (docs/safety.md): a campaign of this many seconds from this seed; failing
+# inputs are saved to tests/fuzz_regressions/. `make test` runs a 30 s one
+# (DQTOOL_FUZZ_SECONDS, DQTOOL_FUZZ_SEED).
+FUZZ_SECONDS ?= 300
+FUZZ_SEED ?= 0
 
-.PHONY: run test lint models docs bench bench-quick clean lock test-latest test-ort
+.PHONY: run test lint models docs bench bench-quick fuzz clean lock test-latest test-ort
 
 # $(1): the virtualenv folder. Installs the lock (hash-checked), then dqtool itself, built
 # with the locked hatchling (no build isolation: nothing unpinned is fetched).
@@ -83,6 +88,9 @@ bench: $(STAMP)
 bench-quick: $(STAMP)
 	@$(BIN)/python -m compileall -q dqtool
 	@for b in bench/bench_*.py; do echo "== $$b"; DQTOOL_BENCH_QUICK=1 $(BIN)/python $$b || exit 1; done
+
+fuzz: $(STAMP)
+	$(BIN)/python -m tools.fuzz --seconds $(FUZZ_SECONDS) --seed $(FUZZ_SEED)
 
 clean:
 	rm -rf $(OUT) .pytest_cache .ruff_cache .hypothesis

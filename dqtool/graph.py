@@ -5,6 +5,7 @@ Nothing here reads tensor data unless asked for a value (``constant_array``).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -135,18 +136,45 @@ def constant_array(value: ir.Value | None) -> np.ndarray | None:
     return None if tensor is None else tensor.numpy()
 
 
+# How far back through QuantizeLinear/DequantizeLinear (and data movement, for types) a
+# type or shape is looked for: real models pair them (two steps); a longer walk per node
+# would make a deep chain quadratic.
+SHAPE_HOPS = 16
+
+
 def elem_type(value: ir.Value | None) -> str | None:
     """The ONNX name of a value's element type, from its declaration or its constant."""
-    if value is None:
-        return None
-    dtype = value.dtype
-    if dtype is None:
-        tensor = constant_tensor(value)
-        dtype = tensor.dtype if tensor is not None else None
-    if dtype is None:
+    # A bounded loop, not recursion: a QuantizeLinear's type is its zero point's, which
+    # another QuantizeLinear may make, and so on as deep as the graph; a Gather's is its
+    # table's.
+    for _ in range(SHAPE_HOPS):
+        if value is None:
+            return None
+        dtype = value.dtype
+        if dtype is None:
+            tensor = constant_tensor(value)
+            dtype = tensor.dtype if tensor is not None else None
+        if dtype is not None:
+            return types.name_of(dtype)
         bound = value.meta.get(CALL_SITE)
-        return bound[0] if bound else (_quantize_output_type(value) or _moved_type(value))
-    return types.name_of(dtype)
+        if bound:
+            return bound[0]
+        producer = value.producer()
+        if producer is None:
+            return None
+        if producer.op_type == "QuantizeLinear" and value.index() == 0:
+            # For models without value_info (quantizers rarely write it): the zero point's
+            # type, else output_dtype, else uint8.
+            zp = input_value(producer, 2)
+            if zp is None:
+                return _output_dtype(producer)
+            value = zp
+        elif (producer.op_type in _TYPE_KEEPING and producer.domain in DEFAULT_DOMAINS
+              and producer.inputs):
+            value = producer.inputs[0]
+        else:
+            return None
+    return None
 
 
 # Operators whose first output has their first input's element type (data movement only):
@@ -156,24 +184,8 @@ _TYPE_KEEPING = frozenset({"Gather", "GatherElements", "GatherND", "Reshape", "T
                            "Tile", "Concat", "Split", "Pad"})
 
 
-def _moved_type(value: ir.Value) -> str | None:
-    producer = value.producer()
-    if producer is None or producer.op_type not in _TYPE_KEEPING or \
-            producer.domain not in DEFAULT_DOMAINS or not producer.inputs:
-        return None
-    return elem_type(producer.inputs[0])
-
-
-def _quantize_output_type(value: ir.Value) -> str | None:
-    """The type a QuantizeLinear produces, for models without value_info (quantizers
-    rarely write it): the zero point's type, else output_dtype, else uint8."""
-    producer = value.producer()
-    if producer is None or producer.op_type != "QuantizeLinear" or value.index() != 0:
-        return None
-    zp = input_value(producer, 2)
-    if zp is not None:
-        return elem_type(zp)
-    attr = producer.attributes.get("output_dtype")
+def _output_dtype(quantize: ir.Node) -> str | None:
+    attr = quantize.attributes.get("output_dtype")
     if attr is not None and not attr.is_ref() and attr.type == ir.AttributeType.INT and attr.value:
         t = types.from_onnx_int(attr.value)
         return t.name if t else None
@@ -181,19 +193,24 @@ def _quantize_output_type(value: ir.Value) -> str | None:
 
 
 def shape_of(value: ir.Value | None) -> tuple[int | str | None, ...] | None:
-    if value is None:
-        return None
-    shape = value.shape
-    if shape is None:
-        tensor = constant_tensor(value)
-        shape = tensor.shape if tensor is not None else None
-    if shape is None and value.meta.get(CALL_SITE):
-        return value.meta[CALL_SITE][1]
-    if shape is None:
+    # A bounded loop over the Q/DQ chain, not recursion: its depth is the graph's.
+    shape = None
+    for _ in range(SHAPE_HOPS):
+        if value is None:
+            return None
+        shape = value.shape
+        if shape is None:
+            tensor = constant_tensor(value)
+            shape = tensor.shape if tensor is not None else None
+        if shape is None and value.meta.get(CALL_SITE):
+            return value.meta[CALL_SITE][1]
+        if shape is not None:
+            break
         producer = value.producer()
         # Q/DQ keep their input's shape.
-        if producer is not None and producer.op_type in ("QuantizeLinear", "DequantizeLinear"):
-            return shape_of(input_value(producer, 0))
+        if producer is None or producer.op_type not in ("QuantizeLinear", "DequantizeLinear"):
+            return None
+        value = input_value(producer, 0)
     if shape is None:
         return None
     dims: list[int | str | None] = []
@@ -208,7 +225,7 @@ def shape_of(value: ir.Value | None) -> tuple[int | str | None, ...] | None:
 def num_elements(shape: tuple[int | str | None, ...] | None) -> int | None:
     if shape is None or not all(isinstance(d, int) for d in shape):
         return None
-    return int(np.prod(shape, dtype=np.int64)) if shape else 1
+    return math.prod(shape)  # Python integers: a hostile 2^40 x 2^40 does not wrap
 
 
 def stored_bytes(type_name: str | None, shape: tuple[int | str | None, ...] | None) -> int | None:

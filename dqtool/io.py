@@ -17,7 +17,7 @@ import onnx_ir as ir
 from google.protobuf.message import DecodeError
 from onnx import external_data_helper
 
-from dqtool import commit, early_copy, external_data, inline_load, inline_save, types
+from dqtool import commit, early_copy, external_data, inline_load, inline_save, types, validation
 from dqtool.errors import DqtoolError, InputError, OutputError, UsageError
 
 MAX_ONNX_OPSET = onnx.defs.onnx_opset_version()
@@ -47,14 +47,15 @@ def _iter_tensor_protos(model: onnx.ModelProto) -> Iterator[onnx.TensorProto]:
         yield from from_nodes(fn.node)
 
 
-def _expected_bytes(t: onnx.TensorProto) -> int | None:
-    et = types.from_onnx_int(t.data_type)
-    if et is None:
+def _number(info: dict[str, str], key: str, path: Path, name: str) -> int | None:
+    """An external-data ``offset`` or ``length``: absent, or a non-negative decimal integer."""
+    text = info.get(key)
+    if text is None or text == "":
         return None
-    n = 1
-    for d in t.dims:
-        n *= d
-    return (n * et.bits + 7) // 8
+    if not text.isascii() or not text.isdigit():
+        raise InputError(f"{path}: tensor '{name}' has external-data {key} '{text}', which is "
+                         "not a non-negative integer")
+    return int(text)
 
 
 SOURCES = "dqtool.sources"  # model.meta key: the files a loaded model reads
@@ -72,6 +73,21 @@ def _check_external(path: Path, model: onnx.ModelProto) -> set[Path]:
         name = t.name or "<unnamed>"
         if not loc:
             raise InputError(f"{path}: tensor '{name}' is external but names no location")
+        if "\0" in loc:
+            raise InputError(f"{path}: tensor '{name}' has an external-data location with a "
+                             "NUL character")
+        if loc.endswith(("/", "\\")) or loc in (".", ".."):
+            raise InputError(f"{path}: tensor '{name}' has external-data location '{loc}', "
+                             "which names a folder, not a file")
+        offset = _number(info, "offset", path, name) or 0
+        length = _number(info, "length", path, name)
+        try:
+            expected = validation.expected_bytes(t)
+        except validation.Invalid as e:
+            raise InputError(f"{path}: tensor '{name}' {e}") from None
+        if length is not None and expected is not None and length != expected:
+            raise InputError(f"{path}: tensor '{name}' has external-data length {length}; "
+                             f"its dims {list(t.dims)} and type need {expected} bytes")
         if os.path.isabs(loc) or Path(loc).drive:
             raise InputError(f"{path}: tensor '{name}' has an absolute external-data location "
                              f"'{loc}'; only paths inside the model's folder are read")
@@ -92,9 +108,7 @@ def _check_external(path: Path, model: onnx.ModelProto) -> set[Path]:
                              "hard links; hard-linked data is refused (a hard link can "
                              "bring in any file); copy it instead")
         size = target.stat().st_size
-        offset = int(info.get("offset", 0) or 0)
-        length = info.get("length")
-        need = int(length) if length else _expected_bytes(t)
+        need = length if length is not None else expected
         if need is not None and offset + need > size:
             raise InputError(f"{path}: external data '{loc}' is truncated: tensor '{name}' "
                              f"needs bytes {offset}..{offset + need}, the file has {size}")
@@ -132,10 +146,7 @@ def _read_proto(path: str | os.PathLike, holes: inline_load.Holes | None = None,
     if proto.ir_version <= 0 or not proto.HasField("graph") or not proto.opset_import:
         raise InputError(f"{p}: not an ONNX model (no IR version, graph or opset import; "
                          "truncated or another kind of file)")
-    for op in proto.opset_import:
-        if op.domain in ("", "ai.onnx") and op.version > MAX_ONNX_OPSET:
-            raise InputError(f"{p}: ai.onnx opset {op.version} is newer than dqtool knows "
-                             f"(up to {MAX_ONNX_OPSET})")
+    validation.validate(p, proto, holes)
     return proto, _check_external(p, proto)
 
 
@@ -148,9 +159,7 @@ def inline_external(proto: onnx.ModelProto, base: Path, *,
 
     def tensor(t: onnx.TensorProto) -> None:
         if external_data_helper.uses_external_data(t):
-            external_data_helper.load_external_data_for_tensor(t, str(base))
-            t.data_location = onnx.TensorProto.DEFAULT
-            del t.external_data[:]
+            read_external(t, base)
 
     def nodes(node_list: Iterable[onnx.NodeProto]) -> None:
         for node in node_list:
@@ -171,6 +180,30 @@ def inline_external(proto: onnx.ModelProto, base: Path, *,
     nodes(proto.graph.node)
     for fn in proto.functions:
         nodes(fn.node)
+
+
+def read_external(t: onnx.TensorProto, base: Path) -> None:
+    """Read an external tensor's bytes into the protobuf, as onnx_ir reads them (a symbolic
+    link inside the model's folder is followed; onnx's own loader refuses it, so the
+    commands would disagree). The reference was checked when the model was read
+    (``_check_external``): offset and length are integers, the length is the tensor's."""
+    info = {e.key: e.value for e in t.external_data}
+    offset = int(info.get("offset") or 0)
+    length = info.get("length")
+    need = int(length) if length else validation.expected_bytes(t)
+    with open(base / info["location"], "rb") as f:
+        f.seek(offset)
+        data = f.read() if need is None else f.read(need)
+    t.raw_data = data
+    t.data_location = onnx.TensorProto.DEFAULT
+    del t.external_data[:]
+
+
+def read_all_external(proto: onnx.ModelProto, base: Path) -> None:
+    """Read every external tensor of the model into the protobuf (see ``read_external``)."""
+    for t in _iter_tensor_protos(proto):
+        if external_data_helper.uses_external_data(t):
+            read_external(t, base)
 
 
 def load(path: str | os.PathLike) -> ir.Model:

@@ -354,7 +354,7 @@ def test_wrong_direction_names_the_file(tmp_path):
     src = save(LAYERNORM.format(opset=13), tmp_path / "ln.onnx")
     r = CliRunner().invoke(cli, ["downgrade", str(src), "--opset", "19"], env=ENV)
     assert r.exit_code == 2
-    assert str(src) in r.stderr and "is at ai.onnx opset 13" in r.stderr
+    assert str(src) in r.stderr and "is at ai.onnx opset 13" in r.stderr and f"{src}: " in r.stderr
 
 
 @pytest.mark.parametrize(("target", "needle"), [

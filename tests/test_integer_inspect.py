@@ -12,7 +12,7 @@ from dqtool.cli import cli
 
 QOP = """<ir_version: 8, opset_import: ["" : 13, "com.microsoft" : 1]>
 g (uint8[1,3,8,8] x) => (uint8[1,4,8,8] y, uint8[1,4,1,1] p) <
-    float xs = {0.02}, uint8 xz = {128}, int8[4,3,3,3] w = {1},
+    float xs = {0.02}, uint8 xz = {128}, int8[4,3,3,3] w = {W},
     float[4] ws = {0.01, 0.02, 0.03, 0.04}, int8[4] wz = {0, 0, 0, 0}, float ys = {0.1},
     uint8 yz = {120}, int32[4] b = {1, 2, 3, 4},
     float ps = {0.05}, uint8 pz = {128}>
@@ -20,7 +20,7 @@ g (uint8[1,3,8,8] x) => (uint8[1,4,8,8] y, uint8[1,4,1,1] p) <
     y = QLinearConv <kernel_shape = [3, 3], pads = [1, 1, 1, 1]> (x, xs, xz, w, ws, wz, ys, yz, b)
     p = com.microsoft.QLinearGlobalAveragePool <channels_last = 0> (y, ys, yz, ps, pz)
 }
-"""
+""".replace("{W}", "{" + ", ".join(["1"] * 108) + "}")  # a tensor holds all its values
 
 DYNAMIC = """<ir_version: 8, opset_import: ["" : 13]>
 g (float[2,4] x) => (float[2,3] y) <

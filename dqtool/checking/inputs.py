@@ -21,8 +21,11 @@ from dqtool import types
 from dqtool.errors import InputError, UsageError
 
 DEFAULT_DIM = 1
-# 4 GiB of float32: beyond this a --shape is far more likely a typo than a real request.
-MAX_GENERATED_ELEMENTS = 1 << 30
+# What ``check`` generates at most, over all inputs: 256 MiB of input data (e.g. 64 Mi
+# float32). The values are drawn in their own type, so this is also what they cost; a
+# model declaring more (an int8[2^30] input in a 200-byte file) is refused with the
+# reason, not allocated. Bigger feeds can be given with --inputs.
+MAX_GENERATED_BYTES = 256 << 20
 
 
 @dataclass(frozen=True)
@@ -145,11 +148,15 @@ def resolve_shape(spec: InputSpec, shapes: Mapping[str, tuple[int, ...]],
 def random_array(type_name: str, shape: tuple[int, ...], rng: np.random.Generator) -> np.ndarray:
     et = types.by_name(type_name)
     if type_name == "bool":
-        return rng.integers(0, 2, shape).astype(np.bool_)
+        return rng.integers(0, 2, shape, dtype=np.bool_)
     if et.is_integer:
         lo, hi = max(int(et.min), -8), min(int(et.max), 8)
-        return rng.integers(lo, hi + 1, shape).astype(et.dtype)
-    return rng.standard_normal(shape).astype(np.float32).astype(et.dtype)
+        if et.dtype.kind in "iu":  # drawn in the type itself: no int64 array 8x the size
+            return rng.integers(lo, hi + 1, shape, dtype=et.dtype)
+        return rng.integers(lo, hi + 1, shape, dtype=np.int8).astype(et.dtype)
+    if et.dtype == np.float64:
+        return rng.standard_normal(shape)
+    return rng.standard_normal(shape, dtype=np.float32).astype(et.dtype, copy=False)
 
 
 def generate(model: onnx.ModelProto, *, seed: int = 0,
@@ -176,16 +183,21 @@ def generate(model: onnx.ModelProto, *, seed: int = 0,
     rng = np.random.default_rng(seed)
     feeds: dict[str, np.ndarray] = {}
     defaulted: list[str] = []
+    generated = 0
     for spec in specs:
         # Draw for every input, even a given one, so a given input does not shift the
         # values the others get for a seed.
         shape = given[spec.name].shape if spec.name in given else resolve_shape(
             spec, shapes, defaulted)
         n = int(np.prod(shape, dtype=object))
-        if n > MAX_GENERATED_ELEMENTS:
-            raise UsageError(f"input {spec.name}: shape {tuple(shape)} is {n} elements, more "
-                             f"than dqtool check generates ({MAX_GENERATED_ELEMENTS}); give "
-                             "smaller sizes with --shape")
+        if spec.name not in given:
+            et = types.TYPES.get(spec.type_name)
+            generated += n * (et.bits if et is not None else 64) // 8
+            if generated > MAX_GENERATED_BYTES:
+                raise InputError(  # the caller names the model
+                    f"input {spec.name}: shape {tuple(shape)} ({n} elements) takes the inputs "
+                    f"dqtool check generates past {MAX_GENERATED_BYTES >> 20} MiB; give "
+                    "smaller sizes with --shape, or the arrays with --inputs")
         try:
             arr = random_array(spec.type_name, shape, rng)
         except MemoryError:

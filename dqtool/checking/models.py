@@ -81,7 +81,7 @@ def load(model: ModelLike, in_files: bool = False) -> Loaded:
         proto = ir.to_proto(model)
         base = _external_base(model)
         if base is not None:
-            external_data_helper.load_external_data_for_model(proto, str(base))
+            io.read_all_external(proto, base)
         return Loaded("<memory>", proto)
     path = Path(model)
     in_file = _in_file(path)
@@ -94,7 +94,7 @@ def load(model: ModelLike, in_files: bool = False) -> Loaded:
         # Only main-graph initializers stay in files: the runtimes resolve no others.
         io.inline_external(proto, path.parent, subgraph_initializers=True)
         return Loaded(str(model), proto, path.parent, path, size)
-    external_data_helper.load_external_data_for_model(proto, str(path.parent))
+    io.read_all_external(proto, path.parent)
     return Loaded(str(model), proto, path=path)
 
 

@@ -17,7 +17,7 @@ defer_sympy()  # before anything imports onnx_ir: saves ~0.4 s of every command'
 
 import click  # noqa: E402
 
-from dqtool.cli.app import App  # noqa: E402
+from dqtool.cli.app import App, quiet_libraries  # noqa: E402
 
 # command -> (module, attribute, one-line help shown in `dqtool --help`)
 COMMANDS: dict[str, tuple[str, str, str]] = {
@@ -93,6 +93,7 @@ def cli(ctx: click.Context, verbose: int) -> None:
     Exit codes: 0 success; 1 findings (check mismatch, lint errors, conversion refused);
     2 usage error or unreadable input.
     """
+    quiet_libraries(verbose)
     ctx.obj = App(verbose=verbose)
 
 

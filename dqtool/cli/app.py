@@ -55,6 +55,20 @@ class App:
         sys.stdout.write(json.dumps(doc, indent=2, default=_json_default) + "\n")
 
 
+def quiet_libraries(verbose: int) -> None:
+    """Third-party loggers (onnx_ir's "cannot be found in any scope…", one line per value)
+    and Python warnings print nothing unless ``-v``: a bad input is one line, dqtool's."""
+    import logging
+
+    logging.captureWarnings(True)  # warnings become log records of "py.warnings"
+    root = logging.getLogger()
+    if verbose:
+        logging.basicConfig(level=logging.DEBUG if verbose > 1 else logging.INFO,
+                            format="%(name)s: %(levelname)s: %(message)s")
+    elif not root.handlers:  # a handler on the root: logging's last resort stays silent
+        root.addHandler(logging.NullHandler())
+
+
 def _no_color() -> bool:
     return bool(os.environ.get("NO_COLOR"))
 

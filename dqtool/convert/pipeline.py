@@ -98,10 +98,10 @@ def _check_request(source: str, src: int | None, opset: int, direction: str) -> 
         raise InputError(f"{source}: declares ai.onnx opset {src}, which does not exist "
                          "(opsets start at 1)")
     if direction == "upgrade" and opset < src:
-        raise UsageError(f"{source} is at ai.onnx opset {src}; upgrade goes up (use "
+        raise UsageError(f"{source}: is at ai.onnx opset {src}; upgrade goes up (use "
                          f"downgrade --opset {opset})")
     if direction == "downgrade" and opset > src:
-        raise UsageError(f"{source} is at ai.onnx opset {src}; downgrade goes down (use "
+        raise UsageError(f"{source}: is at ai.onnx opset {src}; downgrade goes down (use "
                          f"upgrade --opset {opset})")
 
 

@@ -38,7 +38,10 @@ def _scale_findings(ctx: ModelContext, q: QuantSite) -> Iterator[Finding]:
         ("infinite", np.isinf(s), "error"), ("negative", s < 0, "warning"),
     ]
     name = types.name_of(value.dtype) if value is not None and value.dtype else None
-    if arr.dtype != np.dtype(ml_dtypes.float8_e8m0fnu) and arr.dtype.kind in "fV":
+    # Only float scales have subnormals; ml_dtypes' int4/uint4 are kind "V" like its floats.
+    elem = types.TYPES.get(name or "")
+    if (arr.dtype != np.dtype(ml_dtypes.float8_e8m0fnu) and arr.dtype.kind in "fV"
+            and elem is not None and not elem.is_integer):
         tiny = float(ml_dtypes.finfo(arr.dtype).smallest_normal)
         kinds.append(("subnormal", (s != 0) & (np.abs(s) < tiny), "warning"))
     for kind, mask, severity in kinds:
