@@ -20,6 +20,8 @@ import onnx
 import onnx_ir as ir
 from onnx_ir import _core
 
+from dqtool.inline_save import _varint as _encode_varint
+
 # Files smaller than this are parsed whole (nothing worth saving).
 MIN_FILE_BYTES = 1 << 20
 # Raw data of at least this many bytes stays in the file.
@@ -45,15 +47,6 @@ def _varint(buf, pos: int, end: int) -> tuple[int, int]:
         if b < 0x80:
             return result, pos
         shift += 7
-
-
-def _encode_varint(n: int) -> bytes:
-    out = bytearray()
-    while n > 0x7F:
-        out.append((n & 0x7F) | 0x80)
-        n >>= 7
-    out.append(n)
-    return bytes(out)
 
 
 def _fields(buf, start: int, end: int):

@@ -10,6 +10,7 @@ import numpy as np
 import onnx_ir as ir
 
 from dqtool import graph
+from dqtool.convert.report import NodeRefusal as Refusal  # one refusal record for every rewrite
 
 
 @dataclass(frozen=True)
@@ -21,17 +22,6 @@ class Change:
 
     def to_json(self) -> dict[str, Any]:
         return {"node": self.node, "graph": self.graph, "op": self.op, "into": self.into}
-
-
-@dataclass(frozen=True)
-class Refusal:
-    node: str
-    graph: str
-    op: str
-    reason: str
-
-    def to_json(self) -> dict[str, Any]:
-        return {"node": self.node, "graph": self.graph, "op": self.op, "reason": self.reason}
 
 
 @dataclass
