@@ -72,3 +72,11 @@ def test_lint_json_flag_is_format_json():
     assert json.loads(a.output)["findings"] == json.loads(b.output)["findings"]
     c = run(cli, ["lint", bad, "--json", "--format", "sarif"])
     assert c.exit_code == 2 and "two formats" in c.output
+
+
+def test_all_rules_survives_the_rule_modules_being_imported():
+    from dqtool import linting
+
+    first = linting.all_rules()
+    assert "DQ100" in first and "DQ030" in first
+    assert linting.all_rules() == first  # the rules subpackage is imported by now

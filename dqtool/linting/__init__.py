@@ -25,8 +25,9 @@ def _codes(value: str | Iterable[str] | None) -> tuple[str, ...] | None:
     return tuple(c.strip().upper() for c in items if c.strip())
 
 
-def rules() -> dict[str, Rule]:
-    """Every rule lint knows, by code."""
+def all_rules() -> dict[str, Rule]:
+    """Every rule lint knows, by code. (Not ``rules``: importing the ``rules`` subpackage
+    sets that attribute of this package to the subpackage.)"""
     return dict(sorted(registry.load().items()))
 
 
@@ -109,4 +110,4 @@ def _config_target(cfg: LintConfig, where: str) -> targets.Profile | None:
         raise UsageError(f"{where}target: {e}") from None
 
 
-__all__ = ["LintReport", "lint", "rules"]
+__all__ = ["LintReport", "all_rules", "lint"]
