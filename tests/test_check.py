@@ -391,3 +391,13 @@ def test_dequantized_bytes_count_initializer_and_constant_weights():
                       "dq21_constant_nodes.onnx")
     # W1 from a Constant (8 x 6), W2 from an initializer (6 x 4): 4 bytes per element
     assert check_models.qdq_value_bytes(model) == 4 * (8 * 6 + 6 * 4)
+
+
+def test_check_alone_of_a_model_without_nodes_to_compare_prints_no_empty_table(tmp_path):
+    src = tmp_path / "float.onnx"
+    onnx.save(onnx.parser.parse_model("""<ir_version: 8, opset_import: ["" : 13]>
+g (float[2] x) => (float[2] y) { y = Relu (x) }"""), src)
+    r = CliRunner().invoke(cli, ["check", str(src)], env={**ENV, "COLUMNS": "200"})
+    assert r.exit_code == 0, r.output
+    assert "nothing to compare" in r.output
+    assert "┃ node" not in r.output and "status" not in r.output

@@ -541,3 +541,22 @@ def test_a_function_constant_taking_its_tensor_from_the_caller(tmp_path):
     assert report.to_ir_version == 11
     r = CliRunner().invoke(cli, ["fold", str(src), "-o", str(tmp_path / "f.onnx")], env=ENV)
     assert r.exit_code == 0, r.output
+
+
+def test_downgrade_warns_when_an_untyped_value_meets_a_narrower_type_constraint(tmp_path):
+    # MaxPool takes uint8 only from version 12. With q's type not recorded, the step to 10
+    # cannot be verified: the report must say so instead of passing in silence (the model
+    # written is invalid: onnxruntime refuses it).
+    src = save(onnx.parser.parse_model("""
+<ir_version: 8, opset_import: ["" : 13, "com.microsoft" : 1]>
+g (uint8[1,1,4,4] a, uint8[1,1,4,4] b) => (float[1,1,2,2] y) <float s = {0.1}, uint8 z = {128}>
+{
+    q = com.microsoft.QLinearAdd (a, s, z, b, s, z, s, z)
+    p = MaxPool <kernel_shape = [2, 2], strides = [2, 2]> (q)
+    y = DequantizeLinear (p, s, z)
+}"""), tmp_path / "m.onnx")
+    report = dqtool.downgrade(src, 10, tmp_path / "out.onnx")
+    assert any("'q'" in w and "MaxPool" in w for w in report.warnings), report.warnings
+    r = CliRunner().invoke(cli, ["downgrade", str(src), "--opset", "10", "-o",
+                                 str(tmp_path / "cli.onnx")])
+    assert "MaxPool" in r.output and "'q'" in r.output, r.output

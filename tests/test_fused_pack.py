@@ -160,3 +160,15 @@ def test_cli_pack(tmp_path):
     assert {a.name: a.i for a in node.attribute}["accuracy_level"] == 4
     r = runner.invoke(cli, ["pack", str(tmp_path / "missing.onnx")])
     assert r.exit_code == 2 and r.output.count("\n") == 1
+
+
+def test_cli_pack_onto_its_input_names_an_option_pack_has(tmp_path):
+    # pack has no --in-place: its refusal must not tell the user to pass one.
+    rng = np.random.default_rng(6)
+    src = tmp_path / "m.onnx"
+    onnx.save(nbits_model(64, 5, 4, 32, nbits_inputs(rng, 64, 5, 4, 32)), src)
+    before = src.read_bytes()
+    r = CliRunner().invoke(cli, ["pack", str(src), "-o", str(src)])
+    assert r.exit_code == 2 and r.output.count("\n") == 1, r.output
+    assert "--in-place" not in r.output and "output is the input" in r.output
+    assert src.read_bytes() == before

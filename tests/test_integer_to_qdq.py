@@ -177,3 +177,21 @@ def test_broken_nodes_are_refused_with_what_is_wrong(text, reason):
         api.to_qdq(ir.from_onnx_text(text))
     (refusal,) = e.value.report.refusals
     assert refusal.reason.startswith("DQ018: ") and reason in refusal.reason
+
+
+def test_check_that_compared_nothing_does_not_claim_an_output_moved(tmp_path):
+    # Neither runtime can run this model (axis 2 of a rank-2 tensor): --check compared no
+    # output, so its refusal must say that rather than report a step difference.
+    src = tmp_path / "m.onnx"
+    onnx.save(onnx.parser.parse_model("""<ir_version: 8, opset_import: ["" : 13]>
+g (float[2,3] x) => (float[2,3] y) <int8[2,3] w = {1, 2, 3, 4, 5, 6}, float[3] s = {1, 2, 3}>
+{
+    d = DequantizeLinear <axis = 2> (w, s)
+    y = Add (x, d)
+}
+"""), src)
+    r = CliRunner().invoke(cli, ["qdq", str(src), "-o", str(tmp_path / "out.onnx"), "--check"])
+    assert r.exit_code == 1
+    last = r.output.strip().splitlines()[-1]
+    assert "moved" not in last and "no runtime ran both models" in last, last
+    assert not (tmp_path / "out.onnx").exists()

@@ -175,14 +175,21 @@ def _check_node(site: Site, spec: QuantSpec, ort_values: dict[str, np.ndarray],
         return _check_in_pieces(node, spec, base, pieces, inputs, site.opsets,
                                 ir_version)
     alone = single_node.build(node, inputs, site.opsets, ir_version)
+    y = node.outputs[0].name
+    return judge_alone(alone, y, base, ort_values.get(y) if from_ort else None)
+
+
+def judge_alone(alone: onnx.ModelProto, y: str, base: dict[str, str],
+                ort_y: np.ndarray | None, integer_steps: bool = False) -> NodeCheck:
+    """Run the one-node model ``alone`` on the kernel and compare it bit for bit with
+    onnxruntime's output ``ort_y`` (from the whole-model run), or, when that is None, with
+    onnxruntime running ``alone`` too. ``integer_steps``: a mismatch of an integer output
+    is also measured in steps of 1."""
     try:
         kernel = runners.run_reference(alone, {}, ["y"])["y"]
     except runners.RuntimeFailure as e:
         return NodeCheck(**base, status=ERROR, reason=f"the kernel failed: {e}")
-    y = node.outputs[0].name
-    if from_ort and y in ort_values:
-        ort_y = ort_values[y]
-    else:
+    if ort_y is None:
         try:
             ort_y = runners.run_ort(alone, {}, ["y"])["y"]
         except runners.RuntimeFailure as e:
@@ -190,7 +197,8 @@ def _check_node(site: Site, spec: QuantSpec, ort_values: dict[str, np.ndarray],
                              reason=f"onnxruntime cannot run this node: {e}")
     if compare.bit_identical(kernel, ort_y):
         return NodeCheck(**base, status=BIT_EXACT)
-    stats = compare.compare(y, kernel, ort_y)
+    step = 1.0 if integer_steps and kernel.dtype.kind in "iu" else None
+    stats = compare.compare(y, kernel, ort_y, step=step)
     return NodeCheck(**base, status=MISMATCH, comparison=stats,
                      reason=f"kernel and onnxruntime differ in {stats.mismatched} of "
                      f"{stats.size} elements (worst at {stats.worst_index}: kernel "

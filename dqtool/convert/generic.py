@@ -18,7 +18,7 @@ import numpy as np
 import onnx
 import onnx_ir as ir
 
-from dqtool import graph
+from dqtool import graph, types
 from dqtool.codecs import onnx_std
 from dqtool.convert.context import Step
 from dqtool.convert.registry import Outcome
@@ -48,10 +48,12 @@ def _allowed(s: onnx.defs.OpSchema, formal) -> frozenset[str]:
                      for t in by.get(formal.type_str, [formal.type_str]))
 
 
-def type_only_difference(node: ir.Node, lo: int, hi: int, source: int | None = None
-                         ) -> str | None:
+def type_only_difference(node: ir.Node, lo: int, hi: int, source: int | None = None,
+                         untyped: list[str] | None = None) -> str | None:
     """None if ``node`` means the same at since-versions ``lo`` and ``hi`` (adjacent);
-    else what differs. ``source`` is the side the node is read at (default ``lo``)."""
+    else what differs. ``source`` is the side the node is read at (default ``lo``).
+    ``untyped`` collects the names of values whose type the versions constrain differently
+    but the model does not record (so that step could not be verified)."""
     a, b = _schema(node.op_type, lo), _schema(node.op_type, hi)
     if _slots(a.inputs) != _slots(b.inputs) or _slots(a.outputs) != _slots(b.outputs):
         return f"inputs or outputs differ between {node.op_type}-{lo} and {node.op_type}-{hi}"
@@ -72,6 +74,7 @@ def type_only_difference(node: ir.Node, lo: int, hi: int, source: int | None = N
                 # what the source version did (Split-18 needs num_outputs or 'split').
                 # Only on the source side and not set: the node never used it.
                 return f"attribute '{name}' exists at only one of the versions"
+    bound: dict[str, str] = {}  # type parameter (T) -> the type an input gives it
     for formals, values in ((zip(a.inputs, b.inputs, strict=True), node.inputs),
                             (zip(a.outputs, b.outputs, strict=True), node.outputs)):
         for i, (pa, pb) in enumerate(formals):
@@ -79,12 +82,37 @@ def type_only_difference(node: ir.Node, lo: int, hi: int, source: int | None = N
             if ta == tb:
                 continue
             value = values[i] if i < len(values) else None
-            t = graph.elem_type(value) if value is not None else None
+            t = _value_type(value) if value is not None else None
+            if t is None and value is not None:
+                t = bound.get(pa.type_str)  # typed T like an input whose type is known
+            if t is not None:
+                bound.setdefault(pa.type_str, t)
             if t is None:
-                continue  # type unknown: reported as a warning by the caller
+                # Unknown type: reported as a warning by the caller when the target side
+                # allows fewer types than the source side (going up they only widen).
+                src_types, dst_types = (ta, tb) if (source or lo) == lo else (tb, ta)
+                if untyped is not None and value is not None and value.name and \
+                        not src_types <= dst_types:
+                    untyped.append(value.name)
+                continue
             if t not in ta or t not in tb:
                 return f"type {t} of '{value.name}' is not allowed on both sides"
     return None
+
+
+def _value_type(value: ir.Value) -> str | None:
+    """``graph.elem_type``, and for an ai.onnx DequantizeLinear's output that the model does
+    not declare (quantizers rarely write value_info) its output_dtype or its scale's type."""
+    t = graph.elem_type(value)
+    producer = value.producer()
+    if t is not None or producer is None or producer.op_type != "DequantizeLinear" or \
+            producer.domain not in graph.DEFAULT_DOMAINS or value.index() != 0:
+        return t
+    attr = producer.attributes.get("output_dtype")
+    if attr is not None and not attr.is_ref() and attr.type == ir.AttributeType.INT and \
+            attr.value:
+        return types.name_of(ir.DataType(attr.value))
+    return graph.elem_type(graph.input_value(producer, 1))
 
 
 def _is_default(attr: ir.Attr, default: bytes) -> bool:
@@ -123,14 +151,21 @@ def convert(node: ir.Node, step: Step, source_opset: int) -> Outcome:
         if out.status == "refused":
             return out
         done.append(out)
+    untyped: list[str] = []
     for a, b in itertools.pairwise(vs):
-        why = type_only_difference(node, min(a, b), max(a, b), a)
+        why = type_only_difference(node, min(a, b), max(a, b), a, untyped)
         if why is None:
             continue
         out = _with_onnx_converter(node, step, a, b, why)
         if out.status == "refused":
             return out
         done.append(out)
+    if untyped:
+        names = ", ".join(f"'{n}'" for n in dict.fromkeys(untyped))
+        step.ctx.warnings.append(
+            f"{node.name or f'<unnamed {op}>'}: {op}-{src} → {op}-{dst} allow different "
+            f"types and the model does not record the type of {names}: not verified (a "
+            "type the target version lacks makes the model invalid; --check runs it)")
     # A step onnx's converter left as it was (e.g. ReduceMean without axes) is no change.
     return Outcome.merge(done)
 

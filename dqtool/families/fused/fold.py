@@ -13,14 +13,14 @@ from __future__ import annotations
 import onnx_ir as ir
 
 from dqtool import graph
+from dqtool.cleanup import ModelNames
 from dqtool.families.fused import read, to_onnx
-from dqtool.families.fused.surgery import name_factory
 
 
 def unfuse(model: ir.Model) -> tuple[list[str], list[tuple[str, str]]]:
     """Rewrite every fused node with a constant weight; returns (names rewritten,
     (name, reason) of those left)."""
-    fresh = name_factory(model)
+    fresh = ModelNames(model)
     done: list[str] = []
     left: list[tuple[str, str]] = []
     for site in list(graph.walk(model)):

@@ -36,7 +36,9 @@ def pack(model_or_path: ir.Model | str | os.PathLike, out: str | os.PathLike | N
     else:
         src = Path(model_or_path)
         out = default_output(src) if out is None else out
-        io.no_overwrite_of_input(src, out, False)
+        if Path(out).resolve() == src.resolve():
+            # pack has no --in-place (the shared refusal would suggest one).
+            raise UsageError(f"{out}: output is the input; choose another --output")
         model = io.load(src)
     report = FusedPackPass(accuracy_level, zero_points, gather)(model)
     model.ir_version = io.lowest_ir_version(model)

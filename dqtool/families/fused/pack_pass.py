@@ -29,8 +29,9 @@ import numpy as np
 import onnx_ir as ir
 
 from dqtool import codecs, graph, types
+from dqtool.cleanup import ModelNames
 from dqtool.families.fused import arrays, packing
-from dqtool.families.fused.surgery import Builder, name_factory
+from dqtool.families.fused.surgery import Builder
 from dqtool.spec import QuantSpec
 
 _BITS = {"uint2": 2, "int2": 2, "uint4": 4, "int4": 4, "uint8": 8, "int8": 8}
@@ -110,7 +111,7 @@ class FusedPackPass:
         self.report = PackReport()
 
     def __call__(self, model: ir.Model) -> PackReport:
-        fresh = name_factory(model)
+        fresh = ModelNames(model)
         self.fresh = fresh
         replaced: list[ir.Value] = []
         for site in list(graph.walk(model)):

@@ -94,23 +94,3 @@ class Builder:
             result.shape = shape
         result.doc_string = doc
         result.metadata_props.update(meta)
-
-
-def name_factory(model: ir.Model) -> Callable[[str], str]:
-    """``fresh(base)``: a value name not used anywhere in ``model`` (deterministic)."""
-    names: set[str] = set()
-    for g in (*model.graphs(), *model.functions.values()):
-        if isinstance(g, ir.Graph):
-            names.update(g.initializers)
-            names.update(v.name for v in (*g.inputs, *g.outputs) if v.name)
-        for n in g:
-            names.update(v.name for v in (*n.inputs, *n.outputs) if v is not None and v.name)
-
-    def fresh(base: str) -> str:
-        name, i = base, 1
-        while name in names:
-            name, i = f"{base}_{i}", i + 1
-        names.add(name)
-        return name
-
-    return fresh

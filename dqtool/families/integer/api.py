@@ -61,8 +61,10 @@ class IntegerConversionRefused(RefusedError):
 class IntegerCheckFailed(RefusedError):
     def __init__(self, report: IntegerReport) -> None:
         self.report = report
-        super().__init__(f"{report.input}: --check: an output moved by more than one "
-                         "quantization step; nothing written")
+        what = "an output moved by more than one quantization step" \
+            if report.check is not None and report.check.outputs else \
+            "no runtime ran both models, so nothing was compared"
+        super().__init__(f"{report.input}: --check: {what}; nothing written")
 
 
 ModelArg = ir.Model | str | os.PathLike

@@ -110,7 +110,3 @@ def prune_opset_imports(model: ir.Model, domain: str) -> None:
         return
     model.opset_imports.pop(domain, None)
     model.graph.opset_imports.pop(domain, None)
-
-
-def scalar_or_vector(value: ir.Value | None) -> np.ndarray | None:
-    return graph.constant_array(value)

@@ -17,9 +17,9 @@ import onnx
 import onnx_ir as ir
 
 from dqtool import graph
-from dqtool.checking import compare, runners, single_node
+from dqtool.checking import runners, single_node
 from dqtool.checking.models import for_ort, with_outputs
-from dqtool.checking.selfcheck import BIT_EXACT, ERROR, KERNEL_ONLY, MISMATCH, SKIPPED, NodeCheck
+from dqtool.checking.selfcheck import SKIPPED, NodeCheck, judge_alone
 from dqtool.families.integer import describe, ops
 
 
@@ -84,23 +84,6 @@ def _check(site: graph.Site, values: dict[str, np.ndarray], from_ort: bool,
     alone = single_node.build(node, inputs, site.opsets, ir_version)
     if len(node.outputs) > 1:  # DynamicQuantizeLinear: its quantized output is compared
         alone.graph.node[0].output.extend(f"unused{i}" for i in range(1, len(node.outputs)))
-    try:
-        kernel = runners.run_reference(alone, {}, ["y"])["y"]
-    except runners.RuntimeFailure as e:
-        return NodeCheck(**base, status=ERROR, reason=f"the kernel failed: {e}")
     y = node.outputs[0].name
-    if from_ort and y in values:
-        ort_y = values[y]
-    else:
-        try:
-            ort_y = runners.run_ort(alone, {}, ["y"])["y"]
-        except runners.RuntimeFailure as e:
-            return NodeCheck(**base, status=KERNEL_ONLY,
-                             reason=f"onnxruntime cannot run this node: {e}")
-    if compare.bit_identical(kernel, ort_y):
-        return NodeCheck(**base, status=BIT_EXACT)
-    stats = compare.compare(y, kernel, ort_y, step=1.0 if kernel.dtype.kind in "iu" else None)
-    return NodeCheck(**base, status=MISMATCH, comparison=stats,
-                     reason=f"kernel and onnxruntime differ in {stats.mismatched} of "
-                     f"{stats.size} elements (worst at {stats.worst_index}: kernel "
-                     f"{stats.worst_actual!r}, onnxruntime {stats.worst_expected!r})")
+    return judge_alone(alone, y, base, values.get(y) if from_ort else None,
+                       integer_steps=True)
