@@ -5,6 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
 from click.testing import CliRunner
 
 from dqtool import __version__
@@ -41,3 +42,17 @@ def test_python_m_and_version():
 def test_unknown_command_is_a_usage_error():
     result = CliRunner().invoke(cli, ["frobnicate"])
     assert result.exit_code == 2
+
+
+@pytest.mark.parametrize("args, message", [
+    (["upgrade", "models/dq10_uint8_per_tensor.onnx", "--opset", "abc"],
+     "Invalid value for '--opset': 'abc' is not a valid integer. (see 'dqtool upgrade --help')"),
+    (["inspect"], "Missing argument 'MODEL'. (see 'dqtool inspect --help')"),
+    (["nosuch"], "No such command 'nosuch'. (see 'dqtool --help')"),
+])
+def test_usage_errors_are_one_line(args, message):
+    """A value click rejects is a bad request like any other: one line, exit 2."""
+    r = subprocess.run([sys.executable, "-m", "dqtool", *args], capture_output=True, text=True)
+    assert r.returncode == 2
+    assert r.stderr == f"dqtool: error: {message}\n"
+    assert r.stdout == ""

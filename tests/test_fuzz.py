@@ -84,11 +84,25 @@ def test_in_place_may_change_the_input_only_on_success():
 
 
 # -- real runs ---------------------------------------------------------------------------------
-def test_a_usage_message_is_not_one_error_line():
+def test_a_usage_error_is_one_line_and_a_second_line_is_caught(monkeypatch):
     case = Case("output", "usage", ["fold", "in/m.onnx", "--no-such-option"],
                 {"in/m.onnx": b"x"})
     outcome = run(case, timeout=60)
-    assert outcome.exit_code == 2 and outcome.verdict == "multi-line-error"
+    # One line; it names no file (there is none at fault), which the judge says as such.
+    assert outcome.exit_code == 2 and outcome.stderr.count("\n") == 1, outcome
+    assert outcome.verdict == "wrong-file"
+
+    import dqtool.cli.app
+
+    real = dqtool.cli.app.App.abort
+
+    def two_lines(self, message, code=2):
+        print("a stray line", file=sys.stderr)
+        real(self, message, code)
+
+    monkeypatch.setattr(dqtool.cli.app.App, "abort", two_lines)
+    outcome = run(case, timeout=60)
+    assert outcome.exit_code == 2 and outcome.verdict == "multi-line-error", outcome
 
 
 def test_a_run_that_crashes_is_caught(monkeypatch):

@@ -97,11 +97,27 @@ def cli(ctx: click.Context, verbose: int) -> None:
     ctx.obj = App(verbose=verbose)
 
 
+def _flat(message: str) -> str:
+    return " ".join(message.split())
+
+
 def main(argv: list[str] | None = None) -> None:
     from dqtool.errors import DqtoolError
 
     try:
-        cli.main(args=argv, prog_name="dqtool", standalone_mode=True)
+        code = cli.main(args=argv, prog_name="dqtool", standalone_mode=False)
     except DqtoolError as e:  # raised outside a command body (rare)
         App().abort(str(e), e.exit_code)
-    sys.exit(0)
+    except click.exceptions.NoArgsIsHelpError as e:  # bare `dqtool`: the help, as click does
+        e.show()
+        sys.exit(e.exit_code)
+    except click.UsageError as e:
+        # One line, like every other bad request (click's own would add the usage text).
+        where = e.ctx.command_path if e.ctx is not None else "dqtool"
+        App().abort(f"{_flat(e.format_message())} (see '{where} --help')", e.exit_code)
+    except click.ClickException as e:
+        App().abort(_flat(e.format_message()), e.exit_code)
+    except click.Abort:
+        click.echo("Aborted!", err=True)
+        sys.exit(1)
+    sys.exit(code if isinstance(code, int) else 0)
