@@ -4,12 +4,64 @@ output (name, type, shape, consumers, graph outputs)."""
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 
 import numpy as np
 import onnx_ir as ir
 
 from dqtool import types
+
+
+class _Ahead:
+    """One large constant computed ahead of its use.
+
+    A save writes the lazily computed weights one after another, in the order they were
+    built (their initializers' order). Each weight is read, repacked (CPU) and then written
+    (I/O): computing the next one on a background thread while this one is written keeps
+    both busy. Only the very next weight is computed ahead, and only one at a time, so at
+    most one extra weight is in memory; a weight asked for out of order (or twice) is
+    simply computed where it is asked for. The values are the same either way.
+    """
+
+    # Weights smaller than this gain nothing; larger ones would double the peak memory.
+    MIN_BYTES = 1 << 20
+    MAX_BYTES = 1 << 26
+
+    _lock = threading.Lock()
+    _last: _Ahead | None = None  # the latest built: the next one links to it
+    _pending: _Ahead | None = None
+    _pool: ThreadPoolExecutor | None = None
+
+    def __init__(self, make: Callable[[], object]) -> None:
+        self.make = make
+        self.next: _Ahead | None = None
+        self.future: Future | None = None
+        with _Ahead._lock:
+            if _Ahead._last is not None:
+                _Ahead._last.next = self
+            _Ahead._last = self
+
+    def __call__(self) -> object:
+        with _Ahead._lock:
+            future, self.future = self.future, None
+            if _Ahead._pending is self:
+                _Ahead._pending = None
+            stale = _Ahead._pending
+            if stale is not None and stale is not self.next:  # asked for out of order
+                if stale.future is not None:
+                    stale.future.cancel()  # or, already running, its result is dropped
+                stale.future = _Ahead._pending = None
+            nxt = self.next
+            if nxt is not None and nxt.future is None and _Ahead._pending is None:
+                if _Ahead._pool is None:
+                    _Ahead._pool = ThreadPoolExecutor(1, thread_name_prefix="dqtool-ahead")
+                nxt.future = _Ahead._pool.submit(nxt.make)
+                _Ahead._pending = nxt
+        if future is not None:
+            return future.result()  # re-raises its error here, where the value is needed
+        return self.make()
 
 
 class Builder:
@@ -31,6 +83,9 @@ class Builder:
         """A constant computed only when the model is saved (``LazyTensor``)."""
         name = self.fresh(f"{self.base}/{role}")
         shape = tuple(int(d) for d in shape)
+        nbytes = int(np.prod(shape, dtype=np.int64)) * ir.DataType(dtype).bitwidth // 8
+        if _Ahead.MIN_BYTES <= nbytes <= _Ahead.MAX_BYTES and not self.in_function:
+            make = _Ahead(make)
 
         def tensor() -> ir.TensorProtocol:
             t = make()
