@@ -44,3 +44,31 @@ def test_an_error_computed_ahead_is_raised_where_the_value_is_used() -> None:
     assert first() == 0
     with pytest.raises(ValueError, match="broken weight"):
         broken()
+
+
+@pytest.mark.parametrize("kind", ["packed", "float16", "uint8", "uint4-unpacked", "bool"])
+def test_a_lazy_constant_writes_the_bytes_of_its_tensor_in_pieces(kind, monkeypatch,
+                                                                   tmp_path) -> None:
+    import ml_dtypes
+    import numpy as np
+    import onnx_ir as ir
+
+    from dqtool.families.fused import surgery
+
+    monkeypatch.setattr(surgery, "WRITE_BYTES", 7)
+    rng = np.random.default_rng(0)
+    tensor = {
+        "packed": lambda: ir.PackedTensor(rng.integers(0, 256, 50, np.uint8),
+                                          ir.DataType.UINT4, shape=(100,)),
+        "float16": lambda: ir.Tensor(rng.standard_normal(33).astype(np.float16)),
+        "uint8": lambda: ir.Tensor(rng.integers(0, 256, (5, 9), np.uint8)),
+        "uint4-unpacked": lambda: ir.Tensor(rng.integers(0, 16, 31, np.uint8).view(
+            ml_dtypes.uint4), dtype=ir.DataType.UINT4),
+        "bool": lambda: ir.Tensor(rng.integers(0, 2, 20).astype(bool)),
+    }[kind]()
+    lazy = surgery._Lazy(lambda: tensor, dtype=tensor.dtype, shape=tensor.shape)
+    path = tmp_path / "t.bin"
+    with open(path, "wb") as f:
+        lazy.tofile(f)
+    assert path.read_bytes() == tensor.tobytes()
+    assert len(tensor.tobytes()) > 7
