@@ -72,3 +72,17 @@ def test_a_lazy_constant_writes_the_bytes_of_its_tensor_in_pieces(kind, monkeypa
         lazy.tofile(f)
     assert path.read_bytes() == tensor.tobytes()
     assert len(tensor.tobytes()) > 7
+
+
+def test_a_weight_that_is_gone_is_not_kept_alive() -> None:
+    import gc
+    import weakref
+
+    log: list = []
+    a, b = _slots(2, log)
+    gone = weakref.ref(b)
+    del b
+    gc.collect()
+    assert gone() is None  # the link from a, and the class's latest, do not keep it
+    assert a() == 0
+    assert [i for i, _ in log] == [0]

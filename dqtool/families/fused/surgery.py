@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import sys
 import threading
+import weakref
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 
@@ -55,35 +56,41 @@ class _Ahead:
     MAX_BYTES = 1 << 26
 
     _lock = threading.Lock()
-    _last: _Ahead | None = None  # the latest built: the next one links to it
-    _pending: _Ahead | None = None
+    # Weak (as the links between slots): a model that is gone, with its weights, must not
+    # be kept alive by another.
+    _last: weakref.ref[_Ahead] | None = None  # the latest built: the next one links to it
+    _pending: weakref.ref[_Ahead] | None = None
     _pool: ThreadPoolExecutor | None = None
 
     def __init__(self, make: Callable[[], object]) -> None:
         self.make = make
-        self.next: _Ahead | None = None
+        self.next: weakref.ref[_Ahead] | None = None
         self.future: Future | None = None
         with _Ahead._lock:
-            if _Ahead._last is not None:
-                _Ahead._last.next = self
-            _Ahead._last = self
+            last = _Ahead._last() if _Ahead._last is not None else None
+            if last is not None:
+                last.next = weakref.ref(self)
+            _Ahead._last = weakref.ref(self)
 
     def __call__(self) -> object:
         with _Ahead._lock:
             future, self.future = self.future, None
-            if _Ahead._pending is self:
-                _Ahead._pending = None
-            stale = _Ahead._pending
-            if stale is not None and stale is not self.next:  # asked for out of order
+            stale = _Ahead._pending() if _Ahead._pending is not None else None
+            if stale is self:
+                stale = _Ahead._pending = None
+            nxt = self.next() if self.next is not None else None
+            if stale is not None and stale is not nxt:  # asked for out of order
                 if stale.future is not None:
                     stale.future.cancel()  # or, already running, its result is dropped
-                stale.future = _Ahead._pending = None
-            nxt = self.next
+                stale.future = None
+                _Ahead._pending = None
+            if stale is None or stale is not nxt:
+                _Ahead._pending = None  # a computation whose weight is gone is dropped
             if nxt is not None and nxt.future is None and _Ahead._pending is None:
                 if _Ahead._pool is None:
                     _Ahead._pool = ThreadPoolExecutor(1, thread_name_prefix="dqtool-ahead")
                 nxt.future = _Ahead._pool.submit(nxt.make)
-                _Ahead._pending = nxt
+                _Ahead._pending = weakref.ref(nxt)
         if future is not None:
             return future.result()  # re-raises its error here, where the value is needed
         return self.make()
