@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/bench_fused.py             # full size (~2 GB model, ~13 GB disk)
     DQTOOL_BENCH_QUICK=1 .venv/bin/python bench/bench_fused.py
+    DQTOOL_BENCH_LAYERS=4 .venv/bin/python bench/bench_fused.py   # full-size layers, 4 of them
 
 The model (float16, external data): a GatherBlockQuantized embedding, then 32 layers of 7
 MatMulNBits (q, k, v, o: D→D; gate, up: D→F; down: F→D), 4-bit symmetric, block 128. Its
@@ -33,7 +34,9 @@ import numpy as np
 from onnx import TensorProto, helper
 
 QUICK = bool(os.environ.get("DQTOOL_BENCH_QUICK"))
-LAYERS = 2 if QUICK else 32
+# DQTOOL_BENCH_LAYERS: full-size layers but fewer of them (a quicker run that still
+# measures the per-byte cost).
+LAYERS = int(os.environ.get("DQTOOL_BENCH_LAYERS") or (2 if QUICK else 32))
 D = 256 if QUICK else 3072  # hidden size
 F = 512 if QUICK else 8192  # MLP size
 V = 1024 if QUICK else 32000  # vocabulary

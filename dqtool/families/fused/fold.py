@@ -31,8 +31,9 @@ def unfuse(model: ir.Model) -> tuple[list[str], list[tuple[str, str]]]:
         name = node.name or f"<unnamed {node.op_type}>"
         version = max(to_onnx.needed_opset(spec), 21)
         try:
+            # x unpacked: the fold reads codes, and x itself is never written
             old, _, _, new = to_onnx.rewrite(node, site.opsets, version, fresh,
-                                             site.function is not None)
+                                             site.function is not None, unpacked=True)
         except to_onnx.Refusal as e:
             left.append((name, str(e)))
             continue

@@ -4,8 +4,9 @@ from ai.onnx's packed layout.
 onnxruntime packs ``8 / bits`` codes per uint8 byte, lowest bits first, along K (MatMulNBits:
 B is ``(N, k_blocks, blob)``) or along the last axis (GatherBlockQuantized uint8 data).
 ai.onnx packs a uint2/uint4 tensor over its flattened row-major elements, lowest bits first.
-So MatMulNBits' ``(N, K)`` codes become ai.onnx's ``(K, N)`` by unpack → transpose → pack,
-done here in row bands so that a weight is read and written once, never held unpacked whole.
+So MatMulNBits' ``(N, K)`` codes become ai.onnx's ``(K, N)`` by a transpose of packed codes
+(``transpose_codes``: on 64-bit words, never unpacked), in slabs of rows on a thread pool;
+odd shapes whose rows do not start on a byte go through unpack → transpose → pack in bands.
 """
 
 from __future__ import annotations
@@ -49,81 +50,91 @@ def _rows_per_band(cols: int) -> int:
     return max(1, BAND_BYTES // max(cols, 1))
 
 
-def transpose_nibbles(p: np.ndarray, rows: int, cols: int, out: np.ndarray | None = None
-                      ) -> np.ndarray:
-    """The 4-bit matrix ``(rows, cols)`` packed in ``p`` (``rows`` rows of at least
-    ``cols / 2`` bytes), transposed and packed: ``(cols, rows / 2)`` bytes. ``rows`` and
-    ``cols`` even.
+def _swap_stages(bits: int) -> list[tuple[np.uint64, np.uint64, int]]:
+    """(shift, mask, row distance) of each stage of the in-word transpose (below)."""
+    stages = []
+    d = 32
+    while d >= bits:
+        group = (1 << d) - 1
+        mask = sum(group << (2 * d * i) for i in range(64 // (2 * d)))
+        stages.append((np.uint64(d), np.uint64(mask), d // bits))
+        d //= 2
+    return stages
 
-    Works on bytes, never on single codes: each 2×2 block of codes is two bytes in and two
-    bytes out — ``lo(a) | lo(b) << 4`` and ``hi(a) | hi(b) << 4`` of a byte ``a`` of an
-    even row and the byte ``b`` below it. Those pairs, interleaved, form a ``(rows / 2,
-    cols)`` byte matrix whose plain transpose is the result (``transpose_bytes``).
+
+# Input bytes one slab of rows may hold: its words and a half-size temporary stay in L2
+# while the stages run over them (measured: 0.5-4 MiB alike, much smaller slabs pay for
+# NumPy's per-call overhead).
+SLAB_BYTES = 1 << 21
+
+
+def transpose_codes(p: np.ndarray, rows: int, cols: int, bits: int) -> np.ndarray:
+    """The ``bits``-bit matrix ``(rows, cols)`` packed row by row in ``p`` (``rows`` rows of
+    at least ``cols·bits/8`` bytes, lowest bits first), transposed and packed the same way:
+    ``(cols, rows·bits/8)`` bytes. ``bits`` 2, 4 or 8; ``rows·bits`` a multiple of 8.
+
+    Works on 64-bit words, never on single codes. A word holds ``E = 64 / bits`` codes of a
+    row, so an ``E × E`` square of codes is ``E`` words of ``E`` consecutive rows. Within
+    the square the classic recursive transpose swaps the off-diagonal halves, then
+    quarters, ... down to single codes: ``log2(E)`` stages of shifts, masks and xors over
+    all squares of a slab of rows at once. The squares then change places as whole words
+    (one strided copy). Slabs of rows run on the kernel's thread pool (NumPy releases the
+    GIL in every one of these calls).
     """
-    half = cols // 2
-    pairs = np.empty((rows // 2, half, 2), np.uint8)
-    band = max(2, (BAND_BYTES // max(half, 1)) // 2 * 2)
-    for r0 in range(0, rows, band):
-        r1 = min(rows, r0 + band)
-        even = p[r0:r1:2, :half]
-        odd = p[r0 + 1:r1:2, :half]
-        # contiguous temporaries, then one interleaving copy each (measured quicker than
-        # operating on the interleaved views, or than a 64 K-entry table gather)
-        pairs[r0 // 2: r1 // 2, :, 0] = (even & 0x0F) | (odd << 4)  # even columns
-        pairs[r0 // 2: r1 // 2, :, 1] = (even >> 4) | (odd & 0xF0)  # odd columns
-    t = transpose_bytes(pairs.reshape(rows // 2, cols))
-    if out is None:
-        return t
-    out[...] = t
+    from dqtool.kernel import parallel
+
+    assert bits in (2, 4, 8) and rows * bits % 8 == 0, (rows, bits)
+    e = 64 // bits
+    wide = -(-cols // e)  # words per row (cols padded to whole squares)
+    squares = -(-rows // e)  # squares down (rows padded to whole squares)
+    p = np.asarray(p, dtype=np.uint8).reshape(rows, -1)
+    need = wide * 8
+    padded_rows = squares * e
+    if p.shape[1] < need or rows != padded_rows or p.strides[1] != 1 or p.strides[0] % 8 \
+            or p.ctypes.data % 8:
+        q = np.zeros((padded_rows, need), np.uint8)
+        width = min(need, p.shape[1])
+        q[:rows, :width] = p[:, :width]
+        p = q
+    words = p[:, :need].view(np.uint64).reshape(squares, e, wide)
+    out = np.empty((wide * e, squares * 8), np.uint8)
+    o = out.view(np.uint64).reshape(wide, e, squares)
+    stages = _swap_stages(bits)
+    per_slab = max(1, SLAB_BYTES // (e * need))
+
+    def work(chunk: tuple[int, ...]) -> None:
+        s0, s1 = chunk[0], chunk[1]
+        m = (s1 - s0) * wide
+        a = np.empty((e, s1 - s0, wide), np.uint64)
+        np.copyto(a, words[s0:s1].transpose(1, 0, 2))  # a[i] = row i of every square
+        t = np.empty((e // 2) * m, np.uint64)
+        for shift, mask, dist in stages:
+            v = a.reshape(e // (2 * dist), 2, dist, m)
+            lo, hi = v[:, 0], v[:, 1]  # row i and row i + dist of each pair
+            tv = t.reshape(e // (2 * dist), dist, m)
+            np.right_shift(lo, shift, out=tv)
+            tv ^= hi
+            tv &= mask
+            hi ^= tv
+            tv <<= shift
+            lo ^= tv
+        o[:, :, s0:s1] = a.transpose(2, 0, 1)  # square (s, c) → square (c, s)
+
+    chunks = [(s, min(s + per_slab, squares), 0, 0, 0, 0)
+              for s in range(0, squares, per_slab)]
+    parallel.run(work, chunks, total=squares * e * wide * 8)
+    if out.shape != (cols, rows * bits // 8):
+        out = np.ascontiguousarray(out[:cols, : rows * bits // 8])
     return out
-
-
-# Below this many bytes NumPy's transpose is quick enough (and onnxruntime is not imported).
-RUNTIME_TRANSPOSE_BYTES = 1 << 20
-_SESSION: list = []
-
-
-def transpose_bytes(m: np.ndarray) -> np.ndarray:
-    """``m.T`` of a 2-D uint8 matrix, contiguous. NumPy moves single bytes with a strided
-    loop (~0.1 GB/s); onnxruntime's Transpose kernel moves them in SIMD tiles (~0.5 GB/s a
-    core), so large weights go through a one-node session when onnxruntime is installed.
-    A transpose moves bytes and computes nothing: the result is the same either way."""
-    if m.nbytes >= RUNTIME_TRANSPOSE_BYTES:
-        session = _transpose_session()
-        if session is not None:
-            return session.run(None, {"X": np.ascontiguousarray(m)})[0]
-    return np.ascontiguousarray(m.T)
-
-
-def _transpose_session():
-    if not _SESSION:
-        try:
-            import onnxruntime as ort
-            from onnx import TensorProto, helper
-
-            graph = helper.make_graph(
-                [helper.make_node("Transpose", ["X"], ["Y"], perm=[1, 0])], "t",
-                [helper.make_tensor_value_info("X", TensorProto.UINT8, ["r", "c"])],
-                [helper.make_tensor_value_info("Y", TensorProto.UINT8, ["c", "r"])])
-            model = helper.make_model(graph, ir_version=8,
-                                      opset_imports=[helper.make_opsetid("", 13)])
-            options = ort.SessionOptions()
-            options.log_severity_level = 3
-            _SESSION.append(ort.InferenceSession(model.SerializeToString(), options,
-                                                 providers=["CPUExecutionProvider"]))
-        except Exception:  # no onnxruntime (or it fails to start): NumPy does it
-            _SESSION.append(None)
-    return _SESSION[0]
 
 
 def nbits_to_onnx(b: np.ndarray, k: int, n: int, bits: int) -> np.ndarray:
     """MatMulNBits B ``(N, k_blocks, blob)`` → the packed bytes of ai.onnx codes ``(K, N)``
     (uint2 / uint4: flattened row-major, lowest bits first; uint8: the codes)."""
     b = np.asarray(b, dtype=np.uint8).reshape(n, -1)
-    if bits == 4 and k % 2 == 0 and n % 2 == 0:
-        return transpose_nibbles(b, n, k).reshape(-1)
-    if bits == 8:
-        return transpose_bytes(b[:, :k]).reshape(-1)
+    if n * bits % 8 == 0:
+        # B's rows are the codes of K padded to whole blocks: transpose them all, keep K.
+        return transpose_codes(b, n, b.shape[1] * 8 // bits, bits)[:k].reshape(-1)
     per = 8 // bits
     out = np.empty(-(-k * n // per), np.uint8)
     # Bands of K rows, a multiple of ``per`` long, so that every band starts on a byte.
@@ -147,16 +158,15 @@ def onnx_to_nbits(codes_kn: np.ndarray, k: int, n: int, bits: int, block: int,
     """
     kb = -(-k // block)
     blob = block * bits // 8
-    if bits == 4 and k % 2 == 0 and n % 2 == 0 and pad_codes is None:
-        # codes_kn may be the packed bytes already (1-D, k·n/2 of them)
-        packed = np.ascontiguousarray(codes_kn, dtype=np.uint8) if codes_kn.ndim == 1 \
-            else pack(codes_kn, 4)
-        out = np.zeros((n, kb * blob), np.uint8)
-        transpose_nibbles(packed.reshape(k, n // 2), k, n, out[:, : k // 2])
-        return out.reshape(n, kb, blob)
-    if bits == 8 and pad_codes is None:
-        out = np.zeros((n, kb * blob), np.uint8)
-        out[:, :k] = transpose_bytes(np.asarray(codes_kn, np.uint8).reshape(k, n))
+    if k * bits % 8 == 0 and n * bits % 8 == 0 and pad_codes is None:
+        # codes_kn: the packed bytes already (1-D, k·n·bits/8 of them), or the codes
+        packed = np.ascontiguousarray(codes_kn, dtype=np.uint8).reshape(k, -1) \
+            if codes_kn.ndim == 1 else pack(codes_kn, bits)
+        t = transpose_codes(packed, k, n, bits)  # (N, K·bits/8)
+        if t.shape[1] == kb * blob:
+            return t.reshape(n, kb, blob)
+        out = np.zeros((n, kb * blob), np.uint8)  # a ragged last block: padded with 0
+        out[:, : t.shape[1]] = t
         return out.reshape(n, kb, blob)
     out = np.empty((n, kb * blob), np.uint8)
     cols_per_band = max(1, _rows_per_band(k))

@@ -109,8 +109,11 @@ def _widen(b: Builder) -> bool:
     return done
 
 
-def matmul_nbits(node: ir.Node, spec: FusedSpec, b: Builder) -> tuple[ir.Value, str]:
-    """The new nodes of a MatMulNBits (in ``b``); returns (result, how)."""
+def matmul_nbits(node: ir.Node, spec: FusedSpec, b: Builder, unpacked: bool = False
+                 ) -> tuple[ir.Value, str]:
+    """The new nodes of a MatMulNBits (in ``b``); returns (result, how). ``unpacked``: x
+    holds one code a byte (for a fold, which reads codes and never writes x) instead of
+    the packed bytes a saved model stores."""
     a, bq, scales, zp, _g, bias = (graph.input_value(node, i) for i in range(6))
     k, n = spec.x_shape
     bits, block, kb = spec.bits, spec.block_size, spec.k_blocks
@@ -123,6 +126,9 @@ def matmul_nbits(node: ir.Node, spec: FusedSpec, b: Builder) -> tuple[ir.Value, 
         raw = packing.nbits_to_onnx(_array(bq), rows, n, bits)
         if bits == 8:
             return ir.Tensor(raw.reshape(rows, n), dtype=code_t)
+        if unpacked:  # onnx_ir would unpack the packed form with five passes
+            codes = packing.unpack(raw, bits)[: rows * n].reshape(rows, n)
+            return ir.Tensor(codes.view(code_t.numpy()), dtype=code_t)
         return ir.PackedTensor(raw, code_t, shape=(rows, n))
 
     x = b.constant("x", code_t, (rows, n), x_bytes)
@@ -259,15 +265,17 @@ def gather_block_quantized(node: ir.Node, spec: FusedSpec, b: Builder
 
 
 def rewrite(node: ir.Node, opsets: dict[str, int], target: int, fresh,
-            in_function: bool = False) -> tuple[list[ir.Value], str, str, list[ir.Node]]:
+            in_function: bool = False, unpacked: bool = False
+            ) -> tuple[list[ir.Value], str, str, list[ir.Node]]:
     """Rewrite ``node`` in place; returns (values it no longer uses, how, why, new nodes).
-    Raises ``Refusal`` (nothing changed) when it has no exact ai.onnx form at ``target``."""
+    Raises ``Refusal`` (nothing changed) when it has no exact ai.onnx form at ``target``.
+    ``unpacked``: see ``matmul_nbits``."""
     spec = read.read(node, opsets)
     check(spec, target)
     b = Builder(node, fresh, in_function)
     old_inputs = [v for v in node.inputs if v is not None]
     if spec.op == "MatMulNBits":
-        y, how = matmul_nbits(node, spec, b)
+        y, how = matmul_nbits(node, spec, b, unpacked)
     else:
         y, how = gather_block_quantized(node, spec, b)
     if target < native_opset(spec) and _widen(b):

@@ -1,0 +1,79 @@
+"""The word-wise transpose of packed codes (``packing.transpose_codes``) and the repacks
+built on it, against the simple form: unpack every code, transpose, pack."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from dqtool.families.fused import packing
+
+
+def simple_transpose(p: np.ndarray, rows: int, cols: int, bits: int) -> np.ndarray:
+    codes = packing.unpack(p.reshape(rows, -1), bits)[:, :cols]
+    return packing.pack(np.ascontiguousarray(codes.T), bits)
+
+
+def simple_nbits_to_onnx(b: np.ndarray, k: int, n: int, bits: int) -> np.ndarray:
+    codes = packing.unpack(b.reshape(n, -1), bits)[:, :k]  # (N, K)
+    return packing.pack(np.ascontiguousarray(codes.T).reshape(-1), bits)
+
+
+SHAPES = [(16, 16), (2, 2), (4, 8), (40, 24), (24, 40), (36, 100), (100, 36), (64, 8),
+          (8, 64), (128, 96), (200, 330)]
+
+
+@pytest.mark.parametrize("bits", [2, 4, 8])
+@pytest.mark.parametrize("rows,cols", SHAPES)
+def test_transpose_codes_matches_the_simple_form(bits: int, rows: int, cols: int) -> None:
+    if rows * bits % 8:
+        pytest.skip("rows must fill whole bytes")
+    rng = np.random.default_rng(rows * 1000 + cols + bits)
+    width = -(-cols * bits // 8) + 3  # rows longer than the codes, as B's padded blocks
+    p = rng.integers(0, 256, (rows, width), dtype=np.uint8)
+    got = packing.transpose_codes(p, rows, cols, bits)
+    want = simple_transpose(p, rows, cols, bits).reshape(cols, -1)
+    assert got.shape == (cols, rows * bits // 8)
+    assert np.array_equal(got, want)
+
+
+@pytest.mark.parametrize("bits", [2, 4, 8])
+def test_transpose_codes_in_slabs_and_threads(bits: int, monkeypatch) -> None:
+    # Slabs far smaller than the matrix, several threads: the same bytes.
+    monkeypatch.setattr(packing, "SLAB_BYTES", 512)
+    monkeypatch.setenv("DQTOOL_THREADS", "3")
+    rows, cols = 64 * 37, 64 * 5 + 16
+    p = np.random.default_rng(bits).integers(0, 256, (rows, cols * bits // 8), np.uint8)
+    got = packing.transpose_codes(p, rows, cols, bits)
+    assert np.array_equal(got, simple_transpose(p, rows, cols, bits).reshape(cols, -1))
+    # and back again
+    assert np.array_equal(packing.transpose_codes(got, cols, rows, bits), p)
+
+
+def test_transpose_codes_of_a_known_matrix() -> None:
+    # 4-bit codes (r, c) = (r + 3c) % 16 in a 2×4 matrix: a transpose by hand.
+    codes = np.array([[(r + 3 * c) % 16 for c in range(4)] for r in range(2)], np.uint8)
+    got = packing.transpose_codes(packing.pack(codes, 4), 2, 4, 4)
+    assert got.tolist() == [[0x10], [0x43], [0x76], [0xA9]]
+
+
+@pytest.mark.parametrize("bits", [2, 4, 8])
+@pytest.mark.parametrize("k,n,block", [(64, 48, 16), (100, 40, 32), (33, 16, 16),
+                                       (1, 8, 16), (256, 24, 128), (130, 72, 64),
+                                       (48, 7, 16), (47, 5, 16)])
+def test_repacks_match_the_simple_form_and_invert(bits: int, k: int, n: int, block: int
+                                                  ) -> None:
+    rng = np.random.default_rng(k * n + bits)
+    kb = -(-k // block)
+    blob = block * bits // 8
+    codes = rng.integers(0, 1 << bits, (n, kb * block), dtype=np.uint8)
+    codes[:, k:] = 0  # a ragged last block padded with code 0, as onnxruntime writes it
+    b = packing.pack(codes, bits).reshape(n, kb, blob)
+    onnx = packing.nbits_to_onnx(b, k, n, bits)
+    assert np.array_equal(onnx, simple_nbits_to_onnx(b, k, n, bits))
+    kn = np.ascontiguousarray(codes[:, :k].T)
+    if k * bits % 8 == 0 and n * bits % 8 == 0:  # the packed bytes as pack_pass gives them
+        back = packing.onnx_to_nbits(onnx if bits != 8 else onnx.reshape(k, n), k, n, bits,
+                                     block)
+        assert np.array_equal(back, b)
+    assert np.array_equal(packing.onnx_to_nbits(kn, k, n, bits, block), b)
