@@ -93,8 +93,8 @@ def _convert(app: App, direction: str, model: str, opset: int, out: str | None,
 def _integer_to_qdq(app: App, model: str, out: str | None, in_place: bool, as_json: bool):
     """``upgrade --to-qdq``: integer operators into QDQ (as ``dqtool qdq``), in memory."""
     from dqtool import io
-    from dqtool.cli.integer_cmd import render as render_integer
     from dqtool.families.integer import api
+    from dqtool.families.integer.cli import render as render_integer
 
     io.no_overwrite_of_input(model, model if in_place else out, in_place)
     try:

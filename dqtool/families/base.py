@@ -40,6 +40,13 @@ Each capability is optional (``None``: the family does not offer it):
   (e.g. ``{"onnxruntime": "onnxruntime has no {domain} domain"}``), or ``"native"`` when the
   family *is* the target's own form (its codec's rules judge it). A target not named has no
   fact: it judges the node by its ``QuantSpec``.
+- ``cli_commands``: the ``dqtool`` commands the family adds, as ``Command`` entries (name,
+  module, attribute, one-line help, and the shared command it is listed after). The CLI
+  reads only these strings and imports the module when the command runs, so start-up
+  (``dqtool --version``, ``fold --help``) never loads a family's code.
+- ``inspect``: ``() → InspectSupport``: how ``dqtool.inspect`` reports the family's nodes
+  (see ``InspectSupport``): a report per node, the family's summary fields, and the lines
+  ``dqtool inspect`` prints for them.
 - ``lint_modules``: modules (dotted names) that define lint rules (``linting.registry.
   define``/``check``) or targets (a ``TARGETS`` list) for the family; imported when lint
   loads its registries. Such a module may also define ``target_findings(ctx, target)``,
@@ -121,6 +128,45 @@ class FoldSupport:
 
 
 @dataclass(frozen=True)
+class Command:
+    """One ``dqtool`` command a family adds: ``module:attr`` is its ``click.Command``,
+    imported only when the command runs; ``help`` is the line ``dqtool --help`` shows;
+    ``after`` names the command it is listed after ("" puts it last)."""
+
+    name: str
+    module: str
+    attr: str
+    help: str
+    after: str = ""
+
+
+@dataclass(frozen=True)
+class InspectSupport:
+    """How ``dqtool.inspect`` reports a family's nodes.
+
+    - ``node``: ``(node, opsets, graph name) → report or None``, called for every node of
+      the model in walk order (main graph, subgraphs, functions); None for a node the
+      family does not report. A report is either a ``dqtool.inspection.NodeReport`` (its
+      ``kind`` not ``"qdq"``), listed with the Q/DQ nodes in ``nodes``, or any object with
+      ``to_json()``, listed under the family's own ``section``.
+    - ``section``: the JSON key (and ``InspectReport.sections`` key) of the family's own
+      reports; "" when they join ``nodes``.
+    - ``summary``: ``(reports) → fields`` added to the report's summary (after the shared
+      ones), for the family's reports only.
+    - ``summary_lines``: ``(summary) → lines`` printed under the Q/DQ counts of the table.
+    - ``render``: ``(app, report)`` prints the family's own section after the summary.
+    - ``short_ops``: a shorter op name for the table (``GatherBlockQuantized`` → ``GatherBQ``).
+    """
+
+    node: Callable[[ir.Node, Mapping[str, int], str], Any | None]
+    section: str = ""
+    summary: Callable[[Sequence[Any]], dict[str, Any]] | None = None
+    summary_lines: Callable[[Mapping[str, Any]], list[str]] | None = None
+    render: Callable[[Any, Any], None] | None = None
+    short_ops: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
 class Family:
     """One operator family, registered once (see the module docstring for each field)."""
 
@@ -134,6 +180,8 @@ class Family:
     prunable: frozenset[str] = frozenset()
     lint_facts: Mapping[str, str] = field(default_factory=dict)
     lint_modules: tuple[str, ...] = ()
+    cli_commands: tuple[Command, ...] = ()
+    inspect: Callable[[], InspectSupport] | None = None
 
     @property
     def domains(self) -> frozenset[str]:

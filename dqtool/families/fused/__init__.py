@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from dqtool.families.base import Family
+from dqtool.families.base import Command, Family
 
 if TYPE_CHECKING:
     import onnx_ir as ir
@@ -50,4 +50,7 @@ FAMILY = Family(
     converters=_converters,
     prunable=frozenset({DOMAIN}),
     lint_modules=("dqtool.families.fused.lint",),
+    cli_commands=(Command("pack", "dqtool.families.fused.cli", "pack_cmd",
+                          "DequantizeLinear → MatMul / Gather into MatMulNBits / "
+                          "GatherBlockQuantized.", after="downgrade"),),
 )

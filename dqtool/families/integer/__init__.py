@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from dqtool.families.base import Family
+from dqtool.families.base import Command, Family
 from dqtool.families.integer import ops
 
 
@@ -31,4 +31,10 @@ FAMILY = Family(
     evaluator_ops=_evaluator_ops,
     prunable=frozenset({ops.MS}),
     lint_modules=("dqtool.families.integer.lint",),
+    cli_commands=(
+        Command("qdq", "dqtool.families.integer.cli", "qdq_cmd",
+                "Rewrite integer operators (QLinear*, MatMulInteger, dynamic) into QDQ."),
+        Command("qoperator", "dqtool.families.integer.cli", "qoperator_cmd",
+                "Fuse QDQ patterns into integer operators (QLinearConv, ...)."),
+    ),
 )
