@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from dqtool.families.base import Command, Family
+from dqtool.families.base import Command, Family, InspectSupport
 
 if TYPE_CHECKING:
     import onnx_ir as ir
@@ -42,6 +42,12 @@ def _converters(reg: Registry) -> None:
         reg.register(DOMAIN, op, 1, "onnx")(to_onnx.convert)
 
 
+def _inspect() -> InspectSupport:
+    from dqtool.families.fused.inspect import SUPPORT
+
+    return SUPPORT
+
+
 FAMILY = Family(
     name="fused",
     keys=tuple((DOMAIN, op, 1) for op in OPS),
@@ -50,6 +56,7 @@ FAMILY = Family(
     converters=_converters,
     prunable=frozenset({DOMAIN}),
     lint_modules=("dqtool.families.fused.lint",),
+    inspect=_inspect,
     cli_commands=(Command("pack", "dqtool.families.fused.cli", "pack_cmd",
                           "DequantizeLinear → MatMul / Gather into MatMulNBits / "
                           "GatherBlockQuantized.", after="downgrade"),),

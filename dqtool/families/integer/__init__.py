@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from dqtool.families.base import Command, Family
+from dqtool.families.base import Command, Family, InspectSupport
 from dqtool.families.integer import ops
 
 
@@ -20,6 +20,12 @@ def _evaluator_ops() -> list[type[Any]]:
     from dqtool.families.integer.evaluator_ops import EVALUATOR_OPS
 
     return list(EVALUATOR_OPS)
+
+
+def _inspect() -> InspectSupport:
+    from dqtool.families.integer.inspect import SUPPORT
+
+    return SUPPORT
 
 
 FAMILY = Family(
@@ -31,6 +37,7 @@ FAMILY = Family(
     evaluator_ops=_evaluator_ops,
     prunable=frozenset({ops.MS}),
     lint_modules=("dqtool.families.integer.lint",),
+    inspect=_inspect,
     cli_commands=(
         Command("qdq", "dqtool.families.integer.cli", "qdq_cmd",
                 "Rewrite integer operators (QLinear*, MatMulInteger, dynamic) into QDQ."),
