@@ -24,6 +24,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from dqtool.families.base import (
+    CheckSupport,
     Command,
     Family,
     FoldKernel,
@@ -105,6 +106,7 @@ def unregister(name: str) -> Family:
         del _OWNER[op]
     _FOLD.pop(name, None)
     _INSPECT.pop(name, None)
+    _CHECK.pop(name, None)
     _KERNELS.clear()
     _generation += 1
     return family
@@ -232,6 +234,21 @@ def inspect_supports() -> list[InspectSupport]:
         if family.name not in _INSPECT:
             _INSPECT[family.name] = family.inspect()
         out.append(_INSPECT[family.name])
+    return out
+
+
+_CHECK: dict[str, CheckSupport] = {}
+
+
+def check_supports() -> list[CheckSupport]:
+    """What each family adds to checking, in registration order."""
+    out = []
+    for family in all_families():
+        if family.check is None:
+            continue
+        if family.name not in _CHECK:
+            _CHECK[family.name] = family.check()
+        out.append(_CHECK[family.name])
     return out
 
 

@@ -47,6 +47,9 @@ Each capability is optional (``None``: the family does not offer it):
 - ``inspect``: ``() → InspectSupport``: how ``dqtool.inspect`` reports the family's nodes
   (see ``InspectSupport``): a report per node, the family's summary fields, and the lines
   ``dqtool inspect`` prints for them.
+- ``check``: ``() → CheckSupport``: what ``dqtool check`` (and ``--check``) adds for the
+  family's nodes: its weights compared between a model and its conversion, and its own
+  numeric self-check (see ``CheckSupport``).
 - ``lint_modules``: modules (dotted names) that define lint rules (``linting.registry.
   define``/``check``) or targets (a ``TARGETS`` list) for the family; imported when lint
   loads its registries. Such a module may also define ``target_findings(ctx, target)``,
@@ -167,6 +170,31 @@ class InspectSupport:
 
 
 @dataclass(frozen=True)
+class CheckSupport:
+    """What checking adds for a family's nodes.
+
+    - ``holds_weights``: ``original proto → bool``: the model has nodes whose weights
+      ``weights`` compares (a conversion check compares them only then).
+    - ``weights``: ``(checked model, original model) → comparisons`` of each of the
+      original's family weights with its counterpart in the checked model (objects with
+      ``node``, ``op``, ``status`` — "bit-identical" or not — and ``detail``).
+    - ``weights_label``: how a conversion check's note names them ("fused weight(s) ...").
+    - ``tolerated``: why final outputs may still differ when every weight is bit-identical
+      (the operator sums in its own order); a conversion check then tolerates them.
+    - ``notes``: op type → the note ``dqtool check`` prints under the weights of that op.
+    - ``numeric``: ``(proto, model, feeds, notes, external_dir) → [NodeCheck]``: the
+      family's nodes checked against the kernel, beside the Q/DQ nodes' self-check.
+    """
+
+    holds_weights: Callable[[Any], bool] | None = None
+    weights: Callable[[ir.Model, ir.Model], Sequence[Any]] | None = None
+    weights_label: str = ""
+    tolerated: str = ""
+    notes: Mapping[str, str] = field(default_factory=dict)
+    numeric: Callable[..., list[Any]] | None = None
+
+
+@dataclass(frozen=True)
 class Family:
     """One operator family, registered once (see the module docstring for each field)."""
 
@@ -182,6 +210,7 @@ class Family:
     lint_modules: tuple[str, ...] = ()
     cli_commands: tuple[Command, ...] = ()
     inspect: Callable[[], InspectSupport] | None = None
+    check: Callable[[], CheckSupport] | None = None
 
     @property
     def domains(self) -> frozenset[str]:

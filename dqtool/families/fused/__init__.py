@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from dqtool.families.base import Command, Family, InspectSupport
+from dqtool.families.base import CheckSupport, Command, Family, InspectSupport
 
 if TYPE_CHECKING:
     import onnx_ir as ir
@@ -48,6 +48,20 @@ def _inspect() -> InspectSupport:
     return SUPPORT
 
 
+def _check() -> CheckSupport:
+    from dqtool.families.fused import weights
+
+    return CheckSupport(
+        holds_weights=lambda proto: any(n.domain == DOMAIN and n.op_type in OPS
+                                        for n in proto.graph.node),
+        weights=weights.compare_weights,
+        weights_label="fused weight(s) (MatMulNBits / GatherBlockQuantized)",
+        tolerated="MatMulNBits sums in its own order",
+        notes={"MatMulNBits": "note: MatMulNBits accumulates in its own order (and with "
+               "accuracy_level > 0 may quantize A): output differences above are that, not "
+               "the weights"})
+
+
 FAMILY = Family(
     name="fused",
     keys=tuple((DOMAIN, op, 1) for op in OPS),
@@ -57,6 +71,7 @@ FAMILY = Family(
     prunable=frozenset({DOMAIN}),
     lint_modules=("dqtool.families.fused.lint",),
     inspect=_inspect,
+    check=_check,
     cli_commands=(Command("pack", "dqtool.families.fused.cli", "pack_cmd",
                           "DequantizeLinear → MatMul / Gather into MatMulNBits / "
                           "GatherBlockQuantized.", after="downgrade"),),

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from dqtool.families.base import Command, Family, InspectSupport
+from dqtool.families.base import CheckSupport, Command, Family, InspectSupport
 from dqtool.families.integer import ops
 
 
@@ -28,6 +28,12 @@ def _inspect() -> InspectSupport:
     return SUPPORT
 
 
+def _check() -> CheckSupport:
+    from dqtool.families.integer import selfcheck
+
+    return CheckSupport(numeric=selfcheck.numeric)
+
+
 FAMILY = Family(
     name="integer",
     # The com.microsoft operators only: the ai.onnx ones (QLinearConv, MatMulInteger, ...)
@@ -38,6 +44,7 @@ FAMILY = Family(
     prunable=frozenset({ops.MS}),
     lint_modules=("dqtool.families.integer.lint",),
     inspect=_inspect,
+    check=_check,
     cli_commands=(
         Command("qdq", "dqtool.families.integer.cli", "qdq_cmd",
                 "Rewrite integer operators (QLinear*, MatMulInteger, dynamic) into QDQ."),
