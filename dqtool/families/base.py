@@ -50,6 +50,12 @@ Each capability is optional (``None``: the family does not offer it):
 - ``check``: ``() → CheckSupport``: what ``dqtool check`` (and ``--check``) adds for the
   family's nodes: its weights compared between a model and its conversion, and its own
   numeric self-check (see ``CheckSupport``).
+- ``api``: names the family adds to the ``dqtool`` package (public name → the module
+  defining it), imported when first read (``dqtool.pack``).
+- ``rewrites_most``: ``(model, conversion options) → bool``: whether a conversion with
+  these options rewrites the family's nodes and they hold most of the model's tensor
+  bytes (reading no tensor data); the driver then skips copying the input's data file
+  ahead of the conversion, since the copy would be dropped.
 - ``lint_modules``: modules (dotted names) that define lint rules (``linting.registry.
   define``/``check``) or targets (a ``TARGETS`` list) for the family; imported when lint
   loads its registries. Such a module may also define ``target_findings(ctx, target)``,
@@ -211,6 +217,8 @@ class Family:
     cli_commands: tuple[Command, ...] = ()
     inspect: Callable[[], InspectSupport] | None = None
     check: Callable[[], CheckSupport] | None = None
+    api: Mapping[str, str] = field(default_factory=dict)
+    rewrites_most: Callable[[ir.Model, Any], bool] | None = None
 
     @property
     def domains(self) -> frozenset[str]:

@@ -62,6 +62,12 @@ def _check() -> CheckSupport:
                "the weights"})
 
 
+def _rewrites_most(model: ir.Model, options: Any) -> bool:
+    from dqtool.families.fused import facts
+
+    return not options.keep_contrib and facts.mostly_rewritten(model)
+
+
 FAMILY = Family(
     name="fused",
     keys=tuple((DOMAIN, op, 1) for op in OPS),
@@ -72,6 +78,10 @@ FAMILY = Family(
     lint_modules=("dqtool.families.fused.lint",),
     inspect=_inspect,
     check=_check,
+    api={"dequantize_matmul_nbits": "dqtool.families.fused.kernel",
+         "dequantize_gather_block_quantized": "dqtool.families.fused.kernel",
+         "pack": "dqtool.families.fused.pack_api"},
+    rewrites_most=_rewrites_most,
     cli_commands=(Command("pack", "dqtool.families.fused.cli", "pack_cmd",
                           "DequantizeLinear → MatMul / Gather into MatMulNBits / "
                           "GatherBlockQuantized.", after="downgrade"),),
