@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 from dqtool.families.base import (
     CheckSupport,
     Command,
+    ConvertStep,
     Family,
     FoldKernel,
     FoldSupport,
@@ -250,6 +251,11 @@ def check_supports() -> list[CheckSupport]:
             _CHECK[family.name] = family.check()
         out.append(_CHECK[family.name])
     return out
+
+
+def convert_steps(command: str) -> list[ConvertStep]:
+    """The flags families add to ``command`` (``upgrade`` / ``downgrade``)."""
+    return [s for f in all_families() for s in f.convert_steps if command in s.commands]
 
 
 def lint_modules() -> list[str]:

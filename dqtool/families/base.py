@@ -56,6 +56,8 @@ Each capability is optional (``None``: the family does not offer it):
   these options rewrites the family's nodes and they hold most of the model's tensor
   bytes (reading no tensor data); the driver then skips copying the input's data file
   ahead of the conversion, since the copy would be dropped.
+- ``convert_steps``: ``ConvertStep`` entries: a flag of ``dqtool upgrade`` (or downgrade)
+  that first rewrites the family's nodes in memory (``--to-qdq``), then converts.
 - ``lint_modules``: modules (dotted names) that define lint rules (``linting.registry.
   define``/``check``) or targets (a ``TARGETS`` list) for the family; imported when lint
   loads its registries. Such a module may also define ``target_findings(ctx, target)``,
@@ -176,6 +178,26 @@ class InspectSupport:
 
 
 @dataclass(frozen=True)
+class ConvertStep:
+    """A flag (``flag``, ``help``) the family adds to ``commands`` (``upgrade``,
+    ``downgrade``). When given, ``module:attr`` rewrites the family's nodes first, printing
+    its own report and aborting on refusal: ``(app, model, out, in_place, as_json) →
+    ir.Model`` (the model: its path, or the previous step's result); the opset conversion
+    then runs on the model it returns."""
+
+    flag: str
+    help: str
+    module: str
+    attr: str
+    commands: tuple[str, ...] = ("upgrade",)
+
+    @property
+    def dest(self) -> str:
+        """The keyword click passes the flag's value as (``--to-qdq`` → ``to_qdq``)."""
+        return self.flag.lstrip("-").replace("-", "_")
+
+
+@dataclass(frozen=True)
 class CheckSupport:
     """What checking adds for a family's nodes.
 
@@ -219,6 +241,7 @@ class Family:
     check: Callable[[], CheckSupport] | None = None
     api: Mapping[str, str] = field(default_factory=dict)
     rewrites_most: Callable[[ir.Model, Any], bool] | None = None
+    convert_steps: tuple[ConvertStep, ...] = ()
 
     @property
     def domains(self) -> frozenset[str]:

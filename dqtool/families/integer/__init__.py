@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from dqtool.families.base import CheckSupport, Command, Family, InspectSupport
+from dqtool.families.base import CheckSupport, Command, ConvertStep, Family, InspectSupport
 from dqtool.families.integer import ops
 
 
@@ -44,6 +44,10 @@ FAMILY = Family(
     prunable=frozenset({ops.MS}),
     lint_modules=("dqtool.families.integer.lint",),
     inspect=_inspect,
+    convert_steps=(ConvertStep(
+        "--to-qdq", "First rewrite integer operators (QLinear*, MatMulInteger, dynamic "
+        "quantization) into QDQ, as `dqtool qdq` does (faithful, not exact).",
+        "dqtool.families.integer.cli", "upgrade_to_qdq"),),
     check=_check,
     cli_commands=(
         Command("qdq", "dqtool.families.integer.cli", "qdq_cmd",
