@@ -44,11 +44,11 @@ class _Commands(Mapping[str, tuple[str, str, str]]):
 
     def __init__(self) -> None:
         self._all: dict[str, tuple[str, str, str]] | None = None
+        self._generation = -1  # of the family registry the table was merged at
 
     def _merged(self) -> dict[str, tuple[str, str, str]]:
-        if self._all is None:
-            from dqtool import families
-
+        families = importlib.import_module("dqtool.families")
+        if self._all is None or self._generation != families.generation():
             merged = dict(_SHARED)
             for c in families.cli_commands():
                 if c.name in merged:
@@ -60,7 +60,7 @@ class _Commands(Mapping[str, tuple[str, str, str]]):
                     merged = dict([*items[:at], (c.name, entry), *items[at:]])
                 else:
                     merged[c.name] = entry
-            self._all = merged
+            self._all, self._generation = merged, families.generation()
         return self._all
 
     def __getitem__(self, name: str) -> tuple[str, str, str]:
