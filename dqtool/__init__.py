@@ -11,7 +11,8 @@ from typing import Any
 
 __version__ = "0.1.0"
 
-# public name -> module that defines it
+# public name -> module that defines it; an operator family's own names
+# (``Family.api``) join these on first need, so ``import dqtool`` loads no family.
 _API = {
     "DqtoolError": "dqtool.errors",
     "InputError": "dqtool.errors",
@@ -24,8 +25,6 @@ _API = {
     "quantize_ms": "dqtool.kernel",
     "unpack_opmx_int4": "dqtool.kernel",
     "reference_evaluator": "dqtool.families.evaluator",
-    "dequantize_matmul_nbits": "dqtool.families.fused.kernel",
-    "dequantize_gather_block_quantized": "dqtool.families.fused.kernel",
     "QuantSpec": "dqtool.spec",
     "read_node": "dqtool.codecs",
     "load": "dqtool.io",
@@ -34,16 +33,22 @@ _API = {
     "upgrade": "dqtool.convert",
     "downgrade": "dqtool.convert",
     "fold": "dqtool.folding",
-    "pack": "dqtool.families.fused.pack_api",
     "check": "dqtool.checking",
     "lint": "dqtool.linting",
 }
 
-__all__ = sorted(_API)
+
+
+def _family_api() -> dict[str, str]:
+    families = importlib.import_module("dqtool.families")
+    return {name: module for f in families.all_families() for name, module in f.api.items()}
 
 
 def __getattr__(name: str) -> Any:
-    module = _API.get(name)
+    if name == "__all__":
+        return sorted({*_API, *_family_api()})
+    # Other dunders (asked by copy, pickle, doctest) never load the families.
+    module = _API.get(name) or (None if name.startswith("__") else _family_api().get(name))
     if module is None:
         raise AttributeError(f"module 'dqtool' has no attribute {name!r}")
     value = getattr(importlib.import_module(module), name)

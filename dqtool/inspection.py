@@ -10,11 +10,7 @@ from typing import Any
 
 import onnx_ir as ir
 
-from dqtool import codecs, graph, io, versions
-from dqtool.families.fused import facts as fused_facts
-from dqtool.families.fused import read as fused_read
-from dqtool.families.fused.spec import FusedSpec
-from dqtool.families.integer import describe as integer_describe
+from dqtool import codecs, families, graph, io, versions
 from dqtool.spec import QuantSpec
 
 
@@ -22,21 +18,27 @@ from dqtool.spec import QuantSpec
 class NodeReport:
     name: str
     graph: str
-    spec: QuantSpec | FusedSpec
+    spec: QuantSpec  # or a family's spec with the same fields (a fused operator's)
     consumers: tuple[str, ...]
     bytes_stored: int | None
     bytes_folded: int | None
     lowest_onnx_opset: int | None
+    # "qdq" for a Q/DQ node; a family's nodes whose dequantization lives inside another
+    # operator say which (their family's inspect hook builds them), with the JSON fields
+    # only they have in ``extras``.
+    kind: str = "qdq"
+    extras: tuple[tuple[str, Any], ...] = ()
 
     @property
     def fused(self) -> bool:
-        return isinstance(self.spec, FusedSpec)
+        """The dequantization lives inside another operator (not a Q/DQ node)."""
+        return self.kind != "qdq"
 
     def to_json(self) -> dict[str, Any]:
         s = self.spec
         doc = {
             "name": self.name,
-            "kind": "fused" if self.fused else "qdq",
+            "kind": self.kind,
             "op_type": s.op,
             "domain": s.domain,
             "version": s.version,
@@ -67,27 +69,12 @@ class NodeReport:
                 for p in s.problems
             ],
         }
-        if isinstance(s, FusedSpec):
-            doc.update(fused_facts.json_extras(s))
+        doc.update(self.extras)
         return doc
 
 
 def _dims(shape) -> list | None:
     return None if shape is None else list(shape)
-
-
-@dataclass(frozen=True)
-class IntegerNodeReport:
-    """An integer operator (QLinear*, MatMulInteger, dynamic quantization) and its use."""
-
-    name: str
-    graph: str
-    spec: integer_describe.IntegerOpSpec
-    consumers: tuple[str, ...]
-
-    def to_json(self) -> dict[str, Any]:
-        return {"name": self.name, "graph": self.graph, **self.spec.to_json(),
-                "consumers": list(self.consumers)}
 
 
 @dataclass(frozen=True)
@@ -99,7 +86,15 @@ class InspectReport:
     functions: int = 0
     external_data: bool = False
     summary: dict[str, Any] = field(default_factory=dict)
-    integer_nodes: tuple[IntegerNodeReport, ...] = ()
+    # A family's reports that are not Q/DQ-like, under the family's section name (the
+    # integer operators' "integer_nodes"); each also reads as an attribute.
+    sections: dict[str, tuple[Any, ...]] = field(default_factory=dict)
+
+    def __getattr__(self, name: str) -> tuple[Any, ...]:
+        sections = self.__dict__.get("sections", {})
+        if name in sections:
+            return sections[name]
+        raise AttributeError(name)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -108,7 +103,7 @@ class InspectReport:
             "opset_imports": self.opset_imports,
             "external_data": self.external_data,
             "nodes": [n.to_json() for n in self.nodes],
-            "integer_nodes": [n.to_json() for n in self.integer_nodes],
+            **{key: [n.to_json() for n in reports] for key, reports in self.sections.items()},
             "summary": self.summary,
         }
 
@@ -129,59 +124,51 @@ def _bytes(spec: QuantSpec) -> tuple[int | None, int | None]:
     return stored, folded
 
 
+def consumers(node: ir.Node) -> tuple[str, ...]:
+    """The op types reading ``node``'s first output."""
+    return tuple(u.node.op_type for u in node.outputs[0].uses()) if node.outputs else ()
+
+
+def _qdq_report(node: ir.Node, opsets: dict[str, int], graph_name: str) -> NodeReport | None:
+    if not codecs.is_quant_node(node):
+        return None
+    spec = codecs.read_node(node, opsets)
+    stored, folded = _bytes(spec)
+    return NodeReport(
+        name=node.name or "", graph=graph_name, spec=spec, consumers=consumers(node),
+        bytes_stored=stored, bytes_folded=folded,
+        lowest_onnx_opset=versions.lowest_version(spec) if spec.op in
+        ("DequantizeLinear", "QuantizeLinear") else None,
+    )
+
+
+def _reports(model: ir.Model) -> tuple[list[NodeReport], list[list[Any]]]:
+    """The Q/DQ-like reports (Q/DQ nodes and the families' ``kind`` nodes, in walk order),
+    and each inspecting family's own reports (``families.inspect_supports()`` order)."""
+    supports = families.inspect_supports()
+    nodes: list[NodeReport] = []
+    own: list[list[Any]] = [[] for _ in supports]
+    for site in graph.walk(model):
+        claimed = False  # a family's Q/DQ-like report replaces the Q/DQ reading
+        for i, support in enumerate(supports):
+            if claimed and not support.section:
+                continue
+            report = support.node(site.node, site.opsets, site.graph)
+            if report is None:
+                continue
+            own[i].append(report)
+            if not support.section:
+                nodes.append(report)
+                claimed = True
+        if not claimed:
+            report = _qdq_report(site.node, site.opsets, site.graph)
+            if report is not None:
+                nodes.append(report)
+    return nodes, own
+
+
 def node_reports(model: ir.Model) -> list[NodeReport]:
-    out = []
-    for site in graph.walk(model):
-        node = site.node
-        if fused_read.is_fused(node):
-            fspec = fused_read.read(node, site.opsets)
-            stored, folded = fused_facts.bytes_of(fspec)
-            out.append(NodeReport(
-                name=node.name or "", graph=site.graph, spec=fspec,
-                consumers=tuple(u.node.op_type for u in node.outputs[0].uses())
-                if node.outputs else (),
-                bytes_stored=stored, bytes_folded=folded,
-                lowest_onnx_opset=fused_facts.lowest_onnx_opset(fspec)))
-            continue
-        if not codecs.is_quant_node(node):
-            continue
-        spec = codecs.read_node(node, site.opsets)
-        stored, folded = _bytes(spec)
-        out.append(NodeReport(
-            name=node.name or "", graph=site.graph, spec=spec,
-            consumers=tuple(u.node.op_type for u in node.outputs[0].uses()) if node.outputs
-            else (),
-            bytes_stored=stored, bytes_folded=folded,
-            lowest_onnx_opset=versions.lowest_version(spec) if spec.op in
-            ("DequantizeLinear", "QuantizeLinear") else None,
-        ))
-    return out
-
-
-def integer_node_reports(model: ir.Model) -> list[IntegerNodeReport]:
-    out = []
-    for site in graph.walk(model):
-        spec = integer_describe.read(site.node, site.opsets)
-        if spec is None:
-            continue
-        node = site.node
-        out.append(IntegerNodeReport(
-            name=node.name or "", graph=site.graph, spec=spec,
-            consumers=tuple(u.node.op_type for u in node.outputs[0].uses()) if node.outputs
-            else ()))
-    return out
-
-
-def summarize_integer(nodes: list[IntegerNodeReport]) -> dict[str, Any]:
-    def count(key) -> dict[str, int]:
-        return dict(sorted(Counter(key(n) for n in nodes).items()))
-
-    return {
-        "integer_nodes": len(nodes),
-        "integer_by_op": count(lambda n: f"{n.spec.domain}:{n.spec.op}"),
-        "integer_by_kind": count(lambda n: n.spec.kind),
-        "integer_without_qdq_form": [n.name for n in nodes if not n.spec.qdq_form],
-    }
+    return _reports(model)[0]
 
 
 def _opsets(model: ir.Model) -> dict[str, int]:
@@ -189,6 +176,8 @@ def _opsets(model: ir.Model) -> dict[str, int]:
 
 
 def summarize(model: ir.Model, nodes: list[NodeReport]) -> dict[str, Any]:
+    """The shared summary fields; a family's nodes (``fused``) count in the types, the
+    lowest opset and the bytes, and its own fields come from its ``summary`` hook."""
     fused = [n for n in nodes if n.fused]
     every = nodes
     nodes = [n for n in nodes if not n.fused]
@@ -221,10 +210,6 @@ def summarize(model: ir.Model, nodes: list[NodeReport]) -> dict[str, Any]:
         "not_expressible_in_onnx": not_expressible,
         "types_unknown": [n.name for n in every if n not in typed],
         "functions": len(model.functions),
-        "fused_nodes": len(fused),
-        "by_fused_op": count(lambda n: f"{n.spec.op}:{n.spec.quant_type}", fused),
-        "fused_constant": sum(n.spec.constant for n in fused),
-        "fused_with_problems": sum(bool(n.spec.errors) for n in fused),
     }
 
 
@@ -239,8 +224,14 @@ def inspect(model: str | os.PathLike | ir.Model) -> InspectReport:
     if not isinstance(model, ir.Model):
         name = str(model)
         model = io.load(Path(model))
-    nodes = node_reports(model)
-    integer = integer_node_reports(model)
+    nodes, own = _reports(model)
+    summary = summarize(model, nodes)
+    sections: dict[str, tuple[Any, ...]] = {}
+    for support, reports in zip(families.inspect_supports(), own, strict=True):
+        if support.summary is not None:
+            summary.update(support.summary(reports))
+        if support.section:
+            sections[support.section] = tuple(reports)
     return InspectReport(
         input=name,
         ir_version=model.ir_version,
@@ -248,9 +239,9 @@ def inspect(model: str | os.PathLike | ir.Model) -> InspectReport:
         nodes=tuple(nodes),
         functions=len(model.functions),
         external_data=io.uses_external_data(model),
-        summary={**summarize(model, nodes), **summarize_integer(integer)},
-        integer_nodes=tuple(integer),
+        summary=summary,
+        sections=sections,
     )
 
 
-__all__ = ["InspectReport", "IntegerNodeReport", "NodeReport", "inspect"]
+__all__ = ["InspectReport", "NodeReport", "consumers", "inspect"]

@@ -12,6 +12,7 @@ from collections.abc import Mapping
 
 import numpy as np
 
+from dqtool import families
 from dqtool.checking import against as against_mod
 from dqtool.checking import inputs as inputs_mod
 from dqtool.checking import runners, selfcheck
@@ -71,9 +72,8 @@ def check(
         comparisons = against_mod.compare_models(
             proto, other, feeds, rtol=rtol, atol=atol, notes=notes,
             model_dir=loaded.external_dir, original_dir=other_loaded.external_dir)
-        from dqtool.families.fused.weights import compare_weights
-
-        weights = compare_weights(loaded.ir_model(), other_loaded.ir_model())
+        weights = [w for support in families.check_supports() if support.weights
+                   for w in support.weights(loaded.ir_model(), other_loaded.ir_model())]
         return CheckReport(input=name, against=other_name, comparisons=tuple(comparisons),
                            notes=tuple(notes), weights=tuple(weights), **common)
     model = loaded.ir_model()
@@ -83,11 +83,11 @@ def check(
         proto, sites, loaded.path if loaded.external_dir is not None else None)
     nodes = selfcheck.numeric(proto, model, sites, feeds, notes,
                               external_dir=loaded.external_dir)
-    # The integer operators (QLinear*, MatMulInteger, ...): their family checks them.
-    from dqtool.families.integer import selfcheck as integer_selfcheck
-
-    nodes += integer_selfcheck.numeric(proto, model, feeds, notes,
-                                       external_dir=loaded.external_dir)
+    # Operators that are not Q/DQ (the integer ones): their family checks them.
+    for support in families.check_supports():
+        if support.numeric is not None:
+            nodes += support.numeric(proto, model, feeds, notes,
+                                     external_dir=loaded.external_dir)
     if not nodes:
         notes.append("the model has no DequantizeLinear or integer operator node: nothing "
                      "to compare")

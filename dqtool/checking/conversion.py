@@ -210,7 +210,7 @@ def compare(original_model: models.Loaded | onnx.ModelProto,
     if not checker_passed and not _checker(original_model)[1]:
         checker, checker_passed = "skipped: the original fails onnx.checker too", True
     plan = _plan(original_model, converted_model)
-    fused = _fused_weights(plan)
+    fused, tolerated = _fused_weights(plan)
     verdicts: list[RuntimeVerdict] = []
     too_big = models.reference_too_big(plan.original.proto)
     for name, open_session, model_a, model_b in plan.runs:
@@ -221,32 +221,33 @@ def compare(original_model: models.Loaded | onnx.ModelProto,
                                                                        "tolerated")
                                for v in verdicts)
         verdicts.append(_on(name, open_session, model_a, model_b, plan, feeds,
-                            reference_agrees, fused))
+                            reference_agrees, fused, tolerated))
     return ConversionCheck(tuple(verdicts), checker, checker_passed, seed, tuple(plan.notes))
 
 
-def _fused_weights(plan: _Plan) -> str | None:
-    """For an original with MatMulNBits / GatherBlockQuantized: "" when every such weight is
-    bit-identical in the converted model (then the notes say so), else what differs; None
-    without fused nodes."""
-    from dqtool.families.fused.weights import compare_weights
+def _fused_weights(plan: _Plan) -> tuple[str | None, str]:
+    """For an original whose families hold weights inside operators (MatMulNBits): ""
+    when every such weight is bit-identical in the converted model (then the notes say
+    so), else what differs; None without such nodes. Second: why outputs may still differ."""
+    from dqtool import families
 
-    if not any(n.domain == "com.microsoft" and n.op_type in ("MatMulNBits",
-                                                            "GatherBlockQuantized")
-               for n in plan.original.proto.graph.node):
-        return None
-    weights = compare_weights(plan.converted.ir_model(), plan.original.ir_model())
-    bad = [w for w in weights if w.status != "bit-identical"]
-    if bad:
-        return "; ".join(f"{w.node}: {w.status} ({w.detail})" for w in bad)
-    plan.notes.append(f"{len(weights)} fused weight(s) (MatMulNBits / GatherBlockQuantized) "
-                      "bit-identical in the converted model")
-    return ""
+    supports = [s for s in families.check_supports() if s.weights is not None
+                and s.holds_weights is not None and s.holds_weights(plan.original.proto)]
+    if not supports:
+        return None, ""
+    for s in supports:
+        weights = s.weights(plan.converted.ir_model(), plan.original.ir_model())
+        bad = [w for w in weights if w.status != "bit-identical"]
+        if bad:
+            return "; ".join(f"{w.node}: {w.status} ({w.detail})" for w in bad), ""
+        plan.notes.append(f"{len(weights)} {s.weights_label} bit-identical in the converted "
+                          "model")
+    return "", "; ".join(s.tolerated for s in supports if s.tolerated)
 
 
 def _on(name: str, open_session: Open, model_a: onnx.ModelProto, model_b: onnx.ModelProto,
         plan: _Plan, feeds: dict[str, np.ndarray], reference_agrees: bool,
-        fused: str | None = None) -> RuntimeVerdict:
+        fused: str | None = None, tolerated: str = "") -> RuntimeVerdict:
     # One session at a time: a large model's weights are held once, not twice.
     try:
         got_a = open_session(model_a, plan.original.external_dir)(feeds, None)
@@ -269,10 +270,11 @@ def _on(name: str, open_session: Open, model_a: onnx.ModelProto, model_b: onnx.M
     if fused:
         return RuntimeVerdict(name, "different", f"DIFFERENT fused weight: {fused}")
     if final_diff and fused == "":
-        # The fused weights are bit-identical; MatMulNBits (and onnxruntime's MatMul) sum in
-        # their own orders, so outputs differ by rounding: by design, not the conversion's.
+        # The fused weights are bit-identical; the fused operator (and onnxruntime's MatMul)
+        # sum in their own orders, so outputs differ by rounding: by design, not the
+        # conversion's.
         return RuntimeVerdict(name, "tolerated", f"fused weights identical; final "
-                              f"{final_diff} (MatMulNBits sums in its own order)")
+                              f"{final_diff} ({tolerated})")
     if final_diff and not (plan.qdq_names and plan.all_qdq_compared):
         # No complete set of Q/DQ results vouches for the inputs of the ops that differ.
         return RuntimeVerdict(name, "different", f"DIFFERENT: {final_diff}")

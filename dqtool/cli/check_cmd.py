@@ -63,10 +63,14 @@ def _render_against(app: App, doc: dict) -> None:
     for w in weights:
         app.out.print(f"weight of {w['node']} ({w['op']}): {w['status']}"
                       + (f" ({w['detail']})" if w["detail"] else ""), markup=False)
-    if weights and any(w["op"] == "MatMulNBits" for w in weights):
-        app.out.print("note: MatMulNBits accumulates in its own order (and with "
-                      "accuracy_level > 0 may quantize A): output differences above are "
-                      "that, not the weights", markup=False)
+    if weights:
+        from dqtool import families
+
+        ops = {w["op"] for w in weights}
+        for support in families.check_supports():
+            for op, note in support.notes.items():
+                if op in ops:
+                    app.out.print(note, markup=False)
 
 
 def _steps(o: dict) -> str:

@@ -6,13 +6,16 @@ Exit 0 converted and written; 1 some node refused (nothing written) or --check f
 
 from __future__ import annotations
 
+import importlib
 from pathlib import Path
 from typing import Any
 
 import click
 
+from dqtool import families
 from dqtool.cli.app import App, user_errors
 from dqtool.cli.options import parse_size, progress_bar, writer_options
+from dqtool.families import ConvertStep
 
 
 def render(app: App, report, as_json: bool) -> None:
@@ -54,7 +57,7 @@ def _run(app: App, direction: str, model: str, opset: int, out: str | None, as_j
 
     # A large input starts copying to the output's folder now, while the imports below
     # run; the save keeps what is still in place (see dqtool/early_copy.py).
-    if not external_data and shard_size is None and not kwargs.get("to_qdq"):
+    if not external_data and shard_size is None and not _steps(direction, kwargs):
         early_copy.start(model, model if in_place else out)
     try:
         _convert(app, direction, model, opset, out, as_json, in_place, external_data,
@@ -70,17 +73,21 @@ def _convert(app: App, direction: str, model: str, opset: int, out: str | None,
 
     if out is None and not in_place:
         out = str(convert.default_output(model, opset))
-    to_qdq = kwargs.pop("to_qdq", False)
-    kwargs.update(in_place=in_place and not to_qdq, external_data=external_data or None,
+    steps = _steps(direction, kwargs)
+    for step in families.convert_steps(direction):
+        kwargs.pop(step.dest, None)
+    first = bool(steps)  # a family rewrites its nodes first, in memory
+    kwargs.update(in_place=in_place and not first, external_data=external_data or None,
                   shard_size=parse_size(shard_size))
     fn = convert.upgrade if direction == "upgrade" else convert.downgrade
     source: Any = model
-    if to_qdq:  # integer operators into QDQ first, in memory; then the opset conversion
-        source = _integer_to_qdq(app, model, out, in_place, as_json)
+    for step in steps:  # then the opset conversion
+        run = getattr(importlib.import_module(step.module), step.attr)
+        source = run(app, source, out, in_place, as_json)
         out = model if in_place else out
     try:
         with progress_bar(app, model, progress) as bar:
-            report = fn(source, opset, None if in_place and not to_qdq else out, progress=bar,
+            report = fn(source, opset, None if in_place and not first else out, progress=bar,
                         **kwargs)
     except (convert.ConversionRefused, convert.CheckFailed) as e:
         render(app, e.report, as_json)
@@ -90,21 +97,19 @@ def _convert(app: App, direction: str, model: str, opset: int, out: str | None,
     render(app, report, as_json)
 
 
-def _integer_to_qdq(app: App, model: str, out: str | None, in_place: bool, as_json: bool):
-    """``upgrade --to-qdq``: integer operators into QDQ (as ``dqtool qdq``), in memory."""
-    from dqtool import io
-    from dqtool.cli.integer_cmd import render as render_integer
-    from dqtool.families.integer import api
+def _steps(direction: str, kwargs: dict[str, Any]) -> list[ConvertStep]:
+    """The family steps whose flags were given."""
+    return [s for s in families.convert_steps(direction) if kwargs.get(s.dest)]
 
-    io.no_overwrite_of_input(model, model if in_place else out, in_place)
-    try:
-        report = api.to_qdq(model)
-    except api.IntegerConversionRefused as e:
-        render_integer(app, e.report, as_json)
-        app.abort(str(e), 1)
-    if not as_json:
-        render_integer(app, report, False)
-    return report.model
+
+def _family_flags(command: str):
+    """The flags families add to ``command`` (``Family.convert_steps``)."""
+    def decorate(f):
+        for step in reversed(families.convert_steps(command)):
+            f = click.option(step.flag, step.dest, is_flag=True, help=step.help)(f)
+        return f
+
+    return decorate
 
 
 _common = [
@@ -128,13 +133,11 @@ def _with_common(f):
 
 @click.command("upgrade")
 @_with_common
-@click.option("--to-qdq", is_flag=True, help="First rewrite integer operators (QLinear*, "
-              "MatMulInteger, dynamic quantization) into QDQ, as `dqtool qdq` does "
-              "(faithful, not exact).")
+@_family_flags("upgrade")
 @click.pass_obj
 @user_errors
 def upgrade_cmd(app: App, model: str, opset: int, per_axis: bool, check: bool,
-                keep_contrib: bool, to_qdq: bool, **writing: Any) -> None:
+                keep_contrib: bool, **writing: Any) -> None:
     """Move MODEL up to ai.onnx opset N, converting every Q/DQ exactly.
 
     com.microsoft and opmx Q/DQ become ai.onnx where N expresses them; invalid Q/DQ that
@@ -144,11 +147,12 @@ def upgrade_cmd(app: App, model: str, opset: int, per_axis: bool, check: bool,
     (nothing written); 2 bad input.
     """
     _run(app, "upgrade", model, opset, per_axis=per_axis, check=check,
-         keep_contrib=keep_contrib, to_qdq=to_qdq, **writing)
+         keep_contrib=keep_contrib, **writing)
 
 
 @click.command("downgrade")
 @_with_common
+@_family_flags("downgrade")
 @click.option("--allow-decompose", is_flag=True, help="Rewrite a DequantizeLinear no "
               "version at N expresses as Cast/Sub/Mul (exact, but no longer QDQ).")
 @click.pass_obj

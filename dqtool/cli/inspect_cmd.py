@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections import Counter
+
 import click
 from rich import box
 from rich.markup import escape
@@ -10,7 +12,6 @@ from rich.table import Table
 from dqtool.cli.app import App, user_errors
 
 _SHORT = {"com.microsoft": "ms"}
-_FUSED_SHORT = {"MatMulNBits": "MatMulNBits", "GatherBlockQuantized": "GatherBQ"}
 
 
 def _zp(s) -> str:
@@ -34,10 +35,14 @@ def _shape(dims) -> str:
 
 
 def render(app: App, report) -> None:
-    fused = report.summary.get("fused_nodes", 0)
-    title = f"{report.input}: {len(report.nodes) - fused} Q/DQ nodes"
-    if fused:
-        title += f", {fused} fused (dequantization inside an operator)"
+    from dqtool import families
+
+    supports = families.inspect_supports()
+    short_ops = {op: short for s in supports for op, short in s.short_ops.items()}
+    kinds = Counter(n.kind for n in report.nodes if n.fused)
+    title = f"{report.input}: {len(report.nodes) - sum(kinds.values())} Q/DQ nodes"
+    for kind, count in kinds.items():
+        title += f", {count} {kind} (dequantization inside an operator)"
     table = Table(title=escape(title),
                   title_justify="left",
                   box=box.SIMPLE_HEAD, pad_edge=False)
@@ -57,7 +62,7 @@ def render(app: App, report) -> None:
         dom = "" if s.domain == "ai.onnx" else f"{_SHORT.get(s.domain, s.domain)}:"
         op = f"{dom}{'DQ' if s.is_dequantize else 'Q'}-{s.version}"
         if n.fused:
-            op = f"{dom}{_FUSED_SHORT.get(s.op, s.op)}-{s.version}"
+            op = f"{dom}{short_ops.get(s.op, s.op)}-{s.version}"
         gran = {"per-tensor": "tensor", "per-axis": f"axis {s.axis}",
                 "blocked": f"axis {s.axis} block {s.block_size}"}.get(s.granularity or "", "?")
         out = s.float_type if s.is_dequantize else s.quant_type
@@ -74,9 +79,9 @@ def render(app: App, report) -> None:
                       _size(n.bytes_folded) if stored else "-",
                       escape(",".join(sorted(set(n.consumers))) or "-")]
         table.add_row(*cells, flags)
-    if report.nodes or not report.integer_nodes:
+    if report.nodes or not any(report.sections.values()):
         app.out.print(table)
-    else:  # an integer-operator model: no empty Q/DQ table above the integer one
+    else:  # e.g. an integer-operator model: no empty Q/DQ table above the family's own
         app.out.print(escape(f"{report.input}: 0 Q/DQ nodes"))
     for n in report.nodes:
         for p in n.spec.problems:
@@ -92,11 +97,9 @@ def render(app: App, report) -> None:
     app.out.print(f"{sm['dequantize_nodes']} DequantizeLinear, {sm['quantize_nodes']} "
                   f"QuantizeLinear; {sm['constant_dequantize']} constant DequantizeLinear; "
                   f"{sm['nodes_with_problems']} with errors")
-    if sm.get("fused_nodes"):
-        app.out.print(f"{sm['fused_nodes']} fused (dequantization inside "
-                      f"com.microsoft operators; {sm['fused_constant']} constant, "
-                      f"{sm['fused_with_problems']} with errors): "
-                      + ", ".join(f"{k} ×{v}" for k, v in sm["by_fused_op"].items()))
+    for support in supports:
+        for line in support.summary_lines(sm) if support.summary_lines else ():
+            app.out.print(line)
     for key, label in (("by_domain_version", "by domain/version"),
                        ("by_quant_type", "by quantized type"),
                        ("by_granularity", "by granularity")):
@@ -106,51 +109,9 @@ def render(app: App, report) -> None:
                   + (f" ({sm['bytes_unknown']} nodes of unknown size)" if sm["bytes_unknown"]
                      else ""))
     app.out.print(f"lowest ai.onnx opset expressing every node: {_lowest(sm)}")
-    if report.integer_nodes:
-        render_integer(app, report)
-
-
-def _operand(o) -> str:
-    """``int8 axis 0 const`` for one quantized tensor of an integer operator."""
-    gran = {"per-tensor": "tensor", "per-axis": f"axis {o.axis}"}.get(o.granularity or "", "?")
-    text = f"{o.type or '?'} {gran}"
-    if o.constant:
-        text += " const"
-    elif o.scale_type is not None and not o.scale_constant:
-        text += " dyn"
-    return text
-
-
-def render_integer(app: App, report) -> None:
-    """The integer operators, one row each, then their counts."""
-    table = Table(title=f"{len(report.integer_nodes)} integer operators", title_justify="left",
-                  box=box.SIMPLE_HEAD, pad_edge=False)
-    table.add_column("node", overflow="fold", ratio=1, min_width=14)
-    for col in ("op", "kind", "inputs", "output", "bias", "qdq"):
-        table.add_column(col, overflow="fold")
-    table.add_column("!", no_wrap=True)
-    for n in report.integer_nodes:
-        s = n.spec
-        dom = "" if s.domain == "ai.onnx" else f"{_SHORT.get(s.domain, s.domain)}:"
-        where = n.name or "<unnamed>"
-        if n.graph != "main":
-            where += f" [{n.graph}]"
-        ins = "; ".join(f"{o.role} {_operand(o)}" for o in s.inputs) or "-"
-        out = _operand(s.output) if s.output else (s.output_type or "?")
-        flags = "E" if s.errors else ("W" if any(p.severity == "warning" for p in s.problems)
-                                      else "")
-        table.add_row(escape(where), f"{dom}{s.op}-{s.version}", s.kind, escape(ins),
-                      escape(out), s.bias_type or "-", "yes" if s.qdq_form else "no", flags)
-    app.out.print(table)
-    for n in report.integer_nodes:
-        for p in n.spec.problems:
-            app.out.print(escape(f"  {p.severity} {p.code} {n.name or '<unnamed>'}: "
-                                 f"{p.message}"), soft_wrap=True)
-    sm = report.summary
-    app.out.print(f"{sm['integer_nodes']} integer operators: "
-                  + ", ".join(f"{k} ×{v}" for k, v in sm["integer_by_op"].items()))
-    if sm["integer_without_qdq_form"]:
-        app.out.print(f"without a QDQ form: {len(sm['integer_without_qdq_form'])}")
+    for support in supports:
+        if support.render is not None:
+            support.render(app, report)
 
 
 def _lowest(sm: dict) -> str:

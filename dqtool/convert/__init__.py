@@ -25,7 +25,14 @@ from dqtool.convert.pipeline import default_output
 from dqtool.convert.registry import Registry, default_registry
 from dqtool.convert.report import CheckFailed, ConversionRefused, ConvertReport
 from dqtool.errors import InputError, UsageError
-from dqtool.families.fused import facts as fused_facts
+
+
+def _rewrites_most(model: ir.Model, options: Options) -> bool:
+    from dqtool import families
+
+    return any(f.rewrites_most(model, options) for f in families.all_families()
+               if f.rewrites_most is not None)
+
 
 __all__ = ["CheckFailed", "ConversionRefused", "ConvertReport", "Registry", "default_output",
            "default_registry", "downgrade", "upgrade"]
@@ -113,11 +120,11 @@ def _convert(model_or_path: ModelArg, opset: int, out, direction: Literal["upgra
         original = conversion.loaded(path if from_files else model)
     # The input's data file starts copying to the output now, overlapping the conversion.
     # (Not when sharding: the copy is one data file.)
-    # (Nor when fused weights, which the conversion rewrites, hold most of the bytes: the
-    # copy would be dropped.)
+    # (Nor when a family's nodes, which the conversion rewrites, hold most of the bytes:
+    # the copy would be dropped.)
     prefill = io.start_prefill(model, out) \
         if out is not None and not check and writing.shard_size is None \
-        and not (not options.keep_contrib and fused_facts.mostly_rewritten(model)) else None
+        and not _rewrites_most(model, options) else None
     try:
         # A model loaded here has no other reference: converted in place, dropped on refusal.
         report = pipeline.run(model, opset, direction, options, registry, path=path,

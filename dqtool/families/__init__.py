@@ -23,16 +23,48 @@ import importlib
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
-from dqtool.families.base import Family, FoldKernel, FoldSupport, Kernel, Key
+from dqtool.families.base import (
+    CheckSupport,
+    Command,
+    ConvertStep,
+    Family,
+    FoldKernel,
+    FoldSupport,
+    InspectSupport,
+    Kernel,
+    Key,
+)
 
 if TYPE_CHECKING:
     from dqtool.codecs.base import Codec
     from dqtool.convert.registry import Registry
 
-__all__ = ["BUILTIN", "Family", "FoldKernel", "FoldSupport", "Kernel", "Key", "all_families",
-           "codecs", "evaluator_ops", "fill_converters", "fold_kernel", "fold_support",
-           "generation", "is_fold_root", "lint_fact", "lint_modules", "owner",
-           "prunable_domains", "register", "unregister"]
+__all__ = [
+    "BUILTIN",
+    "Command",
+    "Family",
+    "FoldKernel",
+    "FoldSupport",
+    "InspectSupport",
+    "Kernel",
+    "Key",
+    "all_families",
+    "cli_commands",
+    "codecs",
+    "evaluator_ops",
+    "fill_converters",
+    "fold_kernel",
+    "fold_support",
+    "generation",
+    "inspect_supports",
+    "is_fold_root",
+    "lint_fact",
+    "lint_modules",
+    "owner",
+    "prunable_domains",
+    "register",
+    "unregister",
+]
 
 # One line per family dqtool ships; each module defines FAMILY.
 BUILTIN = (
@@ -74,6 +106,8 @@ def unregister(name: str) -> Family:
     for op in family.ops:
         del _OWNER[op]
     _FOLD.pop(name, None)
+    _INSPECT.pop(name, None)
+    _CHECK.pop(name, None)
     _KERNELS.clear()
     _generation += 1
     return family
@@ -182,6 +216,46 @@ def lint_fact(domain: str, target: str) -> str | None:
         if domain in family.domains and target in family.lint_facts:
             return family.lint_facts[target].format(domain=domain)
     return None
+
+
+def cli_commands() -> list[Command]:
+    """The ``dqtool`` commands every family adds."""
+    return [c for f in all_families() for c in f.cli_commands]
+
+
+_INSPECT: dict[str, InspectSupport] = {}
+
+
+def inspect_supports() -> list[InspectSupport]:
+    """How each family that reports nodes to ``dqtool.inspect`` does, in registration order."""
+    out = []
+    for family in all_families():
+        if family.inspect is None:
+            continue
+        if family.name not in _INSPECT:
+            _INSPECT[family.name] = family.inspect()
+        out.append(_INSPECT[family.name])
+    return out
+
+
+_CHECK: dict[str, CheckSupport] = {}
+
+
+def check_supports() -> list[CheckSupport]:
+    """What each family adds to checking, in registration order."""
+    out = []
+    for family in all_families():
+        if family.check is None:
+            continue
+        if family.name not in _CHECK:
+            _CHECK[family.name] = family.check()
+        out.append(_CHECK[family.name])
+    return out
+
+
+def convert_steps(command: str) -> list[ConvertStep]:
+    """The flags families add to ``command`` (``upgrade`` / ``downgrade``)."""
+    return [s for f in all_families() for s in f.convert_steps if command in s.commands]
 
 
 def lint_modules() -> list[str]:

@@ -40,6 +40,24 @@ Each capability is optional (``None``: the family does not offer it):
   (e.g. ``{"onnxruntime": "onnxruntime has no {domain} domain"}``), or ``"native"`` when the
   family *is* the target's own form (its codec's rules judge it). A target not named has no
   fact: it judges the node by its ``QuantSpec``.
+- ``cli_commands``: the ``dqtool`` commands the family adds, as ``Command`` entries (name,
+  module, attribute, one-line help, and the shared command it is listed after). The CLI
+  reads only these strings and imports the module when the command runs, so start-up
+  (``dqtool --version``, ``fold --help``) never loads a family's code.
+- ``inspect``: ``() → InspectSupport``: how ``dqtool.inspect`` reports the family's nodes
+  (see ``InspectSupport``): a report per node, the family's summary fields, and the lines
+  ``dqtool inspect`` prints for them.
+- ``check``: ``() → CheckSupport``: what ``dqtool check`` (and ``--check``) adds for the
+  family's nodes: its weights compared between a model and its conversion, and its own
+  numeric self-check (see ``CheckSupport``).
+- ``api``: names the family adds to the ``dqtool`` package (public name → the module
+  defining it), imported when first read (``dqtool.pack``).
+- ``rewrites_most``: ``(model, conversion options) → bool``: whether a conversion with
+  these options rewrites the family's nodes and they hold most of the model's tensor
+  bytes (reading no tensor data); the driver then skips copying the input's data file
+  ahead of the conversion, since the copy would be dropped.
+- ``convert_steps``: ``ConvertStep`` entries: a flag of ``dqtool upgrade`` (or downgrade)
+  that first rewrites the family's nodes in memory (``--to-qdq``), then converts.
 - ``lint_modules``: modules (dotted names) that define lint rules (``linting.registry.
   define``/``check``) or targets (a ``TARGETS`` list) for the family; imported when lint
   loads its registries. Such a module may also define ``target_findings(ctx, target)``,
@@ -121,6 +139,90 @@ class FoldSupport:
 
 
 @dataclass(frozen=True)
+class Command:
+    """One ``dqtool`` command a family adds: ``module:attr`` is its ``click.Command``,
+    imported only when the command runs; ``help`` is the line ``dqtool --help`` shows;
+    ``after`` names the command it is listed after ("" puts it last)."""
+
+    name: str
+    module: str
+    attr: str
+    help: str
+    after: str = ""
+
+
+@dataclass(frozen=True)
+class InspectSupport:
+    """How ``dqtool.inspect`` reports a family's nodes.
+
+    - ``node``: ``(node, opsets, graph name) → report or None``, called for every node of
+      the model in walk order (main graph, subgraphs, functions); None for a node the
+      family does not report. A report is either a ``dqtool.inspection.NodeReport`` (its
+      ``kind`` not ``"qdq"``), listed with the Q/DQ nodes in ``nodes``, or any object with
+      ``to_json()``, listed under the family's own ``section``.
+    - ``section``: the JSON key (and ``InspectReport.sections`` key) of the family's own
+      reports; "" when they join ``nodes``.
+    - ``summary``: ``(reports) → fields`` added to the report's summary (after the shared
+      ones), for the family's reports only.
+    - ``summary_lines``: ``(summary) → lines`` printed under the Q/DQ counts of the table.
+    - ``render``: ``(app, report)`` prints the family's own section after the summary.
+    - ``short_ops``: a shorter op name for the table (``GatherBlockQuantized`` → ``GatherBQ``).
+    """
+
+    node: Callable[[ir.Node, Mapping[str, int], str], Any | None]
+    section: str = ""
+    summary: Callable[[Sequence[Any]], dict[str, Any]] | None = None
+    summary_lines: Callable[[Mapping[str, Any]], list[str]] | None = None
+    render: Callable[[Any, Any], None] | None = None
+    short_ops: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class ConvertStep:
+    """A flag (``flag``, ``help``) the family adds to ``commands`` (``upgrade``,
+    ``downgrade``). When given, ``module:attr`` rewrites the family's nodes first, printing
+    its own report and aborting on refusal: ``(app, model, out, in_place, as_json) →
+    ir.Model`` (the model: its path, or the previous step's result); the opset conversion
+    then runs on the model it returns."""
+
+    flag: str
+    help: str
+    module: str
+    attr: str
+    commands: tuple[str, ...] = ("upgrade",)
+
+    @property
+    def dest(self) -> str:
+        """The keyword click passes the flag's value as (``--to-qdq`` → ``to_qdq``)."""
+        return self.flag.lstrip("-").replace("-", "_")
+
+
+@dataclass(frozen=True)
+class CheckSupport:
+    """What checking adds for a family's nodes.
+
+    - ``holds_weights``: ``original proto → bool``: the model has nodes whose weights
+      ``weights`` compares (a conversion check compares them only then).
+    - ``weights``: ``(checked model, original model) → comparisons`` of each of the
+      original's family weights with its counterpart in the checked model (objects with
+      ``node``, ``op``, ``status`` — "bit-identical" or not — and ``detail``).
+    - ``weights_label``: how a conversion check's note names them ("fused weight(s) ...").
+    - ``tolerated``: why final outputs may still differ when every weight is bit-identical
+      (the operator sums in its own order); a conversion check then tolerates them.
+    - ``notes``: op type → the note ``dqtool check`` prints under the weights of that op.
+    - ``numeric``: ``(proto, model, feeds, notes, external_dir) → [NodeCheck]``: the
+      family's nodes checked against the kernel, beside the Q/DQ nodes' self-check.
+    """
+
+    holds_weights: Callable[[Any], bool] | None = None
+    weights: Callable[[ir.Model, ir.Model], Sequence[Any]] | None = None
+    weights_label: str = ""
+    tolerated: str = ""
+    notes: Mapping[str, str] = field(default_factory=dict)
+    numeric: Callable[..., list[Any]] | None = None
+
+
+@dataclass(frozen=True)
 class Family:
     """One operator family, registered once (see the module docstring for each field)."""
 
@@ -134,6 +236,12 @@ class Family:
     prunable: frozenset[str] = frozenset()
     lint_facts: Mapping[str, str] = field(default_factory=dict)
     lint_modules: tuple[str, ...] = ()
+    cli_commands: tuple[Command, ...] = ()
+    inspect: Callable[[], InspectSupport] | None = None
+    check: Callable[[], CheckSupport] | None = None
+    api: Mapping[str, str] = field(default_factory=dict)
+    rewrites_most: Callable[[ir.Model, Any], bool] | None = None
+    convert_steps: tuple[ConvertStep, ...] = ()
 
     @property
     def domains(self) -> frozenset[str]:

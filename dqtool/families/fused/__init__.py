@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from dqtool.families.base import Family
+from dqtool.families.base import CheckSupport, Command, Family, InspectSupport
 
 if TYPE_CHECKING:
     import onnx_ir as ir
@@ -42,6 +42,32 @@ def _converters(reg: Registry) -> None:
         reg.register(DOMAIN, op, 1, "onnx")(to_onnx.convert)
 
 
+def _inspect() -> InspectSupport:
+    from dqtool.families.fused.inspect import SUPPORT
+
+    return SUPPORT
+
+
+def _check() -> CheckSupport:
+    from dqtool.families.fused import weights
+
+    return CheckSupport(
+        holds_weights=lambda proto: any(n.domain == DOMAIN and n.op_type in OPS
+                                        for n in proto.graph.node),
+        weights=weights.compare_weights,
+        weights_label="fused weight(s) (MatMulNBits / GatherBlockQuantized)",
+        tolerated="MatMulNBits sums in its own order",
+        notes={"MatMulNBits": "note: MatMulNBits accumulates in its own order (and with "
+               "accuracy_level > 0 may quantize A): output differences above are that, not "
+               "the weights"})
+
+
+def _rewrites_most(model: ir.Model, options: Any) -> bool:
+    from dqtool.families.fused import facts
+
+    return not options.keep_contrib and facts.mostly_rewritten(model)
+
+
 FAMILY = Family(
     name="fused",
     keys=tuple((DOMAIN, op, 1) for op in OPS),
@@ -50,4 +76,13 @@ FAMILY = Family(
     converters=_converters,
     prunable=frozenset({DOMAIN}),
     lint_modules=("dqtool.families.fused.lint",),
+    inspect=_inspect,
+    check=_check,
+    api={"dequantize_matmul_nbits": "dqtool.families.fused.kernel",
+         "dequantize_gather_block_quantized": "dqtool.families.fused.kernel",
+         "pack": "dqtool.families.fused.pack_api"},
+    rewrites_most=_rewrites_most,
+    cli_commands=(Command("pack", "dqtool.families.fused.cli", "pack_cmd",
+                          "DequantizeLinear → MatMul / Gather into MatMulNBits / "
+                          "GatherBlockQuantized.", after="downgrade"),),
 )

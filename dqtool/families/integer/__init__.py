@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from dqtool.families.base import Family
+from dqtool.families.base import CheckSupport, Command, ConvertStep, Family, InspectSupport
 from dqtool.families.integer import ops
 
 
@@ -20,6 +20,18 @@ def _evaluator_ops() -> list[type[Any]]:
     from dqtool.families.integer.evaluator_ops import EVALUATOR_OPS
 
     return list(EVALUATOR_OPS)
+
+
+def _inspect() -> InspectSupport:
+    from dqtool.families.integer.inspect import SUPPORT
+
+    return SUPPORT
+
+
+def _check() -> CheckSupport:
+    from dqtool.families.integer import selfcheck
+
+    return CheckSupport(numeric=selfcheck.numeric)
 
 
 FAMILY = Family(
@@ -31,4 +43,16 @@ FAMILY = Family(
     evaluator_ops=_evaluator_ops,
     prunable=frozenset({ops.MS}),
     lint_modules=("dqtool.families.integer.lint",),
+    inspect=_inspect,
+    convert_steps=(ConvertStep(
+        "--to-qdq", "First rewrite integer operators (QLinear*, MatMulInteger, dynamic "
+        "quantization) into QDQ, as `dqtool qdq` does (faithful, not exact).",
+        "dqtool.families.integer.cli", "upgrade_to_qdq"),),
+    check=_check,
+    cli_commands=(
+        Command("qdq", "dqtool.families.integer.cli", "qdq_cmd",
+                "Rewrite integer operators (QLinear*, MatMulInteger, dynamic) into QDQ."),
+        Command("qoperator", "dqtool.families.integer.cli", "qoperator_cmd",
+                "Fuse QDQ patterns into integer operators (QLinearConv, ...)."),
+    ),
 )

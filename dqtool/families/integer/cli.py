@@ -108,3 +108,19 @@ def qoperator_cmd(app: App, model: str, check: bool, **writing: Any) -> None:
     Other Q/DQ nodes stay as they are. Exit 0 written; 1 --check failed; 2 bad input.
     """
     _run(app, "to-qoperator", model, writing.pop("out"), True, check, **writing)
+
+
+def upgrade_to_qdq(app: App, model: str, out: str | None, in_place: bool, as_json: bool):
+    """``upgrade --to-qdq``: integer operators into QDQ (as ``dqtool qdq``), in memory."""
+    from dqtool import io
+    from dqtool.families.integer import api
+
+    io.no_overwrite_of_input(model, model if in_place else out, in_place)
+    try:
+        report = api.to_qdq(model)
+    except api.IntegerConversionRefused as e:
+        render(app, e.report, as_json)
+        app.abort(str(e), 1)
+    if not as_json:
+        render(app, report, False)
+    return report.model

@@ -1,0 +1,108 @@
+"""What ``dqtool inspect`` says about integer operators: a report each under
+"integer_nodes", their summary fields, and their own table."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from dqtool.families.base import InspectSupport
+
+if TYPE_CHECKING:
+    import onnx_ir as ir
+
+    from dqtool.families.integer.describe import IntegerOpSpec
+
+_SHORT = {"com.microsoft": "ms"}
+
+
+@dataclass(frozen=True)
+class IntegerNodeReport:
+    """An integer operator (QLinear*, MatMulInteger, dynamic quantization) and its use."""
+
+    name: str
+    graph: str
+    spec: IntegerOpSpec
+    consumers: tuple[str, ...]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"name": self.name, "graph": self.graph, **self.spec.to_json(),
+                "consumers": list(self.consumers)}
+
+
+def node(n: ir.Node, opsets: Mapping[str, int], graph_name: str) -> IntegerNodeReport | None:
+    from dqtool.families.integer import describe
+    from dqtool.inspection import consumers
+
+    spec = describe.read(n, dict(opsets))
+    if spec is None:
+        return None
+    return IntegerNodeReport(name=n.name or "", graph=graph_name, spec=spec,
+                             consumers=consumers(n))
+
+
+def summary(nodes: Sequence[IntegerNodeReport]) -> dict[str, Any]:
+    def count(key) -> dict[str, int]:
+        return dict(sorted(Counter(key(n) for n in nodes).items()))
+
+    return {
+        "integer_nodes": len(nodes),
+        "integer_by_op": count(lambda n: f"{n.spec.domain}:{n.spec.op}"),
+        "integer_by_kind": count(lambda n: n.spec.kind),
+        "integer_without_qdq_form": [n.name for n in nodes if not n.spec.qdq_form],
+    }
+
+
+def _operand(o) -> str:
+    """``int8 axis 0 const`` for one quantized tensor of an integer operator."""
+    gran = {"per-tensor": "tensor", "per-axis": f"axis {o.axis}"}.get(o.granularity or "", "?")
+    text = f"{o.type or '?'} {gran}"
+    if o.constant:
+        text += " const"
+    elif o.scale_type is not None and not o.scale_constant:
+        text += " dyn"
+    return text
+
+
+def render(app, report) -> None:
+    """The integer operators, one row each, then their counts (nothing when there are none)."""
+    from rich import box
+    from rich.markup import escape
+    from rich.table import Table
+
+    nodes = report.sections.get("integer_nodes", ())
+    if not nodes:
+        return
+    table = Table(title=f"{len(nodes)} integer operators", title_justify="left",
+                  box=box.SIMPLE_HEAD, pad_edge=False)
+    table.add_column("node", overflow="fold", ratio=1, min_width=14)
+    for col in ("op", "kind", "inputs", "output", "bias", "qdq"):
+        table.add_column(col, overflow="fold")
+    table.add_column("!", no_wrap=True)
+    for n in nodes:
+        s = n.spec
+        dom = "" if s.domain == "ai.onnx" else f"{_SHORT.get(s.domain, s.domain)}:"
+        where = n.name or "<unnamed>"
+        if n.graph != "main":
+            where += f" [{n.graph}]"
+        ins = "; ".join(f"{o.role} {_operand(o)}" for o in s.inputs) or "-"
+        out = _operand(s.output) if s.output else (s.output_type or "?")
+        flags = "E" if s.errors else ("W" if any(p.severity == "warning" for p in s.problems)
+                                      else "")
+        table.add_row(escape(where), f"{dom}{s.op}-{s.version}", s.kind, escape(ins),
+                      escape(out), s.bias_type or "-", "yes" if s.qdq_form else "no", flags)
+    app.out.print(table)
+    for n in nodes:
+        for p in n.spec.problems:
+            app.out.print(escape(f"  {p.severity} {p.code} {n.name or '<unnamed>'}: "
+                                 f"{p.message}"), soft_wrap=True)
+    sm = report.summary
+    app.out.print(f"{sm['integer_nodes']} integer operators: "
+                  + ", ".join(f"{k} ×{v}" for k, v in sm["integer_by_op"].items()))
+    if sm["integer_without_qdq_form"]:
+        app.out.print(f"without a QDQ form: {len(sm['integer_without_qdq_form'])}")
+
+
+SUPPORT = InspectSupport(node=node, section="integer_nodes", summary=summary, render=render)
