@@ -163,12 +163,42 @@ def test_cli_pack(tmp_path):
 
 
 def test_cli_pack_onto_its_input_names_an_option_pack_has(tmp_path):
-    # pack has no --in-place: its refusal must not tell the user to pass one.
+    # Writing over the input is refused and names --in-place, which pack has.
     rng = np.random.default_rng(6)
     src = tmp_path / "m.onnx"
     onnx.save(nbits_model(64, 5, 4, 32, nbits_inputs(rng, 64, 5, 4, 32)), src)
     before = src.read_bytes()
     r = CliRunner().invoke(cli, ["pack", str(src), "-o", str(src)])
     assert r.exit_code == 2 and r.output.count("\n") == 1, r.output
-    assert "--in-place" not in r.output and "output is the input" in r.output
+    assert "pass --in-place" in r.output and "output is the input" in r.output
     assert src.read_bytes() == before
+
+
+def test_pack_takes_every_writer_option(tmp_path):
+    """pack writes like every other command: --in-place (atomically), --external-data,
+    --shard-size; the packed weights are the same bytes each way."""
+    import shutil
+
+    from click.testing import CliRunner
+
+    from dqtool.cli import cli
+
+    src = tmp_path / "m.onnx"
+    shutil.copy("models/ort_matmulnbits_4bit_sym_b32.onnx", tmp_path / "orig.onnx")
+    up = CliRunner().invoke(cli, ["upgrade", str(tmp_path / "orig.onnx"), "--opset", "21",
+                                  "-o", str(src)])
+    assert up.exit_code == 0, up.output
+    ext = tmp_path / "ext.onnx"
+    r = CliRunner().invoke(cli, ["pack", str(src), "-o", str(ext), "--external-data"])
+    assert r.exit_code == 0, r.output
+    assert (tmp_path / "ext.onnx.data").is_file()
+    r = CliRunner().invoke(cli, ["pack", str(src), "--in-place"])
+    assert r.exit_code == 0, r.output
+    inline = onnx.load(str(src))
+    external = onnx.load(str(ext))
+    assert [n.op_type for n in inline.graph.node] == [n.op_type for n in external.graph.node]
+    assert "MatMulNBits" in [n.op_type for n in inline.graph.node]
+    for a, b in zip(inline.graph.initializer, external.graph.initializer, strict=True):
+        assert onnx.numpy_helper.to_array(a).tobytes() == onnx.numpy_helper.to_array(b).tobytes()
+    r = CliRunner().invoke(cli, ["pack", str(src), "--in-place", "-o", str(ext)])
+    assert r.exit_code == 2

@@ -6,12 +6,12 @@ from __future__ import annotations
 import click
 
 from dqtool.cli.app import App, user_errors
+from dqtool.cli.options import parse_size, progress_bar, writer_options
 
 
 @click.command("pack")
 @click.argument("model", type=click.Path(dir_okay=True, path_type=str))
-@click.option("-o", "--output", "out", type=click.Path(path_type=str), default=None,
-              help="Output file (default: <stem>.packed.onnx next to MODEL).")
+@writer_options("<stem>.packed.onnx next to MODEL")
 @click.option("--accuracy-level", type=click.IntRange(0, 4), default=0, show_default=True,
               help="MatMulNBits accuracy_level written (0 leaves it out; >0 lets "
               "onnxruntime quantize or downcast A, so outputs change by design).")
@@ -19,11 +19,11 @@ from dqtool.cli.app import App, user_errors
               show_default=True, help="auto: leave zero points out when all are "
               "2^(bits-1) (onnxruntime's symmetric form); packed: always write them.")
 @click.option("--no-gather", is_flag=True, help="Leave DequantizeLinear → Gather alone.")
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
 @click.pass_obj
 @user_errors
 def pack_cmd(app: App, model: str, out: str | None, accuracy_level: int, zero_points: str,
-             no_gather: bool, as_json: bool) -> None:
+             no_gather: bool, as_json: bool, in_place: bool, external_data: bool,
+             shard_size: str | None, progress: bool | None) -> None:
     """Turn DequantizeLinear(constant) → MatMul into com.microsoft MatMulNBits and
     DequantizeLinear(constant table) → Gather into GatherBlockQuantized.
 
@@ -32,8 +32,13 @@ def pack_cmd(app: App, model: str, out: str | None, accuracy_level: int, zero_po
     """
     from dqtool.families.fused.pack_api import pack
 
-    report = pack(model, out, accuracy_level=accuracy_level, zero_points=zero_points,
-                  gather=not no_gather)
+    if out is not None and in_place:
+        app.abort("give either --output or --in-place, not both", 2)
+    with progress_bar(app, model, progress) as bar:
+        report = pack(model, out, accuracy_level=accuracy_level, zero_points=zero_points,
+                      gather=not no_gather, in_place=in_place,
+                      external_data=external_data or None,
+                      shard_size=parse_size(shard_size), progress=bar)
     if as_json:
         app.print_json({
             "input": model, "files": report.written,

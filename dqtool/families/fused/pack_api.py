@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 import onnx_ir as ir
 
@@ -18,12 +19,16 @@ def default_output(src: str | os.PathLike) -> Path:
 
 
 def pack(model_or_path: ir.Model | str | os.PathLike, out: str | os.PathLike | None = None, *,
-         accuracy_level: int = 0, zero_points: str = "auto", gather: bool = True
-         ) -> PackReport:
+         accuracy_level: int = 0, zero_points: str = "auto", gather: bool = True,
+         in_place: bool = False, external_data: bool | None = None,
+         shard_size: int | None = None, progress: Any = None) -> PackReport:
     """Rewrite every DequantizeLinear(constant) → MatMul into MatMulNBits and every
     DequantizeLinear(constant table) → Gather into GatherBlockQuantized, with bit-identical
     weights. A model object is rewritten in place; a path is written to ``out`` (default
-    ``<stem>.packed.onnx``). ``report.model`` is the result."""
+    ``<stem>.packed.onnx``; ``in_place`` writes it back, atomically). ``external_data``,
+    ``shard_size``, ``progress``: how the output is written, as for every writer
+    (``dqtool.io.save``'s ``external``, ``shard_size``, ``callback``). ``report.model`` is
+    the result."""
     from dqtool import io
 
     if accuracy_level not in (0, 1, 2, 3, 4):
@@ -35,14 +40,18 @@ def pack(model_or_path: ir.Model | str | os.PathLike, out: str | os.PathLike | N
         model = model_or_path
     else:
         src = Path(model_or_path)
+        if in_place:
+            out = src
         out = default_output(src) if out is None else out
-        if Path(out).resolve() == src.resolve():
-            # pack has no --in-place (the shared refusal would suggest one).
-            raise UsageError(f"{out}: output is the input; choose another --output")
+        io.no_overwrite_of_input(src, out, in_place)
         model = io.load(src)
+    if in_place and src is None:
+        raise UsageError("in_place needs a path")
     report = FusedPackPass(accuracy_level, zero_points, gather)(model)
     model.ir_version = io.lowest_ir_version(model)
     report.model = model
-    if out is not None:
-        report.written = [str(p) for p in io.save(model, out)]
+    if out is not None and src is not None:
+        external = True if shard_size is not None else external_data
+        report.written = [str(p) for p in io.save(model, out, external=external,
+                                                  shard_size=shard_size, callback=progress)]
     return report
