@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 import onnx_ir as ir
 
-from dqtool import graph
+from dqtool import cleanup, graph
 from dqtool.convert.report import NodeRefusal as Refusal  # one refusal record for every rewrite
 
 
@@ -34,29 +34,18 @@ class Refused(Exception):
     """One node cannot be rewritten; the message is the reason."""
 
 
-class Names:
-    """Fresh node and value names, unique across the whole model."""
+class Names(cleanup.ModelNames):
+    """Fresh names across the model (``cleanup.ModelNames``), also clear of node names and
+    of function signatures: a rewrite names new nodes and values with them."""
 
     def __init__(self, model: ir.Model) -> None:
-        self.used: set[str] = set()
-        for site in graph.walk(model):
-            self.used.add(site.node.name or "")
-            for v in (*site.node.inputs, *site.node.outputs):
-                if v is not None and v.name:
-                    self.used.add(v.name)
-        for g in (model.graph, *(f for f in model.functions.values())):
-            for v in (*g.inputs, *g.outputs):
-                if v.name:
-                    self.used.add(v.name)
-        for name in model.graph.initializers:
-            self.used.add(name)
+        super().__init__(model)
+        self._taken.update(site.node.name or "" for site in graph.walk(model))
+        for f in model.functions.values():
+            self._taken.update(v.name for v in (*f.inputs, *f.outputs) if v.name)
 
     def fresh(self, base: str) -> str:
-        name, i = base, 1
-        while name in self.used:
-            name, i = f"{base}_{i}", i + 1
-        self.used.add(name)
-        return name
+        return self(base)
 
 
 def node_label(node: ir.Node) -> str:
