@@ -29,10 +29,11 @@ def _evaluator_ops() -> list[type[Any]]:
     return list(evaluator_ops.OPS)
 
 
-def _fold_prepare(model: ir.Model) -> tuple[list[str], list[tuple[str, str]]]:
+def _fold_prepare(model: ir.Model, selection: Any
+                  ) -> tuple[list[str], list[tuple[str, str]], list[str]]:
     from dqtool.families.fused import fold
 
-    return fold.unfuse(model)
+    return fold.unfuse(model, selection)
 
 
 def _converters(reg: Registry) -> None:
