@@ -214,6 +214,13 @@ class CheckSupport:
     - ``notes``: op type → the note ``dqtool check`` prints under the weights of that op.
     - ``numeric``: ``(proto, model, feeds, notes, external_dir) → [NodeCheck]``: the
       family's nodes checked against the kernel, beside the Q/DQ nodes' self-check.
+    - ``bounds``: ``(checked proto, original proto, checked model, original model, feeds,
+      checked_dir, original_dir) → [bound]``: each of the original's family nodes run on
+      onnxruntime in both models, its output difference judged against a proven bound on
+      the runtime's own rounding (objects with ``node``, ``op``, ``status`` — "within",
+      "beyond", "unbounded" —, ``passed``, ``describe()``, ``to_json()``). A check
+      --against tolerates onnxruntime's output differences beyond rtol/atol only when every
+      weight is bit-identical and every such node is within its bound.
     """
 
     holds_weights: Callable[[Any], bool] | None = None
@@ -222,6 +229,7 @@ class CheckSupport:
     tolerated: str = ""
     notes: Mapping[str, str] = field(default_factory=dict)
     numeric: Callable[..., list[Any]] | None = None
+    bounds: Callable[..., list[Any]] | None = None
 
 
 @dataclass(frozen=True)

@@ -50,17 +50,19 @@ def _inspect() -> InspectSupport:
 
 
 def _check() -> CheckSupport:
-    from dqtool.families.fused import weights
+    from dqtool.families.fused import bound, weights
 
     return CheckSupport(
+        bounds=bound.node_bounds,
         holds_weights=lambda proto: any(n.domain == DOMAIN and n.op_type in OPS
                                         for n in proto.graph.node),
         weights=weights.compare_weights,
         weights_label="fused weight(s) (MatMulNBits / GatherBlockQuantized)",
         tolerated="MatMulNBits sums in its own order",
-        notes={"MatMulNBits": "note: MatMulNBits accumulates in its own order (and with "
-               "accuracy_level > 0 may quantize A): output differences above are that, not "
-               "the weights"})
+        notes={"MatMulNBits": "note: onnxruntime's MatMulNBits sums in its own order, with "
+               "float16/bfloat16 A multiplies by the float32 weight before its rounding, and "
+               "with accuracy_level > 0 may round A: its output differences are judged against "
+               "a bound on that rounding, node by node (docs/fused.md)"})
 
 
 def _rewrites_most(model: ir.Model, options: Any) -> bool:
