@@ -27,8 +27,8 @@ def _render_self(app: App, doc: dict) -> None:
             app.out.print(f"  {p['code']} {p['node']}: {p['message']}")
     if not doc["nodes"]:
         return  # a note says there was nothing to compare; no empty table
-    table = Table(title="DequantizeLinear and integer operators: onnxruntime vs kernel "
-                  "(bit-exact)",
+    table = Table(title="DequantizeLinear, fused and integer operators: onnxruntime vs "
+                  "kernel (bit-exact)",
                   title_justify="left")
     for col in ("node", "op", "status", "detail"):
         table.add_column(col, overflow="fold")

@@ -50,10 +50,11 @@ def _inspect() -> InspectSupport:
 
 
 def _check() -> CheckSupport:
-    from dqtool.families.fused import bound, weights
+    from dqtool.families.fused import bound, selfcheck, weights
 
     return CheckSupport(
         bounds=bound.node_bounds,
+        numeric=selfcheck.numeric,
         holds_weights=lambda proto: any(n.domain == DOMAIN and n.op_type in OPS
                                         for n in proto.graph.node),
         weights=weights.compare_weights,
