@@ -259,7 +259,7 @@ def _tensors(model: onnx.ModelProto) -> dict[str, bytes]:
 
 
 def _fused_signature(model: onnx.ModelProto) -> list[tuple]:
-    """Each fused node's attributes and the bytes of its constant inputs, in graph order."""
+    """Each fused node's attributes and the bytes of its weight's constant inputs."""
     tensors = _tensors(model)
     sig = []
 
@@ -267,7 +267,10 @@ def _fused_signature(model: onnx.ModelProto) -> list[tuple]:
         for n in g.node:
             if n.op_type in FUSED:
                 attrs = sorted((a.name, helper.get_attribute_value(a)) for a in n.attribute)
-                consts = [tensors.get(i) for i in n.input if i in tensors]
+                # the weight's tensors (pack may also take a bias Add into MatMulNBits)
+                picks = (1, 2, 3, 4) if n.op_type == "MatMulNBits" else (0, 2, 3)
+                consts = [tensors.get(n.input[i]) for i in picks
+                          if i < len(n.input) and n.input[i] in tensors]
                 sig.append((n.op_type, tuple(attrs), tuple(consts)))
             for a in n.attribute:
                 if a.type == onnx.AttributeProto.GRAPH:
