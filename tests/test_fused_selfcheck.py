@@ -110,3 +110,19 @@ def test_a_runtime_weight_is_skipped_with_the_reason():
         "scales", onnx.TensorProto.FLOAT, list(scales.dims)))
     _, [node] = _nodes(model)
     assert node.status == "skipped" and "computed at run time" in node.reason
+
+
+def test_a_negative_zero_weight_is_not_a_mismatch():
+    # a code equal to its zero point times a negative scale is -0; the probe's output
+    # 1·w + Σ 0·w_j is +0 there: the sign of a zero is not observable through a MatMul
+    rng = np.random.default_rng(6)
+    inputs = nbits_inputs(rng, 64, 8, 8, 32)
+    inputs["scales"] = -inputs["scales"]
+    inputs["B"][:, 0, :4] = 128  # codes equal to the default zero point
+    inputs["zero_points"] = None
+    model = nbits_model(64, 8, 8, 32, inputs, m=2)
+    w = dqtool.dequantize_matmul_nbits(inputs["B"], inputs["scales"], K=64, N=8, bits=8,
+                                       block_size=32)
+    assert np.signbit(w[:4, 0]).all() and (w[:4, 0] == 0).all()
+    _, [node] = _nodes(model)
+    assert node.status == "bit-exact", node.reason
