@@ -201,3 +201,15 @@ def test_explicit_tolerances_still_apply(tmp_path):
     # ... while a correct conversion within the user's own atol needs no bound at all
     ok = dqtool.check(up, against=src, atol=1.0)
     assert ok.passed and ok.bounds == () and ok.comparisons[0].outputs[0].tolerated is None
+
+
+def test_a_large_node_is_bounded_on_a_sample_of_columns(tmp_path, monkeypatch):
+    from dqtool.families.fused import bound
+
+    src, up = _fp16_pair(tmp_path)  # K=256, N=64, 8 rows of A
+    monkeypatch.setattr(bound, "WORK", 8 * 256 * 16)  # 16 columns' worth
+    report = dqtool.check(up, against=src)
+    [b] = report.bounds
+    assert b.status == "within"
+    assert b.sampled == "sampled: 16 of 64 output columns (every row)"
+    assert report.passed
