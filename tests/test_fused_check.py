@@ -213,3 +213,13 @@ def test_a_large_node_is_bounded_on_a_sample_of_columns(tmp_path, monkeypatch):
     assert b.status == "within"
     assert b.sampled == "sampled: 16 of 64 output columns (every row)"
     assert report.passed
+
+
+def test_upgrade_check_of_a_float16_bias_node_is_identical_on_the_reference(tmp_path):
+    # the reference MatMulNBits is its decomposition: the converted graph (MatMul, then the
+    # bias Add, each rounding to float16) matches it bit for bit; only onnxruntime's fused
+    # kernel may differ, and only there is a difference tolerated
+    src, _ = _fp16_pair(tmp_path, bias=True)
+    report = dqtool.upgrade(src, 21, tmp_path / "u.onnx", check=True)
+    assert report.check.ok
+    assert report.check.runtimes["dqtool.reference_evaluator"] == "identical"
