@@ -168,10 +168,39 @@ def cases(quick: bool = False) -> list[Case]:
                     pack_args=("--accuracy-level", "4")))
     out.append(Case("float32_4bit_if", lambda: quantize(float_if(), gather=False)))
     out.append(Case("float32_matmulnbits_bias_input", _nbits_with_bias, repack=False))
+    for dtype in ("float32", "float16"):
+        out.append(Case(f"{dtype}_4bit_float_zero_points", lambda d=dtype: _hqq_like(d),
+                        ("batch=2",)))
     # HQQ quantizes MatMul only (its Gather raises NotImplementedError in onnxruntime 1.32)
     out.append(Case("float32_4bit_hqq", lambda: quantize(float_lm(gather=False), hqq=True,
                                                          gather=False), ("batch=2",)))
     return out
+
+
+def _hqq_like(dtype: str = "float32") -> onnx.ModelProto:
+    """What HQQWeightOnlyQuantConfig writes (it needs torch, which may be missing): flat
+    scales and fractional float zero points of the scales' type, ``q·s + (-(zp·s))``.
+    Made from the default quantizer's asymmetric output by giving each zero point a
+    fraction."""
+    from dqtool.families.fused import packing
+
+    base = float_lm(gather=False)
+    m = quantize(to_float16(base) if dtype == "float16" else base, symmetric=False,
+                 gather=False)
+    inits = {t.name: t for t in m.graph.initializer}
+    rng = np.random.default_rng(17)
+    for n in m.graph.node:
+        if n.op_type != "MatMulNBits":
+            continue
+        a = {x.name: x.i for x in n.attribute}
+        kb = -(-a["K"] // a["block_size"])
+        scales = numpy_helper.to_array(inits[n.input[2]])
+        codes = packing.unpack(numpy_helper.to_array(inits[n.input[3]]).reshape(a["N"], -1),
+                               a["bits"])[:, :kb]
+        zp = (codes + rng.random(codes.shape)).astype(scales.dtype).reshape(-1)
+        inits[n.input[2]].CopyFrom(numpy_helper.from_array(scales.reshape(-1), n.input[2]))
+        inits[n.input[3]].CopyFrom(numpy_helper.from_array(zp, n.input[3]))
+    return m
 
 
 def _nbits_with_bias() -> onnx.ModelProto:
