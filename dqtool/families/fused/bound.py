@@ -44,7 +44,7 @@ import onnx_ir as ir
 from dqtool import graph
 from dqtool.families.fused import kernel, read
 
-WORK = 1 << 26  # multiply-adds per node before its columns are sampled
+WORK = 1 << 24  # multiply-adds per node before its columns are sampled
 _U = {np.dtype(np.float32): 2.0 ** -24, np.dtype(np.float16): 2.0 ** -11,
       np.dtype(ml_dtypes.bfloat16): 2.0 ** -8}
 # half the smallest subnormal: the absolute error of rounding a value near zero
@@ -187,8 +187,7 @@ def _matmul_bound(node: ir.Node, checked_node: ir.Node | None, a1: np.ndarray,
     n_cols = y1.shape[-1]
     rows = int(np.prod(y1.shape[:-1], dtype=np.int64))
     cols = _columns(n_cols, rows, kk)
-    w = _weight_columns(node, cols).astype(np.float64)  # (K, c)
-    absw = np.abs(w)
+    absw = np.abs(_weight_columns(node, cols).astype(np.float64))  # (K, c)
     a1f = a1.reshape(rows, kk).astype(np.float64)
     a2f = a2.reshape(rows, kk).astype(np.float64)
     bias_v = graph.input_value(node, 5)
