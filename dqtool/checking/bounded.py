@@ -80,6 +80,6 @@ def apply(comparisons: Sequence[RuntimeComparison], weights: Sequence[Any],
         out.append(replace(c, outputs=tuple(outputs)))
     if tolerated:
         notes.append(f"onnxruntime: {tolerated} output(s) beyond --rtol/--atol tolerated: "
-                     f"{reason} (the difference is the order of onnxruntime's sums, not the "
+                     f"{reason} (the difference is how onnxruntime rounds, not the "
                      "conversion)")
     return tuple(out)

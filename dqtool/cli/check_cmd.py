@@ -83,7 +83,7 @@ def _bound_line(b: dict) -> str:
         return f"{b['node']} ({b['op']}): not bounded: {b['detail']}"
     if not b["max_abs"]:
         return f"{b['node']} ({b['op']}): bit-identical"
-    ulps = "" if b["max_ulps"] is None else f" (at most {_num(b['max_ulps'])} ulp)"
+    ulps = "" if b["ulps"] is None else f" ({_num(b['ulps'])} ulp of {b['dtype']} there)"
     word = "within" if b["status"] == "within" else "BEYOND"
     text = (f"{b['node']} ({b['op']}): max abs {_num(b['max_abs'])}{ulps}, {word} its "
             f"rounding bound (largest difference / bound {_num(b['max_ratio'])}; "

@@ -61,11 +61,12 @@ class NodeBound:
     op: str
     status: str  # "within", "beyond", "unbounded" (could not be compared)
     max_abs: float | None = None
-    max_ulps: float | None = None  # in units of the last place of the output type
+    ulps: float | None = None  # the largest difference in ulps of the output type there
     max_ratio: float | None = None  # largest difference / bound (≤ 1 within)
     bound_at_worst: float | None = None
     sampled: str | None = None
     detail: str = ""
+    dtype: str | None = None  # the output's type
 
     @property
     def passed(self) -> bool:
@@ -76,7 +77,7 @@ class NodeBound:
             return f"{self.node} ({self.op}): not bounded: {self.detail}"
         if not self.max_abs:
             return f"{self.node} ({self.op}): bit-identical"
-        ulps = "" if self.max_ulps is None else f" (at most {self.max_ulps:g} ulp)"
+        ulps = "" if self.ulps is None else f" ({self.ulps:g} ulp of {self.dtype})"
         word = "within" if self.status == "within" else "BEYOND"
         text = (f"{self.node} ({self.op}): max abs {self.max_abs:.6g}{ulps}, {word} its "
                 f"rounding bound (largest difference / bound "
@@ -88,7 +89,7 @@ class NodeBound:
     def to_json(self) -> dict[str, Any]:
         ratio = self.max_ratio
         return {"node": self.node, "op": self.op, "status": self.status,
-                "max_abs": self.max_abs, "max_ulps": self.max_ulps,
+                "max_abs": self.max_abs, "ulps": self.ulps, "dtype": self.dtype,
                 "max_ratio": ratio if ratio is None or np.isfinite(ratio) else str(ratio),
                 "bound_at_worst": self.bound_at_worst, "sampled": self.sampled,
                 "detail": self.detail}
@@ -162,18 +163,18 @@ def _weight_columns(node: ir.Node, cols: np.ndarray) -> np.ndarray:
 
 
 def _ulps(diff: np.ndarray, y1: np.ndarray, y2: np.ndarray, dtype: np.dtype) -> float | None:
-    """The largest difference in units of the last place of the larger of the two values."""
+    """The largest difference in units in the last place of the output type at that
+    element (of the larger of the two values): "1 ulp of float16 at 72.5"."""
     if dtype not in _U or diff.size == 0:
         return None if dtype not in _U else 0.0
-    mag = np.maximum(np.abs(y1.astype(np.float64)), np.abs(y2.astype(np.float64)))
+    at = np.unravel_index(int(np.argmax(diff)), diff.shape)
+    mag = max(abs(float(y1[at])), abs(float(y2[at])))
     tiny = {np.dtype(np.float32): -126, np.dtype(np.float16): -14,
             np.dtype(ml_dtypes.bfloat16): -126}[dtype]
     mantissa = {np.dtype(np.float32): 23, np.dtype(np.float16): 10,
                 np.dtype(ml_dtypes.bfloat16): 7}[dtype]
-    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-        exp = np.maximum(np.floor(np.log2(np.where(mag > 0, mag, 1.0))), tiny)
-        u = np.where(diff == 0, 0.0, diff / 2.0 ** (exp - mantissa))
-    return float(np.nan_to_num(u, nan=np.inf).max())
+    exp = max(np.floor(np.log2(mag)) if mag > 0 else tiny, tiny)
+    return float(diff[at]) / 2.0 ** (exp - mantissa)
 
 
 def _matmul_bound(node: ir.Node, checked_node: ir.Node | None, a1: np.ndarray,
@@ -232,9 +233,9 @@ def _matmul_bound(node: ir.Node, checked_node: ir.Node | None, a1: np.ndarray,
     return NodeBound(
         name, node.op_type, "within" if max_ratio <= 1.0 else "beyond",
         max_abs=float(np.max(full_diff)) if full_diff.size else 0.0,
-        max_ulps=_ulps(full_diff, y1, y2, out_t), max_ratio=max_ratio,
+        ulps=_ulps(full_diff, y1, y2, out_t), max_ratio=max_ratio,
         bound_at_worst=None if worst is None else float(total[worst]),
-        sampled=sampled, detail=detail)
+        sampled=sampled, detail=detail, dtype=str(out_t))
 
 
 def _gather_bound(node: ir.Node, y1: np.ndarray, y2: np.ndarray) -> NodeBound:
@@ -247,9 +248,10 @@ def _gather_bound(node: ir.Node, y1: np.ndarray, y2: np.ndarray) -> NodeBound:
     diff = np.abs(y1.astype(np.float64) - y2.astype(np.float64))
     return NodeBound(name, node.op_type, "within" if same else "beyond",
                      max_abs=float(diff.max()) if diff.size else 0.0,
-                     max_ulps=_ulps(diff, y1, y2, np.dtype(y1.dtype)),
+                     ulps=_ulps(diff, y1, y2, np.dtype(y1.dtype)),
                      max_ratio=0.0 if same else np.inf, bound_at_worst=0.0,
-                     detail="" if same else "a gather sums nothing: its bound is 0")
+                     detail="" if same else "a gather sums nothing: its bound is 0",
+                     dtype=str(y1.dtype))
 
 
 def node_bounds(checked: onnx.ModelProto, original: onnx.ModelProto,
