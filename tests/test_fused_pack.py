@@ -232,3 +232,19 @@ def test_codes_widened_by_upgrade_pack_back_at_their_width():
     [node] = [n for n in packed2.graph.node if n.op_type == "MatMulNBits"]
     assert onnx.helper.get_attribute_value(
         next(a for a in node.attribute if a.name == "bits")) == 8
+
+
+def test_a_table_blocked_along_its_gather_axis_packs_back():
+    # MatMulNBitsQuantizer with quant_axes=(("Gather", 0),) writes gather_axis =
+    # quantize_axis = 0; onnxruntime runs it, and pack gives it back
+    rng = np.random.default_rng(8)
+    table = rng.integers(-8, 8, size=(64, 12)).astype(ml_dtypes.int4)
+    scales = (rng.random((2, 12)) * 0.1 + 0.01).astype(np.float32)
+    original = gbq_model(table, scales, None, quantize_axis=0, gather_axis=0, block=32)
+    feeds = {"indices": np.array([0, 63, 31, 32, 5], np.int64)}
+    want = run_ort(original, feeds)[0]
+    packed = _roundtrip(original)
+    [node] = [n for n in packed.graph.node if n.op_type == "GatherBlockQuantized"]
+    attrs = {a.name: a.i for a in node.attribute}
+    assert attrs["gather_axis"] == 0 and attrs["quantize_axis"] == 0
+    assert bits_of(run_ort(packed, feeds)[0]).tolist() == bits_of(want).tolist()

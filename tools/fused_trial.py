@@ -122,8 +122,8 @@ def _quiet() -> Iterator[None]:
 
 
 def quantize(model: onnx.ModelProto, *, bits: int = 4, block: int = 32, symmetric: bool = True,
-             gather: bool = True, accuracy_level: int | None = None, hqq: bool = False
-             ) -> onnx.ModelProto:
+             gather: bool = True, accuracy_level: int | None = None, hqq: bool = False,
+             quant_axes: tuple | None = None) -> onnx.ModelProto:
     from onnxruntime.quantization import matmul_nbits_quantizer as mnq
 
     ops = ("MatMul", "Gather") if gather else ("MatMul",)
@@ -132,7 +132,7 @@ def quantize(model: onnx.ModelProto, *, bits: int = 4, block: int = 32, symmetri
     else:
         cfg = mnq.DefaultWeightOnlyQuantConfig(block_size=block, is_symmetric=symmetric,
                                                bits=bits, accuracy_level=accuracy_level,
-                                               op_types_to_quantize=ops)
+                                               op_types_to_quantize=ops, quant_axes=quant_axes)
     qz = mnq.MatMulNBitsQuantizer(model, algo_config=cfg)
     with _quiet():
         qz.process()
@@ -166,6 +166,9 @@ def cases(quick: bool = False) -> list[Case]:
     out.append(Case("float16_4bit_acc4", lambda: quantize(to_float16(float_lm()),
                                                           accuracy_level=4), ("batch=2",),
                     pack_args=("--accuracy-level", "4")))
+    out.append(Case("float32_4bit_gather_quantize_axis0",
+                    lambda: quantize(float_lm(), symmetric=False,
+                                     quant_axes=(("Gather", 0),)), ("batch=2",)))
     out.append(Case("float32_4bit_if", lambda: quantize(float_if(), gather=False)))
     out.append(Case("float32_matmulnbits_bias_input", _nbits_with_bias, repack=False))
     for dtype in ("float32", "float16"):

@@ -401,8 +401,6 @@ class FusedPackPass:
             block = _next_pow2_16(shape[qa])
         else:
             raise NoMatch(f"{spec.granularity} table: GatherBlockQuantized needs blocks")
-        if qa == ga:
-            raise NoMatch("the gather axis is the quantized axis")
         b = Builder(gather, self.fresh, self.in_function)
         b.base = gather.name or dq.name or "gather"
         s_shape = tuple(-(-d // block) if i == qa else d for i, d in enumerate(shape))
