@@ -223,3 +223,34 @@ def test_upgrade_check_of_a_float16_bias_node_is_identical_on_the_reference(tmp_
     report = dqtool.upgrade(src, 21, tmp_path / "u.onnx", check=True)
     assert report.check.ok
     assert report.check.runtimes["dqtool.reference_evaluator"] == "identical"
+
+
+def test_the_bound_is_the_stated_formula():
+    from dqtool.families.fused import bound
+
+    rng = np.random.default_rng(12)
+    k, n = 64, 4
+    inputs = nbits_inputs(rng, k, n, 4, 32)
+    node = ir.serde.deserialize_model(nbits_model(k, n, 4, 32, inputs, m=1)).graph.node(0)
+    w = dqtool.dequantize_matmul_nbits(inputs["B"], inputs["scales"], inputs["zero_points"],
+                                       K=k, N=n, bits=4, block_size=32).astype(np.float64)
+    a = rng.standard_normal((1, k)).astype(np.float32)
+    y = (a.astype(np.float64) @ w).astype(np.float32)
+    u = 2.0 ** -24
+    gamma = k * u / (1 - k * u)
+    s = np.abs(a.astype(np.float64)) @ np.abs(w)
+    per_side = gamma * s + u * np.abs(y.astype(np.float64)) / (1 - u) + 2.0 ** -150
+    expected = 2 * per_side  # both models, the same A, no bias, float32: no weight term
+    j = int(np.argmin(expected))
+    for factor, status in ((0.99, "within"), (1.01, "beyond")):
+        y2 = y.copy()
+        y2[0, j] = np.float32(float(y[0, j]) + factor * expected[0, j])
+        got = bound._matmul_bound(node, None, a, a, y, y2)
+        assert got.status == status, (factor, got)
+        moved = abs(float(y2[0, j]) - float(y[0, j]))
+        assert got.max_ratio == pytest.approx(moved / expected[0, j], rel=1e-6)
+    # a difference in A is carried through |W|
+    a2 = a.copy()
+    a2[0, 0] += np.float32(0.5)
+    got = bound._matmul_bound(node, None, a, a2, y, y)
+    assert got.status == "within" and got.max_ratio == 0.0

@@ -192,11 +192,13 @@ def _matmul_bound(node: ir.Node, checked_node: ir.Node | None, a1: np.ndarray,
     a1f = a1.reshape(rows, kk).astype(np.float64)
     a2f = a2.reshape(rows, kk).astype(np.float64)
     bias_v = graph.input_value(node, 5)
-    bias = np.zeros(len(cols)) if bias_v is None else \
-        np.abs(graph.constant_array(bias_v).astype(np.float64).reshape(-1)[cols]) \
-        if graph.constant_array(bias_v) is not None else None
-    if bias is None:
-        return NodeBound(name, node.op_type, "unbounded", detail="the bias is not constant")
+    bias = np.zeros(len(cols))
+    if bias_v is not None:
+        b = graph.constant_array(bias_v)
+        if b is None:
+            return NodeBound(name, node.op_type, "unbounded",
+                             detail="the bias is not constant")
+        bias = np.abs(b.astype(np.float64).reshape(-1)[cols])
     n_terms = kk + (bias_v is not None)
     f1 = y1.reshape(rows, n_cols)[:, cols].astype(np.float64)
     f2 = y2.reshape(rows, n_cols)[:, cols].astype(np.float64)
