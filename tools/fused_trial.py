@@ -30,9 +30,10 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 FUSED = ("MatMulNBits", "GatherBlockQuantized")
-NON_ORT_TARGETS = ("onnx-opset-21", "onnx-opset-13", "directml-fl6.2", "directml-fl1.0",
-                   "onednn-graph", "opmx")
-ORT_TARGETS = ("onnxruntime", "onnxruntime-1.32")
+NON_ORT_TARGETS = ("onnx-opset-13", "onnx-opset-21", "onnx-opset-25", "directml-fl1.0",
+                   "directml-fl2.1", "directml-fl3.0", "directml-fl6.0", "directml-fl6.2",
+                   "directml-fl6.3", "onednn-graph", "opmx")
+ORT_TARGETS = ("onnxruntime", "onnxruntime-1.31", "onnxruntime-1.32")
 
 
 @dataclass
