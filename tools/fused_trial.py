@@ -177,6 +177,8 @@ def cases(quick: bool = False) -> list[Case]:
                     lambda: quantize(float_lm(), symmetric=False,
                                      quant_axes=(("Gather", 0),)), ("batch=2",)))
     out.append(Case("float32_4bit_if", lambda: quantize(float_if(), gather=False)))
+    out.append(Case("float16_4bit_if", lambda: quantize(to_float16(float_if()),
+                                                        gather=False)))
     out.append(Case("float32_matmulnbits_bias_input", _nbits_with_bias, repack=False))
     for dtype in ("float32", "float16"):
         out.append(Case(f"{dtype}_4bit_float_zero_points", lambda d=dtype: _hqq_like(d),
