@@ -254,3 +254,24 @@ def test_the_bound_is_the_stated_formula():
     a2[0, 0] += np.float32(0.5)
     got = bound._matmul_bound(node, None, a, a2, y, y)
     assert got.status == "within" and got.max_ratio == 0.0
+
+
+def test_upgrade_check_consults_the_bound(tmp_path, monkeypatch):
+    from dqtool.families.fused import bound
+
+    src, _ = _fp16_pair(tmp_path)
+    ok = dqtool.upgrade(src, 21, tmp_path / "u.onnx", check=True)
+    verdict = ok.check.runtimes["onnxruntime (CPU, ORT_DISABLE_ALL)"]
+    assert verdict.endswith("every fused node within its rounding bound)"), verdict
+    # with a bound that allows no rounding at all, the same difference is beyond it
+    monkeypatch.setattr(bound, "_ACC_U", 0.0)
+    monkeypatch.setattr(bound, "_U", dict.fromkeys(bound._U, 0.0))
+    monkeypatch.setattr(bound, "_ETA", dict.fromkeys(bound._ETA, 0.0))
+    from dqtool.convert.report import CheckFailed
+
+    with pytest.raises(CheckFailed) as failed:
+        dqtool.upgrade(src, 21, tmp_path / "u2.onnx", check=True)
+    check = failed.value.report.check
+    verdict = check.runtimes["onnxruntime (CPU, ORT_DISABLE_ALL)"]
+    assert verdict.startswith("DIFFERENT: final Y: ") and "BEYOND its rounding bound" in verdict
+    assert not check.ok and not (tmp_path / "u2.onnx").exists()
