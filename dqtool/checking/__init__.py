@@ -99,7 +99,7 @@ def check(
             nodes += support.numeric(proto, model, feeds, notes,
                                      external_dir=loaded.external_dir)
     if not nodes:
-        notes.append("the model has no DequantizeLinear or integer operator node: nothing "
+        notes.append("the model has no DequantizeLinear, fused or integer operator node: nothing "
                      "to compare")
     return CheckReport(input=name, against=None, structure=structure, nodes=tuple(nodes),
                        notes=tuple(notes), **common)
