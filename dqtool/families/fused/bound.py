@@ -42,6 +42,7 @@ import onnx
 import onnx_ir as ir
 
 from dqtool import graph
+from dqtool.errors import KernelError
 from dqtool.families.fused import kernel, read
 
 WORK = 1 << 24  # multiply-adds per node before its columns are sampled
@@ -304,17 +305,24 @@ def node_bounds(checked: onnx.ModelProto, original: onnx.ModelProto,
     got1, got2 = runs
     checked_producers = {o.name: n for g in checked_ir.graphs() for n in g for o in n.outputs}
     for node in wanted:
-        a_name, y_name = node.inputs[0].name, node.outputs[0].name
-        y1, y2 = got1[y_name], got2[y_name]
-        if node.op_type == "GatherBlockQuantized":
-            out.append(_gather_bound(node, y1, y2))
-            continue
-        a1, a2 = got1[a_name], got2.get(a_name)
-        if a2 is None:
-            out.append(NodeBound(node.name or y_name, node.op_type, "unbounded",
-                                 detail=f"its input {a_name} is not in the checked model"))
-            continue
-        twin = checked_producers.get(y_name)
-        twin = twin if twin is not None and read.is_fused(twin) else None
-        out.append(_matmul_bound(node, twin, a1, a2, y1, y2))
+        try:
+            out.append(_one(node, got1, got2, checked_producers))
+        except (KernelError, ValueError, KeyError) as e:  # a finding, never a traceback
+            out.append(NodeBound(node.name or node.outputs[0].name, node.op_type,
+                                 "unbounded", detail=f"{type(e).__name__}: {e}"))
     return out
+
+
+def _one(node: ir.Node, got1: dict[str, np.ndarray], got2: dict[str, np.ndarray],
+         checked_producers: dict[str, ir.Node]) -> NodeBound:
+    a_name, y_name = node.inputs[0].name, node.outputs[0].name
+    y1, y2 = got1[y_name], got2[y_name]
+    if node.op_type == "GatherBlockQuantized":
+        return _gather_bound(node, y1, y2)
+    a1, a2 = got1[a_name], got2.get(a_name)
+    if a2 is None:
+        return NodeBound(node.name or y_name, node.op_type, "unbounded",
+                         detail=f"its input {a_name} is not in the checked model")
+    twin = checked_producers.get(y_name)
+    twin = twin if twin is not None and read.is_fused(twin) else None
+    return _matmul_bound(node, twin, a1, a2, y1, y2)
