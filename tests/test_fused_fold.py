@@ -107,6 +107,8 @@ def _two_node_model():
     ({"exclude": "Y"}, ["gbq"], ["mm"]),  # by output name, as for DequantizeLinear
     ({"include": "mm"}, ["mm"], ["gbq"]),
     ({"min_elements": 300}, ["gbq"], ["mm"]),  # mm's weight has 256 elements, gbq's 320
+    ({"x_types": "uint4"}, ["gbq", "mm"], []),
+    ({"x_types": "int8"}, [], ["gbq", "mm"]),
     ({}, ["gbq", "mm"], []),
 ])
 def test_the_selection_picks_fused_nodes_and_leaves_the_others_untouched(options, folded,
