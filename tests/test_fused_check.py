@@ -74,3 +74,204 @@ def test_upgrade_check_compares_fused_weights_and_tolerates_the_sum_order(tmp_pa
     assert ort_verdict == "identical" or ort_verdict.startswith(
         "fused weights identical; final Y: ")
     assert report.check.runtimes["dqtool.reference_evaluator"] == "identical"
+
+
+# ---- the verdict: weights bit-identical + reference identical + onnxruntime within bound ----
+
+def _fp16_pair(tmp_path, *, bias=False, k=256, n=64):
+    """The issue's case: float16 MatMulNBits (K=256, N=64, block 32, 4 bits, fp16 scales),
+    upgraded to opset 21; onnxruntime's outputs of the two differ in their last bits."""
+    rng = np.random.default_rng(0)
+    b = (rng.standard_normal(n) * 0.5).astype(np.float16) if bias else None
+    original = nbits_model(k, n, 4, 32, nbits_inputs(rng, k, n, 4, 32, np.float16, "packed"),
+                           dtype=np.float16, m=8, bias=b)
+    src = _save(original, tmp_path / "orig.onnx")
+    up = _save(dqtool.upgrade(ir.load(src), 21).model, tmp_path / "up.onnx")
+    return src, up
+
+
+def _cli_check(*args):
+    return CliRunner().invoke(cli, ["check", *map(str, args)], env={"COLUMNS": "200"})
+
+
+def test_a_correct_float16_upgrade_passes_with_the_difference_shown(tmp_path):
+    src, up = _fp16_pair(tmp_path)
+    report = dqtool.check(up, against=src)
+    ort_cmp = next(c for c in report.comparisons if c.runtime == "onnxruntime")
+    ref_cmp = next(c for c in report.comparisons if c.runtime == "reference")
+    y = ort_cmp.outputs[0]
+    # onnxruntime's sums differ (the difference is reported, not hidden) ...
+    assert y.max_abs > 0 and y.mismatched > 0
+    # ... and tolerated, with the reason, because the proof holds:
+    assert y.passed and y.tolerated and "fused weight(s) bit-identical" in y.tolerated
+    assert ref_cmp.outputs[0].max_abs == 0  # the reference runtime: bit for bit
+    assert [w.status for w in report.weights] == ["bit-identical"]
+    [bound] = report.bounds
+    assert bound.status == "within" and bound.max_abs == y.max_abs
+    assert 0 < bound.max_ratio <= 1
+    assert report.passed and report.exit_code == 0
+    # the saved report, re-judged, keeps the reason
+    doc = report.to_json()
+    again = dqtool.checking.compare.OutputComparison.from_json(
+        doc["comparisons"][0]["outputs"][0])
+    assert again.passed and again.tolerated == y.tolerated
+    assert doc["bounds"][0]["status"] == "within"
+    r = _cli_check(up, "--against", src)
+    assert r.exit_code == 0, r.output
+    assert "yes (bound)" in r.output
+    assert "onnxruntime, fused node mm (MatMulNBits): max abs" in r.output
+    assert "within its rounding bound" in r.output
+    assert r.output.rstrip().endswith("PASSED")
+
+
+@pytest.mark.parametrize("how", ["upgrade", "pack", "fold"])
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+def test_correct_conversions_pass(tmp_path, how, dtype):
+    rng = np.random.default_rng(3)
+    b = (rng.standard_normal(48) * 0.5).astype(dtype)
+    original = nbits_model(512, 48, 4, 32, nbits_inputs(rng, 512, 48, 4, 32, dtype, "packed"),
+                           dtype=dtype, m=8, bias=b)
+    src = _save(original, tmp_path / "m.onnx")
+    m = ir.load(src)
+    converted = dqtool.fold(m).model if how == "fold" else dqtool.upgrade(m, 21).model
+    if how == "pack":
+        converted = dqtool.pack(converted).model
+    out = _save(converted, tmp_path / "c.onnx")
+    report = dqtool.check(out, against=src)
+    assert report.passed, report.to_json()
+    assert [w.status for w in report.weights] == ["bit-identical"]
+    ort_out = report.comparisons[0].outputs[0]
+    assert ort_out.max_abs is not None  # shown whether zero or not
+    assert all(b.status == "within" for b in report.bounds)
+
+
+def _tamper(path, out, how):
+    m = onnx.load(path)
+    inits = {t.name: t for t in m.graph.initializer}
+    nodes = {n.op_type: n for n in m.graph.node}
+    if how == "scale one ulp":
+        t = inits[nodes["DequantizeLinear"].input[1]]
+        arr = onnx.numpy_helper.to_array(t).copy()
+        arr.reshape(-1)[0] = np.nextafter(arr.reshape(-1)[0], np.float16(np.inf))
+        t.CopyFrom(onnx.numpy_helper.from_array(arr, t.name))
+    elif how == "zero point":
+        t = inits[nodes["DequantizeLinear"].input[2]]
+        arr = onnx.numpy_helper.to_array(t).copy()
+        flat = arr.reshape(-1)
+        flat[0] = (int(flat[0]) + 1) % 16
+        t.CopyFrom(onnx.numpy_helper.from_array(arr, t.name))
+    elif how == "no bias":
+        add = nodes["Add"]
+        mm = nodes["MatMul"]
+        mm.output[0] = add.output[0]
+        m.graph.node.remove(add)
+    onnx.save(m, out)
+    return out
+
+
+@pytest.mark.parametrize("how", ["scale one ulp", "zero point", "no bias"])
+def test_a_wrong_conversion_fails(tmp_path, how):
+    src, up = _fp16_pair(tmp_path, bias=True)
+    bad = _tamper(up, tmp_path / "bad.onnx", how)
+    report = dqtool.check(bad, against=src)
+    assert not report.passed and report.exit_code == 1
+    ort_out = report.comparisons[0].outputs[0]
+    assert not ort_out.passed and ort_out.tolerated is None
+    if how == "no bias":
+        # the weights are right; the node's output is not: beyond its bound, and the
+        # reference runtime differs too
+        assert [w.status for w in report.weights] == ["bit-identical"]
+        assert [b.status for b in report.bounds] == ["beyond"]
+        assert not report.comparisons[1].passed
+    else:
+        assert [w.status for w in report.weights] == ["differ"]
+    r = _cli_check(bad, "--against", src)
+    assert r.exit_code == 1
+    assert "judged by --rtol/--atol only" in r.output
+    assert r.output.rstrip().endswith("FAILED")
+
+
+def test_explicit_tolerances_still_apply(tmp_path):
+    src, up = _fp16_pair(tmp_path, bias=True)
+    bad = _tamper(up, tmp_path / "bad.onnx", "scale one ulp")
+    strict = dqtool.check(bad, against=src)
+    diff = max(c.outputs[0].max_abs for c in strict.comparisons)
+    # a weight that differs fails whatever the tolerance (the weights are the proof) ...
+    assert not dqtool.check(bad, against=src, atol=diff).passed
+    # ... while a correct conversion within the user's own atol needs no bound at all
+    ok = dqtool.check(up, against=src, atol=1.0)
+    assert ok.passed and ok.bounds == () and ok.comparisons[0].outputs[0].tolerated is None
+
+
+def test_a_large_node_is_bounded_on_a_sample_of_columns(tmp_path, monkeypatch):
+    from dqtool.families.fused import bound
+
+    src, up = _fp16_pair(tmp_path)  # K=256, N=64, 8 rows of A
+    monkeypatch.setattr(bound, "WORK", 8 * 256 * 16)  # 16 columns' worth
+    report = dqtool.check(up, against=src)
+    [b] = report.bounds
+    assert b.status == "within"
+    assert b.sampled == "sampled: 16 of 64 output columns (every row)"
+    assert report.passed
+
+
+def test_upgrade_check_of_a_float16_bias_node_is_identical_on_the_reference(tmp_path):
+    # the reference MatMulNBits is its decomposition: the converted graph (MatMul, then the
+    # bias Add, each rounding to float16) matches it bit for bit; only onnxruntime's fused
+    # kernel may differ, and only there is a difference tolerated
+    src, _ = _fp16_pair(tmp_path, bias=True)
+    report = dqtool.upgrade(src, 21, tmp_path / "u.onnx", check=True)
+    assert report.check.ok
+    assert report.check.runtimes["dqtool.reference_evaluator"] == "identical"
+
+
+def test_the_bound_is_the_stated_formula():
+    from dqtool.families.fused import bound
+
+    rng = np.random.default_rng(12)
+    k, n = 64, 4
+    inputs = nbits_inputs(rng, k, n, 4, 32)
+    node = ir.serde.deserialize_model(nbits_model(k, n, 4, 32, inputs, m=1)).graph.node(0)
+    w = dqtool.dequantize_matmul_nbits(inputs["B"], inputs["scales"], inputs["zero_points"],
+                                       K=k, N=n, bits=4, block_size=32).astype(np.float64)
+    a = rng.standard_normal((1, k)).astype(np.float32)
+    y = (a.astype(np.float64) @ w).astype(np.float32)
+    u = 2.0 ** -24
+    gamma = k * u / (1 - k * u)
+    s = np.abs(a.astype(np.float64)) @ np.abs(w)
+    per_side = gamma * s + u * np.abs(y.astype(np.float64)) / (1 - u) + 2.0 ** -150
+    expected = 2 * per_side  # both models, the same A, no bias, float32: no weight term
+    j = int(np.argmin(expected))
+    for factor, status in ((0.99, "within"), (1.01, "beyond")):
+        y2 = y.copy()
+        y2[0, j] = np.float32(float(y[0, j]) + factor * expected[0, j])
+        got = bound._matmul_bound(node, None, a, a, y, y2)
+        assert got.status == status, (factor, got)
+        moved = abs(float(y2[0, j]) - float(y[0, j]))
+        assert got.max_ratio == pytest.approx(moved / expected[0, j], rel=1e-6)
+    # a difference in A is carried through |W|
+    a2 = a.copy()
+    a2[0, 0] += np.float32(0.5)
+    got = bound._matmul_bound(node, None, a, a2, y, y)
+    assert got.status == "within" and got.max_ratio == 0.0
+
+
+def test_upgrade_check_consults_the_bound(tmp_path, monkeypatch):
+    from dqtool.families.fused import bound
+
+    src, _ = _fp16_pair(tmp_path)
+    ok = dqtool.upgrade(src, 21, tmp_path / "u.onnx", check=True)
+    verdict = ok.check.runtimes["onnxruntime (CPU, ORT_DISABLE_ALL)"]
+    assert verdict.endswith("every fused node within its rounding bound)"), verdict
+    # with a bound that allows no rounding at all, the same difference is beyond it
+    monkeypatch.setattr(bound, "_ACC_U", 0.0)
+    monkeypatch.setattr(bound, "_U", dict.fromkeys(bound._U, 0.0))
+    monkeypatch.setattr(bound, "_ETA", dict.fromkeys(bound._ETA, 0.0))
+    from dqtool.convert.report import CheckFailed
+
+    with pytest.raises(CheckFailed) as failed:
+        dqtool.upgrade(src, 21, tmp_path / "u2.onnx", check=True)
+    check = failed.value.report.check
+    verdict = check.runtimes["onnxruntime (CPU, ORT_DISABLE_ALL)"]
+    assert verdict.startswith("DIFFERENT: final Y: ") and "BEYOND its rounding bound" in verdict
+    assert not check.ok and not (tmp_path / "u2.onnx").exists()

@@ -76,3 +76,73 @@ def test_fold_leaves_act_order_with_the_reason(tmp_path):
     r = CliRunner().invoke(cli, ["fold", str(path)], env={"COLUMNS": "200"})
     assert r.exit_code == 0, r.output
     assert "left fused mm: g_idx reorders rows" in r.output
+
+
+def _two_node_model():
+    """A GatherBlockQuantized "emb" feeding a MatMulNBits "mm" (float32, 4-bit)."""
+    rng = np.random.default_rng(5)
+    table = rng.integers(0, 256, size=(10, 16), dtype=np.uint8)  # (10, 32) 4-bit codes
+    g = gbq_model(table, (rng.random((10, 1)) * 0.1 + 0.01).astype(np.float32), None,
+                  block=32, bits=4, n_indices=3)
+    mm = nbits_model(32, 8, 4, 32, nbits_inputs(rng, 32, 8, 4, 32), m=3)
+    g.graph.node[0].output[0] = "A"
+    for t in mm.graph.initializer:
+        t.name = f"mm.{t.name}"
+    for i, name in enumerate(mm.graph.node[0].input):
+        if i:
+            mm.graph.node[0].input[i] = f"mm.{name}"
+    g.graph.node.extend(mm.graph.node)
+    g.graph.initializer.extend(mm.graph.initializer)
+    del g.graph.output[:]
+    g.graph.output.extend(mm.graph.output)
+    onnx.checker.check_model(g)
+    return g
+
+
+@pytest.mark.parametrize(("options", "folded", "left"), [
+    ({"op_types": "MatMul"}, ["mm"], ["gbq"]),
+    ({"op_types": "Gather"}, ["gbq"], ["mm"]),
+    ({"op_types": "MatMulNBits"}, ["mm"], ["gbq"]),
+    ({"exclude": "mm"}, ["gbq"], ["mm"]),
+    ({"exclude": "Y"}, ["gbq"], ["mm"]),  # by output name, as for DequantizeLinear
+    ({"include": "mm"}, ["mm"], ["gbq"]),
+    ({"min_elements": 300}, ["gbq"], ["mm"]),  # mm's weight has 256 elements, gbq's 320
+    ({"x_types": "uint4"}, ["gbq", "mm"], []),
+    ({"x_types": "int8"}, [], ["gbq", "mm"]),
+    ({}, ["gbq", "mm"], []),
+])
+def test_the_selection_picks_fused_nodes_and_leaves_the_others_untouched(options, folded,
+                                                                          left):
+    original = _two_node_model()
+    report = dqtool.fold(ir.serde.deserialize_model(original), **options)
+    assert sorted(report.fused) == folded
+    assert sorted(n for n, _ in report.fused_left) == left
+    assert all(why.startswith("not selected: ") for _, why in report.fused_left)
+    out = ir.serde.serialize_model(report.model)
+    ops = sorted(n.op_type for n in out.graph.node)
+    # a selected node is folded all the way (its new DequantizeLinear too, though the
+    # selection names the fused node); an unselected one keeps its op and its bytes
+    assert "DequantizeLinear" not in ops
+    kept = {"mm": "MatMulNBits", "gbq": "GatherBlockQuantized"}
+    assert sorted(kept[n] for n in left) == sorted(o for o in ops if o in kept.values())
+    before = {t.name: t.raw_data for t in original.graph.initializer}
+    after = {t.name: t.raw_data for t in out.graph.initializer}
+    for name in left:
+        node = next(n for n in out.graph.node if n.name == name)
+        for i in node.input:
+            if i in before:
+                assert after[i] == before[i]
+    feeds = {"indices": np.array([0, 9, 4], np.int64)}
+    got, want = run_ort(out, feeds)[0], run_ort(original, feeds)[0]
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_fold_text_names_the_rewritten_nodes_not_their_ops(tmp_path):
+    src = tmp_path / "m.onnx"
+    onnx.save(_two_node_model(), src)
+    r = CliRunner().invoke(cli, ["fold", str(src), "-o", str(tmp_path / "f.onnx"),
+                                 "--op-types", "Gather"], env={"COLUMNS": "200"})
+    assert r.exit_code == 0, r.output
+    assert "1 fused node(s) (dequantization inside the operator) rewritten exactly into " \
+           "DequantizeLinear form before folding: gbq" in r.output
+    assert "left fused mm: not selected: becomes MatMul, not --op-types Gather" in r.output

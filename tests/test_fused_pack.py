@@ -202,3 +202,49 @@ def test_pack_takes_every_writer_option(tmp_path):
         assert onnx.numpy_helper.to_array(a).tobytes() == onnx.numpy_helper.to_array(b).tobytes()
     r = CliRunner().invoke(cli, ["pack", str(src), "--in-place", "-o", str(ext)])
     assert r.exit_code == 2
+
+
+def _nbits_consts(proto: onnx.ModelProto) -> list[tuple]:
+    inits = _inits(proto)
+    return [(tuple(sorted((a.name, onnx.helper.get_attribute_value(a)) for a in n.attribute)),
+             tuple(inits.get(i) for i in n.input[1:4]))
+            for n in proto.graph.node if n.op_type == "MatMulNBits"]
+
+
+def test_codes_widened_by_upgrade_pack_back_at_their_width():
+    # opset 21 has no uint2 (25 has): upgrade widens 2-bit codes to uint8, blocked; pack
+    # gives back the original width, bytes and all.
+    bits = 2
+    rng = np.random.default_rng(bits)
+    original = nbits_model(128, 16, bits, 32, nbits_inputs(rng, 128, 16, bits, 32), m=3)
+    up = dqtool.upgrade(ir.serde.deserialize_model(original), 21).model
+    x = next(n for n in up.graph if n.op_type == "DequantizeLinear").inputs[0]
+    assert x.dtype == ir.DataType.UINT8
+    packed = ir.serde.serialize_model(dqtool.pack(up).model)
+    assert _nbits_consts(packed) == _nbits_consts(original)
+    # a code that no longer fits the narrow width: 8 bits stay (exact either way)
+    up2 = dqtool.upgrade(ir.serde.deserialize_model(original), 21).model
+    x2 = next(n for n in up2.graph if n.op_type == "DequantizeLinear").inputs[0]
+    codes = x2.const_value.numpy().copy()
+    codes[0, 0] = 200
+    x2.const_value = ir.tensor(codes, name=x2.name)
+    packed2 = ir.serde.serialize_model(dqtool.pack(up2).model)
+    [node] = [n for n in packed2.graph.node if n.op_type == "MatMulNBits"]
+    assert onnx.helper.get_attribute_value(
+        next(a for a in node.attribute if a.name == "bits")) == 8
+
+
+def test_a_table_blocked_along_its_gather_axis_packs_back():
+    # MatMulNBitsQuantizer with quant_axes=(("Gather", 0),) writes gather_axis =
+    # quantize_axis = 0; onnxruntime runs it, and pack gives it back
+    rng = np.random.default_rng(8)
+    table = rng.integers(-8, 8, size=(64, 12)).astype(ml_dtypes.int4)
+    scales = (rng.random((2, 12)) * 0.1 + 0.01).astype(np.float32)
+    original = gbq_model(table, scales, None, quantize_axis=0, gather_axis=0, block=32)
+    feeds = {"indices": np.array([0, 63, 31, 32, 5], np.int64)}
+    want = run_ort(original, feeds)[0]
+    packed = _roundtrip(original)
+    [node] = [n for n in packed.graph.node if n.op_type == "GatherBlockQuantized"]
+    attrs = {a.name: a.i for a in node.attribute}
+    assert attrs["gather_axis"] == 0 and attrs["quantize_axis"] == 0
+    assert bits_of(run_ort(packed, feeds)[0]).tolist() == bits_of(want).tolist()

@@ -14,8 +14,8 @@ import numpy as np
 
 from dqtool import families
 from dqtool.checking import against as against_mod
+from dqtool.checking import bounded, runners, selfcheck
 from dqtool.checking import inputs as inputs_mod
-from dqtool.checking import runners, selfcheck
 from dqtool.checking.compare import OutputComparison
 from dqtool.checking.models import ModelLike, load
 from dqtool.checking.report import CheckReport
@@ -74,8 +74,18 @@ def check(
             model_dir=loaded.external_dir, original_dir=other_loaded.external_dir)
         weights = [w for support in families.check_supports() if support.weights
                    for w in support.weights(loaded.ir_model(), other_loaded.ir_model())]
+        bounds = []
+        if bounded.needs_bounds(comparisons):
+            bounds = [b for support in families.check_supports()
+                      if support.bounds is not None and support.holds_weights is not None
+                      and support.holds_weights(other)
+                      for b in support.bounds(proto, other, loaded.ir_model(),
+                                              other_loaded.ir_model(), feeds,
+                                              loaded.external_dir, other_loaded.external_dir)]
+            comparisons = bounded.apply(comparisons, weights, bounds, notes)
         return CheckReport(input=name, against=other_name, comparisons=tuple(comparisons),
-                           notes=tuple(notes), weights=tuple(weights), **common)
+                           notes=tuple(notes), weights=tuple(weights), bounds=tuple(bounds),
+                           **common)
     model = loaded.ir_model()
     sites = selfcheck.quant_sites(model)
     # Past protobuf's limit onnx's checker must read the file itself.
@@ -89,7 +99,7 @@ def check(
             nodes += support.numeric(proto, model, feeds, notes,
                                      external_dir=loaded.external_dir)
     if not nodes:
-        notes.append("the model has no DequantizeLinear or integer operator node: nothing "
+        notes.append("the model has no DequantizeLinear, fused or integer operator node: nothing "
                      "to compare")
     return CheckReport(input=name, against=None, structure=structure, nodes=tuple(nodes),
                        notes=tuple(notes), **common)

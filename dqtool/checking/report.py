@@ -26,6 +26,9 @@ class CheckReport:
     comparisons: tuple[RuntimeComparison, ...] = ()  # --against
     notes: tuple[str, ...] = field(default=())
     weights: tuple = ()  # --against: fused weights of the original, compared bit for bit
+    # --against: the original's fused nodes on onnxruntime in both models, each against its
+    # summation-order bound (computed when an onnxruntime output is beyond rtol/atol)
+    bounds: tuple = ()
 
     @property
     def mode(self) -> str:
@@ -74,4 +77,5 @@ class CheckReport:
         else:
             doc["comparisons"] = [c.to_json() for c in self.comparisons]
             doc["weights"] = [w.to_json() for w in self.weights]
+            doc["bounds"] = [b.to_json() for b in self.bounds]
         return doc

@@ -27,8 +27,8 @@ def _render_self(app: App, doc: dict) -> None:
             app.out.print(f"  {p['code']} {p['node']}: {p['message']}")
     if not doc["nodes"]:
         return  # a note says there was nothing to compare; no empty table
-    table = Table(title="DequantizeLinear and integer operators: onnxruntime vs kernel "
-                  "(bit-exact)",
+    table = Table(title="DequantizeLinear, fused and integer operators: onnxruntime vs "
+                  "kernel (bit-exact)",
                   title_justify="left")
     for col in ("node", "op", "status", "detail"):
         table.add_column(col, overflow="fold")
@@ -54,7 +54,10 @@ def _render_against(app: App, doc: dict) -> None:
         for o in c["outputs"]:
             worst = "-" if o["worst_index"] is None else str(tuple(o["worst_index"]))
             vals = f"{_num(o['worst_actual'])} / {_num(o['worst_expected'])}"
-            table.add_row(o["name"], "yes" if o["passed"] else f"NO {o['failure'] or ''}",
+            ok = ("yes (bound)" if o.get("tolerated") and not (
+                o["max_abs"] <= o["atol"] or o["max_rel"] <= o["rtol"]) else "yes") \
+                if o["passed"] else f"NO {o['failure'] or ''}"
+            table.add_row(o["name"], ok,
                           _num(o["max_abs"]), _num(o["max_rel"]), _num(o["mean_abs"]),
                           worst, vals, f"{_num(o['min_atol'])} / {_num(o['min_rtol'])}",
                           _steps(o))
@@ -63,6 +66,8 @@ def _render_against(app: App, doc: dict) -> None:
     for w in weights:
         app.out.print(f"weight of {w['node']} ({w['op']}): {w['status']}"
                       + (f" ({w['detail']})" if w["detail"] else ""), markup=False)
+    for b in doc.get("bounds") or []:
+        app.out.print(f"onnxruntime, fused node {_bound_line(b)}", markup=False)
     if weights:
         from dqtool import families
 
@@ -71,6 +76,21 @@ def _render_against(app: App, doc: dict) -> None:
             for op, note in support.notes.items():
                 if op in ops:
                     app.out.print(note, markup=False)
+
+
+def _bound_line(b: dict) -> str:
+    if b["status"] == "unbounded":
+        return f"{b['node']} ({b['op']}): not bounded: {b['detail']}"
+    if not b["max_abs"]:
+        return f"{b['node']} ({b['op']}): bit-identical"
+    ulps = "" if b["ulps"] is None else f" ({_num(b['ulps'])} ulp of {b['dtype']} there)"
+    word = "within" if b["status"] == "within" else "BEYOND"
+    text = (f"{b['node']} ({b['op']}): max abs {_num(b['max_abs'])}{ulps}, {word} its "
+            f"rounding bound (largest difference / bound {_num(b['max_ratio'])}; "
+            f"bound there {_num(b['bound_at_worst'])})")
+    if b["detail"]:
+        text += f"; {b['detail']}"
+    return text + (f" [{b['sampled']}]" if b["sampled"] else "")
 
 
 def _steps(o: dict) -> str:

@@ -33,8 +33,10 @@ def render(app: App, report) -> None:
         tag = "refused" if left.refused else "left"
         _line(app, f"{tag} {left.name} [{left.graph}]: {left.reason}")
     if report.fused:
-        _line(app, f"{len(report.fused)} MatMulNBits / GatherBlockQuantized rewritten "
-                   "exactly into DequantizeLinear + MatMul / Gather before folding")
+        # Which ops these are is the family's business: the line names the nodes.
+        _line(app, f"{len(report.fused)} fused node(s) (dequantization inside the operator) "
+                   f"rewritten exactly into DequantizeLinear form before folding: "
+                   f"{_some(report.fused)}")
     for name, why in report.fused_left:
         _line(app, f"left fused {name}: {why}")
     _line(app,
@@ -99,6 +101,11 @@ def fold_cmd(app: App, model: str, out: str | None, as_json: bool, op_types: tup
         render(app, report)
     if report.exit_code:
         raise SystemExit(report.exit_code)
+
+
+def _some(names: list[str], shown: int = 5) -> str:
+    more = len(names) - shown
+    return ", ".join(names[:shown]) + (f" and {more} more" if more > 0 else "")
 
 
 def _warn_unfed_op_types(app: App, fed: set[str], op_types: tuple[str, ...]) -> None:

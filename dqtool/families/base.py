@@ -23,10 +23,12 @@ Each capability is optional (``None``: the family does not offer it):
   that computes a node's value from its constant inputs, and (for an operator that is not a
   plain dequantization, e.g. a fused MatMul) the float operator that replaces the node once
   its weight is a float constant.
-- ``fold_prepare``: ``model → (names rewritten, [(name, why) left])``, called by ``fold``
-  before the fold pass to rewrite the family's nodes into forms the pass folds (a fused
-  MatMul into DequantizeLinear + MatMul), for a family that folds that way rather than
-  through ``fold``.
+- ``fold_prepare``: ``(model, selection) → (names rewritten, [(name, why) left], output
+  names of the DequantizeLinear nodes made)``, called by ``fold`` before the fold pass to
+  rewrite the family's nodes into forms the pass folds (a fused MatMul into
+  DequantizeLinear + MatMul), for a family that folds that way rather than through
+  ``fold``. ``selection`` is the fold's ``dqtool.folding.selection.Selection``: a node it
+  leaves must not be rewritten; the nodes made are then folded whatever their names.
 - ``converters``: a callable that registers adapters into a conversion registry
   (``dqtool.convert.registry.Registry``), keyed by (domain, op, version, direction):
   ``"up"``/``"down"`` move an ai.onnx op one since-version; ``"onnx"`` turns the family's
@@ -212,6 +214,13 @@ class CheckSupport:
     - ``notes``: op type → the note ``dqtool check`` prints under the weights of that op.
     - ``numeric``: ``(proto, model, feeds, notes, external_dir) → [NodeCheck]``: the
       family's nodes checked against the kernel, beside the Q/DQ nodes' self-check.
+    - ``bounds``: ``(checked proto, original proto, checked model, original model, feeds,
+      checked_dir, original_dir) → [bound]``: each of the original's family nodes run on
+      onnxruntime in both models, its output difference judged against a proven bound on
+      the runtime's own rounding (objects with ``node``, ``op``, ``status`` — "within",
+      "beyond", "unbounded" —, ``passed``, ``describe()``, ``to_json()``). A check
+      --against tolerates onnxruntime's output differences beyond rtol/atol only when every
+      weight is bit-identical and every such node is within its bound.
     """
 
     holds_weights: Callable[[Any], bool] | None = None
@@ -220,6 +229,7 @@ class CheckSupport:
     tolerated: str = ""
     notes: Mapping[str, str] = field(default_factory=dict)
     numeric: Callable[..., list[Any]] | None = None
+    bounds: Callable[..., list[Any]] | None = None
 
 
 @dataclass(frozen=True)
@@ -231,7 +241,8 @@ class Family:
     codecs: Callable[[], Iterable[Codec]] | None = None
     evaluator_ops: Callable[[], Sequence[type[Any]]] | None = None
     fold: Callable[[], FoldSupport] | None = None
-    fold_prepare: Callable[[ir.Model], tuple[list[str], list[tuple[str, str]]]] | None = None
+    fold_prepare: Callable[[ir.Model, Any], tuple[list[str], list[tuple[str, str]],
+                                                  list[str]]] | None = None
     converters: Callable[[Registry], None] | None = None
     prunable: frozenset[str] = frozenset()
     lint_facts: Mapping[str, str] = field(default_factory=dict)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable, Iterable
+from dataclasses import replace
 from pathlib import Path
 
 import onnx_ir as ir
@@ -77,7 +78,9 @@ def fold(
     before = io.tensor_bytes(model)
     # Families that fold by rewriting first (MatMulNBits / GatherBlockQuantized into
     # DequantizeLinear + MatMul / Gather, exactly), then the pass folds the result.
-    unfused, fused_left = _prepare(model)
+    unfused, fused_left, made = _prepare(model, selection)
+    if made:
+        selection = replace(selection, made=frozenset(made))
     fold_pass = DequantizeFoldPass(selection, _DTYPE_NAMES[dtype], prepack_guard)
     fold_pass(model)
     model.ir_version = io.lowest_ir_version(model)
@@ -101,15 +104,18 @@ def fold(
     return report
 
 
-def _prepare(model: ir.Model) -> tuple[list[str], list[tuple[str, str]]]:
+def _prepare(model: ir.Model, selection: Selection
+             ) -> tuple[list[str], list[tuple[str, str]], list[str]]:
     done: list[str] = []
     left: list[tuple[str, str]] = []
+    made: list[str] = []
     for family in families.all_families():
         if family.fold_prepare is not None:
-            d, lf = family.fold_prepare(model)
+            d, lf, m = family.fold_prepare(model, selection)
             done += d
             left += lf
-    return done, left
+            made += m
+    return done, left, made
 
 
 def _output(src: Path | None, out, *, dry_run: bool, in_place: bool) -> Path | None:

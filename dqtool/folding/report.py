@@ -80,7 +80,7 @@ class FoldReport:
     external_data: bool = False
     seconds: float = 0.0
     model: ir.Model | None = field(default=None, repr=False)  # the folded model
-    fused: list[str] = field(default_factory=list)  # MatMulNBits / GatherBlockQuantized unfused
+    fused: list[str] = field(default_factory=list)  # fused nodes rewritten into DQ form first
     fused_left: list[tuple[str, str]] = field(default_factory=list)  # (name, why) left fused
 
     @property

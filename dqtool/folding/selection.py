@@ -32,6 +32,9 @@ class Selection:
     exclude: tuple[str, ...] = ()
     x_types: tuple[str, ...] = ()  # quantized types, ONNX spelling
     min_elements: int = 0
+    # Output names of DequantizeLinear nodes a family's fold_prepare made from nodes this
+    # selection picked: selected whatever their names (the user named the original node).
+    made: frozenset[str] = frozenset()
 
     @classmethod
     def from_options(cls, *, op_types=None, include=None, exclude=None, x_types=None,
@@ -49,6 +52,8 @@ class Selection:
     def why_not(self, node: ir.Node, spec: QuantSpec) -> str | None:
         """None if the node is selected, else the rule that leaves it."""
         names = [n for n in (node.name, node.outputs[0].name) if n]
+        if node.outputs[0].name in self.made:
+            return None
         if self.include and not any(fnmatch.fnmatchcase(n, p) for n in names
                                     for p in self.include):
             return f"not selected: name matches no --include {','.join(self.include)}"

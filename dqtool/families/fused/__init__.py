@@ -29,10 +29,11 @@ def _evaluator_ops() -> list[type[Any]]:
     return list(evaluator_ops.OPS)
 
 
-def _fold_prepare(model: ir.Model) -> tuple[list[str], list[tuple[str, str]]]:
+def _fold_prepare(model: ir.Model, selection: Any
+                  ) -> tuple[list[str], list[tuple[str, str]], list[str]]:
     from dqtool.families.fused import fold
 
-    return fold.unfuse(model)
+    return fold.unfuse(model, selection)
 
 
 def _converters(reg: Registry) -> None:
@@ -49,17 +50,35 @@ def _inspect() -> InspectSupport:
 
 
 def _check() -> CheckSupport:
-    from dqtool.families.fused import weights
+    from dqtool.families.fused import bound, selfcheck, weights
 
     return CheckSupport(
-        holds_weights=lambda proto: any(n.domain == DOMAIN and n.op_type in OPS
-                                        for n in proto.graph.node),
+        bounds=bound.node_bounds,
+        numeric=selfcheck.numeric,
+        holds_weights=_holds_fused,
         weights=weights.compare_weights,
         weights_label="fused weight(s) (MatMulNBits / GatherBlockQuantized)",
-        tolerated="MatMulNBits sums in its own order",
-        notes={"MatMulNBits": "note: MatMulNBits accumulates in its own order (and with "
-               "accuracy_level > 0 may quantize A): output differences above are that, not "
-               "the weights"})
+        tolerated="onnxruntime's MatMulNBits sums in its own order and, for float16, with "
+        "the float32 weight",
+        notes={"MatMulNBits": "note: onnxruntime's MatMulNBits sums in its own order, with "
+               "float16/bfloat16 A multiplies by the float32 weight before its rounding, and "
+               "with accuracy_level > 0 may round A: its output differences are judged against "
+               "a bound on that rounding, node by node (docs/fused.md)"})
+
+
+def _holds_fused(proto: Any) -> bool:
+    """Whether a ModelProto has a fused node anywhere: main graph, subgraphs, functions."""
+    def graph_has(nodes: Any) -> bool:
+        for n in nodes:
+            if n.domain == DOMAIN and n.op_type in OPS:
+                return True
+            for a in n.attribute:
+                subs = ([a.g] if a.HasField("g") else []) + list(a.graphs)
+                if any(graph_has(g.node) for g in subs):
+                    return True
+        return False
+
+    return graph_has(proto.graph.node) or any(graph_has(f.node) for f in proto.functions)
 
 
 def _rewrites_most(model: ir.Model, options: Any) -> bool:

@@ -1,5 +1,10 @@
 """ReferenceEvaluator operators for MatMulNBits and GatherBlockQuantized: dequantize with
-the fused family's kernel, then a float32 MatMul (+ bias) or a gather."""
+the fused family's kernel, then the float MatMul (+ bias) or the gather, each in A's type as
+the reference evaluator runs ai.onnx MatMul and Add (on contiguous arrays, as dqtool's
+reference MatMul does): the operator is, by the schema, ``A @ dequant(B) + bias`` in A's
+type. onnxruntime's CPU kernel computes a float16 node in float32 with the weight before
+its rounding and rounds once at the end: close to this, not bit-identical; ``check
+--against`` bounds that difference (``bound``)."""
 
 from __future__ import annotations
 
@@ -22,10 +27,10 @@ class MatMulNBits(OpRun):
              block_size=0, **_ignored):
         w = dequantize_matmul_nbits(b, scales, zero_points, K=K, N=N, bits=bits,
                                     block_size=block_size, g_idx=g_idx)
-        y = np.matmul(a.astype(np.float32), w.astype(np.float32))
+        y = np.matmul(np.ascontiguousarray(a), np.ascontiguousarray(w.astype(a.dtype)))
         if bias is not None:
-            y = y + bias.astype(np.float32)
-        return (y.astype(a.dtype),)
+            y = y + bias.astype(a.dtype)
+        return (np.asarray(y, dtype=a.dtype),)
 
 
 class GatherBlockQuantized(OpRun):

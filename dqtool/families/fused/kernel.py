@@ -7,7 +7,11 @@ weight; see tests/test_fused_kernel.py):
 - float zero points (HQQ writes them): ``w = float32(q) * scale + (-(zp * scale))`` in
   float32, each product and the sum rounded on its own (no fused multiply-add);
 - GatherBlockQuantized: ``float32(q - zp) * float32(scale)``, rounded to the scale's type.
-A float16/bfloat16 result is the float32 value rounded once.
+A float16/bfloat16 result is the float32 value rounded once. That rounded weight is what
+the operator's schema defines (the dequantized B has A's type) and what an identity A
+reads back; onnxruntime's CPU MatMulNBits itself multiplies a float16 A by the float32
+value before that rounding and rounds its sum once (measured on 1.32), which ``check
+--against`` allows for in its bound (``bound``).
 """
 
 from __future__ import annotations

@@ -208,6 +208,8 @@ class FusedPackPass:
         a_shape = graph.shape_of(a)
         if a_shape is not None and len(a_shape) < 2:
             raise NoMatch("A is 1-D")
+        narrowed = self._narrower(dq, spec, bits)
+        bits = narrowed or bits
         scales, zps, kb, signed = self._scales_zps(dq, spec, k, n, bits, block)
         zp_present = graph.input_value(dq, 2) is not None
         omit_zp = self.zero_points == "auto" and self._all_default(zps, bits)
@@ -217,7 +219,7 @@ class FusedPackPass:
 
         def b_bytes() -> np.ndarray:
             # A ragged last block is padded with code 0, as onnxruntime's quantizer does.
-            if bits in (4, 8) and n % 2 == 0 and k % 2 == 0:
+            if bits in (4, 8) and n % 2 == 0 and k % 2 == 0 and not narrowed:
                 # On the stored bytes: adding 2^(bits-1) to every signed code (mod 2^bits)
                 # flips its top bit.
                 raw = arrays.raw_bytes(_t(x))
@@ -250,6 +252,21 @@ class FusedPackPass:
                + ("" if omit_zp else ", packed zero points")
                + ("" if zp_present or omit_zp else " (zero point 0 made explicit)"))
         return how, old
+
+    def _narrower(self, dq: ir.Node, spec: QuantSpec, bits: int) -> int | None:
+        """The width ``upgrade`` widened these 8-bit codes from (its note on the node),
+        when every code and zero point still fits in it; else None (8 bits stay)."""
+        from dqtool.families.fused.to_onnx import BITS_KEY
+
+        hint = dq.metadata_props.get(BITS_KEY)
+        if bits != 8 or spec.quant_type != "uint8" or hint not in ("2", "4"):
+            return None
+        narrow = int(hint)
+        for i in (0, 2):
+            v = graph.input_value(dq, i)
+            if v is not None and int(_array(v).max(initial=0)) >= 1 << narrow:
+                return None
+        return narrow
 
     def _all_default(self, zps, bits: int) -> bool:
         return bool(np.all(zps() == (1 << (bits - 1))))
@@ -384,8 +401,6 @@ class FusedPackPass:
             block = _next_pow2_16(shape[qa])
         else:
             raise NoMatch(f"{spec.granularity} table: GatherBlockQuantized needs blocks")
-        if qa == ga:
-            raise NoMatch("the gather axis is the quantized axis")
         b = Builder(gather, self.fresh, self.in_function)
         b.base = gather.name or dq.name or "gather"
         s_shape = tuple(-(-d // block) if i == qa else d for i, d in enumerate(shape))

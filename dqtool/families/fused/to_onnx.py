@@ -90,6 +90,11 @@ _WIDE = {ir.DataType.UINT4: (ir.DataType.UINT8, np.uint8),
          ir.DataType.INT2: (ir.DataType.INT8, np.int8)}
 
 
+BITS_KEY = "dqtool.fused.bits"
+_NARROW_BITS = {ir.DataType.UINT4: 4, ir.DataType.INT4: 4, ir.DataType.UINT2: 2,
+                ir.DataType.INT2: 2}
+
+
 def _widen(b: Builder) -> bool:
     """Give every new DequantizeLinear 8-bit codes in place of 2/4-bit ones (exact)."""
     done = False
@@ -105,6 +110,9 @@ def _widen(b: Builder) -> bool:
             dq.replace_input_with(i, wide)
             if v.name in b.created and not v.uses():
                 b.graph.initializers.pop(v.name, None)
+            # What the codes were, so ``pack`` can give back the original width (it checks
+            # that every code still fits before it believes this).
+            dq.metadata_props[BITS_KEY] = str(_NARROW_BITS[v.dtype])
             done = True
     return done
 

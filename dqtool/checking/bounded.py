@@ -1,0 +1,85 @@
+"""``check --against`` for operators that hold their weights (MatMulNBits): when is an
+onnxruntime output difference the runtime's own rounding, and not the conversion's?
+
+The exactness proof is (1) every such weight bit-identical between the two models and (2)
+the reference runtime's outputs identical (within rtol/atol, by default bit for bit).
+onnxruntime's fused kernels sum in their own order, so its outputs may still differ; such
+a difference is tolerated, and said so, only when (3) every one of those nodes, run on
+onnxruntime in both models, differs by no more than the family's proven bound on that
+order's rounding (``CheckSupport.bounds``), and the reference runtime agreed (or, when it
+could not run the models, every node was bounded). Anything else is judged by rtol/atol
+alone, as for any model.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import replace
+from typing import Any
+
+from dqtool.checking.against import RuntimeComparison
+
+ORT = "onnxruntime"
+REFERENCE = "reference"
+
+
+def needs_bounds(comparisons: Sequence[RuntimeComparison]) -> bool:
+    """Whether onnxruntime compared and some output is beyond rtol/atol for a reason a
+    bound could explain (not a shape, a dtype, a NaN or a missing output)."""
+    return any(c.runtime == ORT and c.skipped is None and any(
+        not o.passed and o.failure is None and not o.nan_mismatches for o in c.outputs)
+        for c in comparisons)
+
+
+def apply(comparisons: Sequence[RuntimeComparison], weights: Sequence[Any],
+          bounds: Sequence[Any], notes: list[str]) -> tuple[RuntimeComparison, ...]:
+    """The comparisons with onnxruntime's outputs tolerated where (1)–(3) hold; ``notes``
+    gets the reason either way."""
+    if not bounds:
+        return tuple(comparisons)
+    ref = next((c for c in comparisons if c.runtime == REFERENCE), None)
+    ref_ok = ref is not None and ref.skipped is None and ref.passed
+    bad_weights = [w for w in weights if w.status != "bit-identical"]
+    beyond = [b for b in bounds if b.status == "beyond"]
+    unbounded = [b for b in bounds if b.status == "unbounded"]
+    why_not = None
+    if not weights or bad_weights:
+        why_not = ("not every fused weight is bit-identical" if weights else
+                   "no fused weight was compared")
+    elif beyond:
+        why_not = (f"{len(beyond)} fused node(s) differ beyond their rounding bound "
+                   f"({', '.join(b.node for b in beyond[:3])})")
+    elif ref is not None and ref.skipped is None and not ref.passed:
+        why_not = "the reference runtime's outputs differ too"
+    elif unbounded and not ref_ok:
+        why_not = (f"{len(unbounded)} fused node(s) could not be bounded and the reference "
+                   "runtime did not confirm the outputs")
+    if why_not is not None:
+        notes.append(f"onnxruntime's output differences are judged by --rtol/--atol only: "
+                     f"{why_not}")
+        return tuple(comparisons)
+    reason = (f"{len(weights)} fused weight(s) bit-identical; "
+              + ("the reference runtime agrees; " if ref_ok else
+                 "the reference runtime did not compare; ")
+              + f"{len(bounds) - len(unbounded)} fused node(s) within their "
+              "rounding bound on onnxruntime")
+    if unbounded:
+        reason += f" ({len(unbounded)} not bounded)"
+    out = []
+    tolerated = 0
+    for c in comparisons:
+        if c.runtime != ORT or c.skipped is not None:
+            out.append(c)
+            continue
+        outputs = []
+        for o in c.outputs:
+            if not o.passed and o.failure is None and not o.nan_mismatches:
+                o = replace(o, tolerated=reason).judge(o.rtol, o.atol)
+                tolerated += 1
+            outputs.append(o)
+        out.append(replace(c, outputs=tuple(outputs)))
+    if tolerated:
+        notes.append(f"onnxruntime: {tolerated} output(s) beyond --rtol/--atol tolerated: "
+                     f"{reason} (the difference is how onnxruntime rounds, not the "
+                     "conversion)")
+    return tuple(out)

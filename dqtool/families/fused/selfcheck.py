@@ -1,0 +1,233 @@
+"""``dqtool check MODEL``: every fused node's dequantization on onnxruntime against the
+kernel, bit for bit, as the Q/DQ self-check does for DequantizeLinear.
+
+- MatMulNBits: the node alone (no bias, ``accuracy_level`` 0), fed rows of an identity A,
+  so each output is ``1 · w`` — exactly one weight, rounded once to the output type: rows
+  ``r0..r1`` of ``W``. The rows go in chunks (a K=8192 weight never takes a K×K input), and
+  the kernel dequantizes the same rows from the blocks that hold them.
+- GatherBlockQuantized: the node alone, fed every index of its gathered axis (in chunks);
+  the output is the table, which the kernel dequantizes from the same rows.
+
+Past ``SAMPLE_ELEMENTS`` weights a node is checked on a sample of its chunks (the first,
+the last — a ragged tail — and evenly spaced ones between), and the report says so.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnx_ir as ir
+from onnx import TensorProto, helper, numpy_helper
+
+from dqtool import graph
+from dqtool.checking import compare, runners
+from dqtool.checking.models import ort_max_ir
+from dqtool.checking.selfcheck import BIT_EXACT, ERROR, KERNEL_ONLY, MISMATCH, SKIPPED, NodeCheck
+from dqtool.families.fused import kernel, packing, read
+
+SAMPLE_ELEMENTS = 1 << 24  # weights per node checked in full; past it, a sample
+CHUNK_BYTES = 16 << 20  # output bytes per onnxruntime run
+_FLOAT = {np.dtype(np.float32): TensorProto.FLOAT, np.dtype(np.float16): TensorProto.FLOAT16}
+
+
+def numeric(proto: onnx.ModelProto, model: ir.Model, feeds: Mapping[str, np.ndarray],
+            notes: list[str], external_dir: Path | None = None) -> list[NodeCheck]:
+    del proto, feeds, external_dir  # each node runs alone, from its own constants
+    out = []
+    for site in graph.walk(model):
+        if read.is_fused(site.node):
+            out.append(check_node(site, model.ir_version))
+    return out
+
+
+def _ints(node: ir.Node) -> dict[str, int]:
+    return {k: v.as_int() for k, v in node.attributes.items() if v.type == ir.AttributeType.INT}
+
+
+def _model(node_proto: onnx.NodeProto, inputs: list[onnx.ValueInfoProto],
+           inits: list[onnx.TensorProto], ir_version: int) -> onnx.ModelProto:
+    g = helper.make_graph([node_proto], "fused_alone", inputs,
+                          [onnx.ValueInfoProto(name="y")], inits)
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 21),
+                                            helper.make_opsetid("com.microsoft", 1)])
+    top = ort_max_ir()
+    m.ir_version = min(ir_version, top) if ir_version else top
+    return m
+
+
+def _chunks(total: int, step: int, per_row: int, what: str
+            ) -> tuple[list[tuple[int, int]], str | None]:
+    """Chunks ``[r0, r1)`` of ``range(total)``, ``step`` rows each; past ``SAMPLE_ELEMENTS``
+    (``per_row`` elements a row), a sample of them: the first, the last, evenly spaced."""
+    chunks = [(r, min(r + step, total)) for r in range(0, total, step)]
+    if total * per_row <= SAMPLE_ELEMENTS:
+        return chunks, None
+    budget = max(2, SAMPLE_ELEMENTS // max(1, step * per_row))
+    if len(chunks) <= budget:
+        return chunks, None
+    pick = sorted(set(np.linspace(0, len(chunks) - 1, budget).round().astype(int).tolist()))
+    chosen = [chunks[i] for i in pick]
+    rows = sum(b - a for a, b in chosen)
+    return chosen, f"sampled: {rows} of {total} {what} (in {len(chosen)} evenly spaced " \
+                   f"chunks, the first and the last among them)"
+
+
+def check_node(site: graph.Site, ir_version: int) -> NodeCheck:
+    node = site.node
+    base = {"name": node.name or "", "graph": site.graph,
+            "op": f"com.microsoft:{node.op_type}-1"}
+    spec = read.read(node, site.opsets)
+    if spec.errors:
+        return NodeCheck(**base, status=SKIPPED, reason="invalid: " + "; ".join(
+            p.message for p in spec.errors))
+    if not spec.constant:
+        return NodeCheck(**base, status=SKIPPED, reason="its weight is computed at run "
+                         "time: only a constant weight is compared")
+    try:
+        if node.op_type == "MatMulNBits":
+            pieces, sampled = _matmul_nbits(node, ir_version)
+        else:
+            pieces, sampled = _gather(node, ir_version)
+        for got, want, where in pieces:
+            if _same(want, got, node.op_type == "MatMulNBits"):
+                continue
+            stats = compare.compare("y", want, got)
+            return NodeCheck(**base, status=MISMATCH, comparison=stats, reason=(
+                f"kernel and onnxruntime differ in {stats.mismatched} of {stats.size} "
+                f"elements of {where} (worst at {stats.worst_index}: kernel "
+                f"{stats.worst_actual!r}, onnxruntime {stats.worst_expected!r})"))
+    except runners.RuntimeFailure as e:
+        return NodeCheck(**base, status=KERNEL_ONLY,
+                         reason=f"onnxruntime cannot run this node: {e}")
+    except Exception as e:  # the kernel refusing a node is a finding, not a crash
+        return NodeCheck(**base, status=ERROR, reason=f"{type(e).__name__}: {e}")
+    how = ("identity A, one weight per output" if node.op_type == "MatMulNBits"
+           else "every index gathered")
+    return NodeCheck(**base, status=BIT_EXACT, reason=how + (f"; {sampled}" if sampled else ""))
+
+
+Piece = tuple[np.ndarray, np.ndarray, str]  # (onnxruntime, kernel, which rows)
+
+
+def _matmul_nbits(node: ir.Node, ir_version: int) -> tuple[Iterator[Piece], str | None]:
+    a = _ints(node)
+    k, n, bits, block = a["K"], a["N"], a.get("bits", 4), a["block_size"]
+    kb = -(-k // block)
+    b = graph.constant_array(node.inputs[1]).reshape(n, kb, -1)
+    scales = graph.constant_array(node.inputs[2])
+    zp_v, g_v = graph.input_value(node, 3), graph.input_value(node, 4)
+    zp = None if zp_v is None else graph.constant_array(zp_v)
+    g_idx = None if g_v is None else graph.constant_array(g_v)
+    dtype = np.dtype(scales.dtype)
+    proto = ir.serde.serialize_node(node)
+    del proto.input[:], proto.output[:]
+    proto.input.extend(["A", "B", "scales"])
+    inits = [numpy_helper.from_array(b, "B"), numpy_helper.from_array(scales, "scales")]
+    if zp is not None or g_idx is not None:
+        proto.input.append("zero_points" if zp is not None else "")
+        if zp is not None:
+            inits.append(numpy_helper.from_array(zp, "zero_points"))
+    if g_idx is not None:
+        proto.input.append("g_idx")
+        inits.append(numpy_helper.from_array(g_idx, "g_idx"))
+    proto.output.append("y")
+    for attr in list(proto.attribute):
+        if attr.name == "accuracy_level":  # a quantized identity A would not be exact
+            proto.attribute.remove(attr)
+    model = _model(proto, [helper.make_tensor_value_info("A", _FLOAT.get(dtype, 16),
+                                                         ["rows", k])], inits, ir_version)
+    session = runners.ort_session(model)
+    rows = max(block, (CHUNK_BYTES // max(1, n * dtype.itemsize)) // block * block)
+    chunks, sampled = _chunks(k, rows, n, "rows of K")
+    zp_codes, float_zp = kernel.matmul_nbits_zero_points(zp, n, kb, bits)
+
+    def pieces() -> Iterator[Piece]:
+        for r0, r1 in chunks:
+            eye = np.zeros((r1 - r0, k), dtype)
+            eye[np.arange(r1 - r0), np.arange(r0, r1)] = 1
+            got = session({"A": eye}, ["y"])["y"]
+            if g_idx is not None:  # rows may use any block: the whole weight, then rows
+                want = kernel.dequantize_matmul_nbits(b, scales, zp, K=k, N=n, bits=bits,
+                                                      block_size=block, g_idx=g_idx)[r0:r1]
+            else:
+                b0, b1 = r0 // block, -(-r1 // block)
+                zps = zp_codes[:, b0:b1]
+                zp_arg = zps.astype(dtype) if float_zp else packing.pack(zps, bits)
+                want = kernel.dequantize_matmul_nbits(
+                    b[:, b0:b1], scales.reshape(n, kb)[:, b0:b1], zp_arg, K=r1 - r0, N=n,
+                    bits=bits, block_size=block)
+            yield got, want, f"rows {r0}..{r1 - 1} of W"
+
+    return pieces(), sampled
+
+
+def _gather(node: ir.Node, ir_version: int) -> tuple[Iterator[Piece], str | None]:
+    a = _ints(node)
+    data = graph.constant_array(node.inputs[0])
+    scales = graph.constant_array(node.inputs[2])
+    zp_v = graph.input_value(node, 3)
+    zp = None if zp_v is None else graph.constant_array(zp_v)
+    bits, block = a.get("bits", 4), a.get("block_size", 128)
+    logical = list(data.shape)
+    if data.dtype == np.uint8 and bits != 8:
+        logical[-1] *= 8 // bits
+    rank = len(logical)
+    ga, qa = a.get("gather_axis", 0) % rank, a.get("quantize_axis", 1) % rank
+    dim = logical[ga]
+    per_index = int(np.prod(logical, dtype=np.int64)) // max(1, dim)
+    proto = ir.serde.serialize_node(node)
+    del proto.input[:], proto.output[:]
+    proto.input.extend(["data", "indices", "scales"])
+    inits = [_tensor(node.inputs[0], "data"), _tensor(node.inputs[2], "scales")]
+    if zp_v is not None:
+        proto.input.append("zero_points")
+        inits.append(_tensor(zp_v, "zero_points"))
+    proto.output.append("y")
+    model = _model(proto, [helper.make_tensor_value_info("indices", TensorProto.INT64,
+                                                         ["n"])], inits, ir_version)
+    session = runners.ort_session(model)
+    step = max(1, CHUNK_BYTES // max(1, 4 * per_index))
+    chunks, sampled = _chunks(dim, step, per_index, "indices")
+    kw = {"quantize_axis": a.get("quantize_axis", 1), "block_size": block, "bits": bits}
+
+    def pieces() -> Iterator[Piece]:
+        for r0, r1 in chunks:
+            idx = np.arange(r0, r1, dtype=np.int64)
+            got = session({"indices": idx}, ["y"])["y"]
+            if ga != qa:  # blocks run along another axis: the gathered rows alone
+                sl = [slice(None)] * data.ndim
+                sl[ga] = slice(r0, r1)
+                want = kernel.dequantize_gather_block_quantized(
+                    data[tuple(sl)], scales[tuple(sl)],
+                    None if zp is None else zp[tuple(sl)], **kw)
+            else:
+                want = kernel.dequantize_gather_block_quantized(
+                    data, scales, zp, indices=idx, gather_axis=ga, **kw)
+            yield got, want, f"indices {r0}..{r1 - 1}"
+
+    return pieces(), sampled
+
+
+def _same(want: np.ndarray, got: np.ndarray, summed: bool) -> bool:
+    """Bit for bit; for a MatMulNBits probe a zero's sign is not the weight's: its output
+    ``1·w + Σ 0·w_j`` is +0 where the weight is -0 (a zero code times a negative scale)."""
+    if compare.bit_identical(want, got):
+        return True
+    if not summed or want.shape != got.shape or want.dtype != got.dtype:
+        return False
+    view = np.dtype(f"u{want.dtype.itemsize}")
+    same = want.view(view) == got.view(view)
+    with np.errstate(invalid="ignore"):
+        w, g = want.astype(np.float64), got.astype(np.float64)
+        same |= ((w == 0) & (g == 0)) | (np.isnan(w) & np.isnan(g))
+    return bool(same.all())
+
+
+def _tensor(value: ir.Value, name: str) -> onnx.TensorProto:
+    """A constant as stored (int4/uint4 stay 4-bit)."""
+    t = ir.serde.serialize_tensor(graph.constant_tensor(value))
+    t.name = name
+    return t
