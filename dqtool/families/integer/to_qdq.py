@@ -441,6 +441,8 @@ def _scaled_pattern(node: ir.Node) -> _Scaled:
     s0, s1 = prod.inputs
     a_scale = a_src.outputs[1] if a_src is not None and \
         a_src.op_type == "DynamicQuantizeLinear" else None
+    if a_scale is None:
+        a_scale = _static_activation_scale(node, s0, s1)
     if a_scale is s0:
         return _Scaled(cast, mul, scale[0], s0, s1, add, bias)
     if a_scale is s1:
@@ -451,7 +453,36 @@ def _scaled_pattern(node: ir.Node) -> _Scaled:
     raise Refused(why)
 
 
+def _static_activation_scale(node: ir.Node, s0: ir.Value | None, s1: ir.Value | None
+                             ) -> ir.Value | None:
+    """Which of two constant scales belongs to the activation when it was quantized
+    statically (onnxruntime's dynamic quantizer feeds a quantized Gather of a quantized
+    embedding straight into MatMulInteger): the scale a DequantizeLinear of the same
+    activation (or of the same weight, for the other one) uses; else the per-channel one is
+    the weight's. None when the graph does not tell."""
+    pair = {id(s0): s0, id(s1): s1}
+    for operand, own in ((node.inputs[0], True), (node.inputs[1], False)):
+        if operand is None:
+            continue
+        for use in operand.uses():
+            dq = use.node
+            if dq.op_type != "DequantizeLinear" or use.idx != 0 or len(dq.inputs) < 2:
+                continue
+            hit = pair.get(id(dq.inputs[1]))
+            if hit is not None:
+                return hit if own else (s1 if hit is s0 else s0)
+    sizes = [graph.num_elements(graph.shape_of(s)) for s in (s0, s1)]
+    if sizes[0] == 1 and sizes[1] not in (None, 1):
+        return s0
+    if sizes[1] == 1 and sizes[0] not in (None, 1):
+        return s1
+    return None
+
+
 def _weight_axis(node: ir.Node, opdef: ops.OpDef, w_scale: ir.Value) -> int | None:
+    p = w_scale.producer()
+    if p is not None and p.op_type == "DynamicQuantizeLinear":
+        return None  # a second activation (QKᵀ), quantized at run time: one scale
     shape = graph.shape_of(w_scale)
     if shape is None:
         raise Refused("the shape of the weight scale is unknown")

@@ -143,6 +143,16 @@ def _dynamic_source(d: _Dq) -> bool:
             and d.scale is p.outputs[1] and (d.zp is None or d.zp is p.outputs[2]))
 
 
+def _gathered(d: _Dq) -> bool:
+    """A per-tensor activation gathered from a constant quantized table (onnxruntime's
+    dynamic quantizer quantizes an embedding statically and feeds the Gather's codes
+    straight into MatMulInteger): its constant scale plays the run-time one's part."""
+    p = d.x.producer()
+    return (p is not None and p.op_type == "Gather" and d.axis is None and bool(p.inputs)
+            and graph.constant_tensor(p.inputs[0]) is not None
+            and graph.constant_tensor(d.scale) is not None)
+
+
 def _try_fuse(node: ir.Node, opsets: dict[str, int], names: Names
               ) -> tuple[str, str] | None:
     """(domain of the new op, what was done), or None when the node is not fusable."""
@@ -151,14 +161,20 @@ def _try_fuse(node: ir.Node, opsets: dict[str, int], names: Names
         if len(ins) < 2:
             return None
         a, w = _dq(ins[0]), _dq(ins[1])
-        if a is None or w is None or a.axis is not None or not w.const:
+        if a is None or w is None or a.axis is not None:
+            return None
+        # A second activation (QKᵀ, attention · V) fuses into QLinearMatMul when it is
+        # per-tensor; a weight may be per output channel.
+        second_activation = not w.const and node.op_type == "MatMul" and w.axis is None
+        if not w.const and not second_activation:
             return None
         if w.axis is not None and w.axis != _weight_axis(node, w):
             return None
         q = _q_after(node)
         if q is not None:
             return _fuse_static(node, a, w, q, names)
-        if _dynamic_source(a) and len(ins) == 2:
+        if (_dynamic_source(a) or _gathered(a)) and len(ins) == 2 and \
+                (w.const or _dynamic_source(w)):
             return _fuse_dynamic(node, a, w, names)
         return None
     if node.op_type == "Gemm":
