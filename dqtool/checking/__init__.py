@@ -83,8 +83,12 @@ def check(
                                               other_loaded.ir_model(), feeds,
                                               loaded.external_dir, other_loaded.external_dir)]
             comparisons = bounded.apply(comparisons, weights, bounds, notes)
+        # A family's rewritten nodes, each run alone on the original's inputs: reported.
+        per_op = [e for support in families.check_supports() if support.per_op
+                  for e in support.per_op(proto, other, feeds, other_loaded.external_dir)]
         return CheckReport(input=name, against=other_name, comparisons=tuple(comparisons),
                            notes=tuple(notes), weights=tuple(weights), bounds=tuple(bounds),
+                           per_op=tuple(per_op),
                            **common)
     model = loaded.ir_model()
     sites = selfcheck.quant_sites(model)

@@ -34,7 +34,9 @@ def render(app: App, report, as_json: bool) -> None:
         app.out.print(escape(f"  REFUSED {r.node}{where} ({r.op}): {r.reason}"),
                       soft_wrap=True)
     if report.check is not None:
-        app.out.print("check (faithful, not exact: within one quantization step per "
+        what = "each converted operator" if report.check.measured_locally else \
+            "every output"
+        app.out.print(f"check (faithful, not exact: {what} within one quantization step per "
                       "element):", markup=False)
         for line in report.check.describe():
             app.out.print(f"  {line}", markup=False, soft_wrap=True)
@@ -69,9 +71,13 @@ def _run(app: App, direction: str, model: str, out: str | None, keep: bool, chec
 
 
 _CHECK = click.option("--check", is_flag=True, help="Run both models (onnxruntime "
-                      "ORT_DISABLE_ALL, dqtool reference) and require every output within one "
-                      "quantization step before writing; also say whether onnxruntime "
-                      "ORT_ENABLE_ALL reproduces the original exactly.")
+                      "ORT_DISABLE_ALL, dqtool reference) and require each converted operator, "
+                      "fed the original's inputs, within one quantization step before writing; "
+                      "report every output end to end and whether onnxruntime ORT_ENABLE_ALL "
+                      "reproduces the original exactly.")
+_CHECK_BACK = click.option("--check", is_flag=True, help="Run both models (onnxruntime "
+                           "ORT_DISABLE_ALL, dqtool reference) and require every output "
+                           "within one quantization step before writing.")
 
 
 @click.command("qdq")
@@ -98,7 +104,7 @@ def qdq_cmd(app: App, model: str, check: bool, keep_unconvertible: bool,
 @click.command("qoperator")
 @click.argument("model", type=click.Path(dir_okay=True, path_type=str))
 @writer_options("<stem>.qop.onnx next to MODEL")
-@_CHECK
+@_CHECK_BACK
 @click.pass_obj
 @user_errors
 def qoperator_cmd(app: App, model: str, check: bool, **writing: Any) -> None:

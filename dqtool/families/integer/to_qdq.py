@@ -416,6 +416,12 @@ def _only_use(value: ir.Value) -> ir.Node | None:
     return uses[0].node
 
 
+def scaled_output(node: ir.Node) -> ir.Value:
+    """The float value a MatMulInteger / ConvInteger stands for in onnxruntime's dynamic
+    pattern (the output of its ``Mul`` by the scale product); ``Refused`` outside it."""
+    return _scaled_pattern(node).mul.outputs[0]
+
+
 def _scaled_pattern(node: ir.Node) -> _Scaled:
     why = ("its int32 output is not Cast to float and multiplied by a_scale·w_scale (as "
            "onnxruntime's dynamic quantization writes it): no scales to dequantize with")
