@@ -86,3 +86,32 @@ def test_qoperator_check_judges_outputs_end_to_end():
     report = api.to_qoperator(qdq, check=True)
     assert report.check.local == [] and report.check.to_json()["judged"] == "end-to-end"
     assert report.check.ok
+
+
+@pytest.mark.parametrize("name", ["ort_dynamic_matmul.onnx", "ort_dynamic_conv.onnx"])
+def test_exact_dynamic_form_is_bit_identical_and_round_trips(name, tmp_path):
+    src = MODELS / name
+    report = api.to_qdq(src, tmp_path / "exact.onnx", exact_dynamic=True, check=True)
+    assert report.changes and all("DequantizeLinear(scale 1)" in c.into
+                                  for c in report.changes)
+    for o in report.check.outputs:  # both runtimes, end to end
+        assert o["max_abs"] == 0.0 and o["mismatched"] == 0
+    assert all(e.comparison.max_abs == 0.0 for e in report.check.local)
+    assert report.check.fused["identical"] is True
+    back = api.to_qoperator(tmp_path / "exact.onnx").model
+    original = onnx.load(str(src))
+    assert sorted(n.op_type for n in back.graph) == sorted(n.op_type
+                                                           for n in original.graph.node)
+    assert set(back.graph.initializers) == {t.name for t in original.graph.initializer}
+
+
+def test_exact_dynamic_form_states_its_bound():
+    from test_integer_to_qdq import DYNAMIC
+
+    report = api.to_qdq(ir.from_onnx_text(DYNAMIC), exact_dynamic=True)
+    (change,) = report.changes
+    # |a - a_zp| <= 255 for a run-time uint8 zero point; the widest column of |w - w_zp| is
+    # |3+1| + |6+1| + |9+1| + |-12+1| = 32: 255 * 32 = 8160
+    assert change.into.endswith("(exact: every partial sum is at most 8160 < 2**24)")
+    ops = [n.op_type for n in report.model.graph]
+    assert ops.count("Mul") == 2 and "Cast" not in ops and "MatMulInteger" not in ops

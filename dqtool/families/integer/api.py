@@ -91,13 +91,15 @@ def default_output(path: str | os.PathLike, direction: Direction) -> Path:
 
 def to_qdq(model_or_path: ModelArg, out: str | os.PathLike | None = None, *,
            keep_unconvertible: bool = False, check: bool = False, in_place: bool = False,
-           **writing: Any) -> IntegerReport:
+           exact_dynamic: bool = False, **writing: Any) -> IntegerReport:
     """Every integer operator with a faithful QDQ form becomes DequantizeLinear → float op
-    → QuantizeLinear (``to_qdq.IntegerToQdqPass``)."""
+    → QuantizeLinear (``to_qdq.IntegerToQdqPass``). ``exact_dynamic``: MatMulInteger /
+    ConvInteger take the exact form (DequantizeLinear with scale 1, the scale product
+    applied after the float op), equal to the integer original within 2**24."""
     from dqtool.families.integer.to_qdq import IntegerToQdqPass
 
-    return _run(model_or_path, out, "to-qdq", IntegerToQdqPass(), keep_unconvertible, check,
-                in_place, **writing)
+    return _run(model_or_path, out, "to-qdq", IntegerToQdqPass(exact_dynamic),
+                keep_unconvertible, check, in_place, **writing)
 
 
 def to_qoperator(model_or_path: ModelArg, out: str | os.PathLike | None = None, *,

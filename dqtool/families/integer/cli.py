@@ -46,7 +46,7 @@ def render(app: App, report, as_json: bool) -> None:
 
 def _run(app: App, direction: str, model: str, out: str | None, keep: bool, check: bool,
          as_json: bool, in_place: bool, external_data: bool, shard_size: str | None,
-         progress: bool | None) -> None:
+         progress: bool | None, exact_dynamic: bool = False) -> None:
     from dqtool.families.integer import api
 
     if out is not None and in_place:
@@ -60,7 +60,8 @@ def _run(app: App, direction: str, model: str, out: str | None, keep: bool, chec
         with progress_bar(app, model, progress) as bar:
             if direction == "to-qdq":
                 report = api.to_qdq(model, None if in_place else out,
-                                    keep_unconvertible=keep, progress=bar, **writing)
+                                    keep_unconvertible=keep, progress=bar,
+                                    exact_dynamic=exact_dynamic, **writing)
             else:
                 report = api.to_qoperator(model, None if in_place else out, progress=bar,
                                           **writing)
@@ -87,10 +88,13 @@ _CHECK_BACK = click.option("--check", is_flag=True, help="Run both models (onnxr
 @click.option("--keep-unconvertible", is_flag=True, help="Write the model with the nodes "
               "that have no QDQ form left as they are (they are listed) instead of "
               "refusing.")
+@click.option("--exact-dynamic", is_flag=True, help="MatMulInteger/ConvInteger become "
+              "DequantizeLinear with scale 1 → the float op → the original Mul by the scale "
+              "product: bit-identical to the integer original while sums stay below 2**24.")
 @click.pass_obj
 @user_errors
 def qdq_cmd(app: App, model: str, check: bool, keep_unconvertible: bool,
-            **writing: Any) -> None:
+            exact_dynamic: bool, **writing: Any) -> None:
     """Rewrite integer operators (QLinear*, MatMulInteger/ConvInteger, dynamic
     quantization) into QDQ: DequantizeLinear → float op → QuantizeLinear.
 
@@ -98,7 +102,8 @@ def qdq_cmd(app: App, model: str, check: bool, keep_unconvertible: bool,
     quantization step (measure it with --check or `dqtool check --against`). Exit 0
     written; 1 refused or --check failed (nothing written); 2 bad input.
     """
-    _run(app, "to-qdq", model, writing.pop("out"), keep_unconvertible, check, **writing)
+    _run(app, "to-qdq", model, writing.pop("out"), keep_unconvertible, check,
+         exact_dynamic=exact_dynamic, **writing)
 
 
 @click.command("qoperator")

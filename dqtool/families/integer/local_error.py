@@ -201,7 +201,23 @@ def _region(float_op: ir.Node) -> tuple[list[ir.Node], ir.Value]:
         elif own(nxt, "QuantizeLinear"):
             nodes.append(nxt)
             out = nxt.outputs[0]
+    # The exact dynamic form (``qdq --exact-dynamic``): DequantizeLinear with scale 1, then
+    # the original's own Mul by the scale product, which the region ends with.
+    uses = list(out.uses())
+    if _unit_scaled(nodes) and len(uses) == 1 and not out.is_graph_output() and \
+            uses[0].node.op_type == "Mul":
+        nodes.append(uses[0].node)
+        out = uses[0].node.outputs[0]
     return nodes, out
+
+
+def _unit_scaled(nodes: list[ir.Node]) -> bool:
+    dqs = [n for n in nodes if n.op_type == "DequantizeLinear"]
+    for n in dqs:
+        scale = graph.constant_array(n.inputs[1]) if len(n.inputs) > 1 else None
+        if scale is None or not np.all(np.asarray(scale) == 1):
+            return False
+    return bool(dqs)
 
 
 def _inputs(r: _Region, renamed: dict[str, str], originals: set[str]

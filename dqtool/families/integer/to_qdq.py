@@ -52,11 +52,15 @@ FLOAT = ir.DataType.FLOAT
 
 
 class IntegerToQdqPass(ir.passes.InPlacePass):
-    """Rewrites every integer operator into QDQ; ``outcome`` lists changes and refusals."""
+    """Rewrites every integer operator into QDQ; ``outcome`` lists changes and refusals.
 
-    def __init__(self) -> None:
+    ``exact_dynamic``: MatMulInteger / ConvInteger (with their ``Cast → Mul``) become the
+    exact form (``_rewrite_integer_exact``) instead of DequantizeLinear with their scales."""
+
+    def __init__(self, exact_dynamic: bool = False) -> None:
         super().__init__()
         self.outcome = Outcome()
+        self.exact_dynamic = exact_dynamic
 
     def call(self, model: ir.Model) -> ir.passes.PassResult:
         names = Names(model)
@@ -67,7 +71,7 @@ class IntegerToQdqPass(ir.passes.InPlacePass):
                 continue
             op, label = f"{opdef.domain}:{opdef.op}", node_label(node)
             try:
-                into = _try_rewrite(node, opdef, site.opsets, names)
+                into = _try_rewrite(node, opdef, site.opsets, names, self.exact_dynamic)
             except Refused as e:
                 self.outcome.refusals.append(Refusal(label, site.graph, op, str(e)))
                 continue
@@ -77,7 +81,8 @@ class IntegerToQdqPass(ir.passes.InPlacePass):
         return ir.passes.PassResult(model, bool(self.outcome.changes))
 
 
-def _try_rewrite(node: ir.Node, opdef: ops.OpDef, opsets: dict[str, int], names: Names) -> str:
+def _try_rewrite(node: ir.Node, opdef: ops.OpDef, opsets: dict[str, int], names: Names,
+                 exact_dynamic: bool = False) -> str:
     if opdef.no_qdq:
         raise Refused(f"no QDQ form: {opdef.no_qdq}")
     spec = describe.read(node, opsets)
@@ -89,6 +94,8 @@ def _try_rewrite(node: ir.Node, opdef: ops.OpDef, opsets: dict[str, int], names:
         raise Refused("channels_last=1 (NHWC): the float operator is NCHW; a faithful QDQ "
                       "form would need Transposes around it")
     if opdef.kind == "integer":
+        if exact_dynamic:
+            return _rewrite_integer_exact(node, opdef, opsets, names)
         return _rewrite_integer(node, opdef, opsets, names)
     if opdef.kind == "dynamic":
         return _rewrite_dynamic(node, opdef, opsets, names)
@@ -379,6 +386,97 @@ def _rewrite_integer(node: ir.Node, opdef: ops.OpDef, opsets: dict[str, int],
             g.remove(n, safe=True)
     drop_if_unused([pattern.scale, *inputs])
     return into + " (Cast and Mul by the scale product removed)"
+
+
+def _rewrite_integer_exact(node: ir.Node, opdef: ops.OpDef, opsets: dict[str, int],
+                           names: Names) -> str:
+    """The exact QDQ form of onnxruntime's dynamic pattern: DequantizeLinear with scale 1
+    (the zero point subtracted, the codes as exact float integers) → the float op (sums of
+    integer products, exact in float32 while every partial sum stays below 2**24) → the
+    int32 bias as DequantizeLinear(bias, 1) added → the original's ``Mul`` by
+    ``a_scale·w_scale``. The integer op and its ``Cast`` go; the ``Mul`` and the scale
+    product stay as they were. Equal to ``Cast(acc) · scale`` bit for bit within that
+    bound, which is reported (``docs/integer-ops.md``)."""
+    pattern = _scaled_pattern(node)
+    a_slot, w_slot = opdef.inputs
+    b = _Builder(node, names, opsets)
+    one = b.constant("unit_scale", np.ones((), np.float32))
+    a_zp = graph.input_value(node, a_slot.zero_point)
+    w_zp = graph.input_value(node, w_slot.zero_point)
+    w_axis = _weight_axis(node, opdef, pattern.w_scale)
+    w_one = one
+    if w_axis is not None:
+        n = graph.num_elements(graph.shape_of(pattern.w_scale))
+        w_one = b.constant("unit_scale_per_channel", np.ones((n,), np.float32))
+    a = b.dequantize(node.inputs[0], one, a_zp, None, a_slot.role)
+    w = b.dequantize(node.inputs[1], w_one, w_zp, w_axis, w_slot.role)
+    f = b.add(opdef.float_op or "", [a, w], list(node.attributes.values()),
+              name=node.name or None)
+    out = f.outputs[0]
+    into = f"DequantizeLinear(scale 1) ×2 → {f.op_type}"
+    if pattern.bias is not None:
+        bias = b.dequantize(pattern.bias, one, None, None, "bias")
+        out = b.add("Add", [out, bias], suffix="bias").outputs[0]
+        into += " → Add(DequantizeLinear(int32 bias, 1))"
+    bound = _accumulator_bound(node, a_zp, w_zp, w_axis, pattern.bias)
+    if bound is None and pattern.bias is not None:  # the products alone, then
+        bound = _accumulator_bound(node, a_zp, w_zp, w_axis, None)
+        bias_note = " plus a run-time bias"
+    else:
+        bias_note = ""
+    node.name = names.fresh(f"{b.base}_replaced") if node.name else None
+    b.node = pattern.cast
+    b.commit()
+    out.shape, out.type = pattern.cast.outputs[0].shape, pattern.cast.outputs[0].type
+    pattern.cast.outputs[0].replace_all_uses_with(out)
+    g = node.graph
+    inputs = list(node.inputs)
+    for n in (pattern.cast, pattern.add, node):
+        if n is not None:
+            g.remove(n, safe=True)
+    drop_if_unused(inputs)
+    if bound is not None and bound < 2**24 and not bias_note:
+        exact = f"exact: every partial sum is at most {bound} < 2**24"
+    else:
+        exact = "exact while partial sums stay below 2**24" + (
+            "" if bound is None else f" (products at most {bound}{bias_note})")
+    return into + f" → the original Mul by the scale product ({exact})"
+
+
+def _accumulator_bound(node: ir.Node, a_zp: ir.Value | None, w_zp: ir.Value | None,
+                       w_axis: int | None, bias: ir.Value | None) -> int | None:
+    """The largest |partial sum| any input can give: every activation code at its
+    farthest from its zero point times the sum of |w - w_zp| of one output (plus |bias|);
+    None when the weight or a zero point is not constant."""
+    w = graph.constant_array(node.inputs[1])
+    if w is None:
+        return None
+    azp = graph.constant_array(a_zp) if a_zp is not None else np.zeros((), np.int64)
+    wzp = graph.constant_array(w_zp) if w_zp is not None else np.zeros((), np.int64)
+    if wzp is None:
+        return None
+    a_type = graph.elem_type(node.inputs[0]) or "uint8"
+    lo, hi = (-128, 127) if a_type == "int8" else (0, 255)
+    # A run-time zero point (DynamicQuantizeLinear's) lies in the code range too.
+    a_far = 255 if azp is None else \
+        int(max(abs(lo - int(np.min(azp))), abs(hi - int(np.max(azp)))))
+    w64 = np.asarray(w, np.int64)
+    z = np.asarray(wzp, np.int64)
+    if w_axis is not None and z.size > 1:
+        shape = [1] * w64.ndim
+        shape[w_axis] = z.size
+        z = z.reshape(shape)
+    diff = np.abs(w64 - z.reshape(-1)[0] if z.size == 1 else w64 - z)
+    # Sum over everything but the output axis (Conv: axis 0; MatMul: the last one).
+    out_axis = 0 if node.op_type == "ConvInteger" else w64.ndim - 1
+    per_out = diff.sum(axis=tuple(i for i in range(w64.ndim) if i != out_axis))
+    bound = a_far * int(per_out.max(initial=0))
+    if bias is not None:
+        barr = graph.constant_array(bias)
+        if barr is None:  # quantized at run time: its size is not known here
+            return None
+        bound += int(np.abs(np.asarray(barr, np.int64)).max(initial=0))
+    return bound
 
 
 @dataclass

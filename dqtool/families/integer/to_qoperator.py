@@ -137,10 +137,13 @@ def _q_after(node: ir.Node) -> ir.Node | None:
     return q
 
 
-def _dynamic_source(d: _Dq) -> bool:
+def _dynamic_source(d: _Dq, codes_only: bool = False) -> bool:
+    """Codes, scale and zero point from one DynamicQuantizeLinear (``codes_only``: the
+    codes and zero point, the scale being the exact form's 1)."""
     p = d.x.producer()
     return (p is not None and p.op_type == "DynamicQuantizeLinear" and d.axis is None
-            and d.scale is p.outputs[1] and (d.zp is None or d.zp is p.outputs[2]))
+            and (codes_only or d.scale is p.outputs[1])
+            and (d.zp is None or d.zp is p.outputs[2]))
 
 
 def _gathered(d: _Dq) -> bool:
@@ -173,8 +176,14 @@ def _try_fuse(node: ir.Node, opsets: dict[str, int], names: Names
         q = _q_after(node)
         if q is not None:
             return _fuse_static(node, a, w, q, names)
-        if (_dynamic_source(a) or _gathered(a)) and len(ins) == 2 and \
-                (w.const or _dynamic_source(w)):
+        if len(ins) != 2:
+            return None
+        if _unit(a) and _unit(w) and (_dynamic_source(a, codes_only=True) or _gathered(a)) \
+                and (w.const or _dynamic_source(w, codes_only=True)):
+            exact = _fuse_exact(node, a, w, names)
+            if exact is not None:
+                return exact
+        if (_dynamic_source(a) or _gathered(a)) and (w.const or _dynamic_source(w)):
             return _fuse_dynamic(node, a, w, names)
         return None
     if node.op_type == "Gemm":
@@ -304,6 +313,51 @@ def _fuse_dynamic(node: ir.Node, a: _Dq, w: _Dq, names: Names) -> tuple[str, str
                 name=names.fresh(f"{base}_scaled"))
     e.replace(node.outputs[0], mul.outputs[0], [node])
     return "", f"{op} → Cast → Mul by a_scale·w_scale"
+
+
+def _unit(d: _Dq) -> bool:
+    scale = graph.constant_array(d.scale)
+    return scale is not None and bool(np.all(np.asarray(scale) == 1))
+
+
+def _fuse_exact(node: ir.Node, a: _Dq, w: _Dq, names: Names) -> tuple[str, str] | None:
+    """``qdq --exact-dynamic``'s form back: DQ(scale 1) → MatMul / Conv [→ Add of an int32
+    bias DQ(scale 1)] → Mul by the scale product ⇒ MatMulInteger / ConvInteger [→ Add of the
+    int32 bias] → Cast → that Mul."""
+    out = node.outputs[0]
+    uses = list(out.uses())
+    if len(uses) != 1 or out.is_graph_output():
+        return None
+    add, bias = None, None
+    nxt = uses[0].node
+    if nxt.op_type == "Add" and len(nxt.inputs) == 2:
+        other = [v for v in nxt.inputs if v is not out]
+        b = _dq(other[0], frozenset({"int32"})) if len(other) == 1 else None
+        if b is None or not _unit(b) or b.axis is not None or \
+                (b.zp is not None and np.any(graph.constant_array(b.zp) != 0)):
+            return None
+        add, bias = nxt, b
+        uses = list(nxt.outputs[0].uses())
+        if len(uses) != 1 or nxt.outputs[0].is_graph_output():
+            return None
+        nxt = uses[0].node
+    if nxt.op_type != "Mul" or len(nxt.inputs) != 2:
+        return None
+    e = _Emit(node, names)
+    op = "ConvInteger" if node.op_type == "Conv" else "MatMulInteger"
+    attrs = list(node.attributes.values()) if node.op_type == "Conv" else []
+    base = _name_of(node, names)
+    integer = e.add("", op, [a.x, w.x, a.zp, w.zp], attrs, name=base)
+    integer.outputs[0].dtype = ir.DataType.INT32
+    acc = integer.outputs[0]
+    if bias is not None:
+        acc = e.add("", "Add", [acc, bias.x], name=names.fresh(f"{base}_bias")).outputs[0]
+        acc.dtype = ir.DataType.INT32
+    cast = e.add("", "Cast", [acc], [ir.AttrInt64("to", ir.DataType.FLOAT)],
+                 name=names.fresh(f"{base}_cast"))
+    last = add if add is not None else node
+    e.replace(last.outputs[0], cast.outputs[0], [n for n in (add, node) if n is not None])
+    return "", f"{op} → Cast (exact form: the Mul by the scale product kept)"
 
 
 def _fuse_gemm(node: ir.Node, names: Names) -> tuple[str, str] | None:
