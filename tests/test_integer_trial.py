@@ -128,3 +128,6 @@ def test_trial_case(case, tmp_path):
     else:
         assert doc["verdict"]["fused"]["error"] is None
         assert doc["verdict"]["fused"]["mismatched"] is not None
+        # ... and --exact-dynamic's form is the original's, unfused and fused
+        assert doc["exact"] == {"per_op_max_abs": 0.0, "end_to_end_max_abs": 0.0,
+                                "fused_identical": True}

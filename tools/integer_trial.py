@@ -391,6 +391,8 @@ def run_case(case: Case, tmp: Path) -> dict[str, Any]:
             problems.append(f"qoperator gives {dict(back)}, the original had {dict(present)}")
     except Exception as e:
         problems.append(f"qoperator raised {type(e).__name__}: {e}")
+    if case.mode == "dynamic":
+        _exact_form(src, tmp, case, present, doc, problems)
     # lint
     for target, want in _lint_targets(present).items():
         findings = [f for f in lint([str(src)], target=target).findings
@@ -399,6 +401,35 @@ def run_case(case: Case, tmp: Path) -> dict[str, Any]:
             problems.append(f"lint --target {target}: {len(findings)} DQ110, want {want}")
     doc["problems"] = problems
     return doc
+
+
+def _exact_form(src: Path, tmp: Path, case: Case, present: Counter, doc: dict[str, Any],
+                problems: list[str]) -> None:
+    """``qdq --exact-dynamic``: every converted operator bit-identical on the original's
+    inputs (the models here stay far below the 2**24 bound), and back again."""
+    from dqtool.families.integer import api, numerics
+
+    path = tmp / f"{case.name}.exact.onnx"
+    api.to_qdq(str(src), str(path), keep_unconvertible=True, exact_dynamic=True)
+    verdict = numerics.judge(onnx.load(src), onnx.load(path))
+    worst = max((e.comparison.max_abs for e in verdict.local if e.comparison is not None),
+                default=None)
+    doc["exact"] = {"per_op_max_abs": worst,
+                    "end_to_end_max_abs": max((o["max_abs"] for o in verdict.outputs),
+                                              default=None),
+                    "fused_identical": None if verdict.fused is None
+                    else verdict.fused["identical"]}
+    if worst != 0.0:
+        problems.append(f"--exact-dynamic: a converted operator differs by {worst}")
+    back = integer_ops(ir_to_proto(api.to_qoperator(str(path)).model))
+    if back != present:
+        problems.append(f"qoperator of the exact form gives {dict(back)}")
+
+
+def ir_to_proto(model: Any) -> onnx.ModelProto:
+    import onnx_ir as ir
+
+    return ir.to_proto(model)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -421,9 +452,14 @@ def main(argv: list[str] | None = None) -> int:
                          if e["max_steps"] is not None), default=None)
             status = "ok" if not doc["problems"] else "FAIL"
             failed += bool(doc["problems"])
+            exact = doc.get("exact")
+            more = "" if exact is None else (
+                f"; --exact-dynamic end-to-end max abs {exact['end_to_end_max_abs']}, "
+                f"fused identical {exact['fused_identical']}")
             print(f"{status:4} {case.name}: {sum(doc['integer_ops'].values())} integer ops, "
                   f"end-to-end max steps {worst}, fused identical "
-                  f"{doc.get('fused_identical')}, refused {len(doc.get('refused', []))}")
+                  f"{doc.get('fused_identical')}, refused {len(doc.get('refused', []))}"
+                  + more)
             for pr in doc["problems"]:
                 print(f"     {pr}")
     if args.json:
