@@ -152,7 +152,12 @@ def for_check(checked: onnx.ModelProto, original: onnx.ModelProto,
 
     if count(checked) >= count(original):
         return []
-    return [e for e in measure(original, checked, feeds, original_dir)
+    try:
+        errors = measure(original, checked, feeds, original_dir)
+    except Exception as e:  # a report section, never a crash of the whole check
+        return [LocalError("<all>", "", "", None, f"per-op errors not measured: "
+                           f"{type(e).__name__}: {str(e).splitlines()[0][:200]}")]
+    return [e for e in errors
             if e.comparison is not None or "no converted counterpart" not in (e.skipped or "")]
 
 
