@@ -181,8 +181,37 @@ def lstm() -> onnx.ModelProto:
                   [helper.make_tensor_value_info("out", FLOAT, [t, b, 8])], inits)
 
 
+def attention() -> onnx.ModelProto:
+    """com.microsoft EmbedLayerNormalization → Attention → MatMul (dynamic quantization
+    turns them into QEmbedLayerNormalization and QAttention, whose QDQ forms dequantize
+    into the float com.microsoft operators)."""
+    r = np.random.default_rng(5)
+    s, d, v = 8, 16, 30
+    inits = {"word": _w(r, (v, d), 0.5), "pos": _w(r, (s, d), 0.1), "seg": _w(r, (2, d), 0.1),
+             "gamma": np.ones(d, np.float32), "beta": np.zeros(d, np.float32),
+             "qkv": _w(r, (d, 3 * d), 0.25), "qkv_b": _w(r, (3 * d,), 0.1),
+             "wo": _w(r, (d, d), 0.25)}
+    n = helper.make_node
+    nodes = [
+        n("EmbedLayerNormalization", ["ids", "segs", "word", "pos", "seg", "gamma", "beta"],
+          ["emb", "mask_index"], "embed", domain="com.microsoft", epsilon=1e-5),
+        n("Attention", ["emb", "qkv", "qkv_b"], ["att"], "attention", domain="com.microsoft",
+          num_heads=2),
+        n("MatMul", ["att", "wo"], ["out"], "proj"),
+    ]
+    g = helper.make_graph(nodes, "attention",
+                          [helper.make_tensor_value_info("ids", TensorProto.INT32, [1, s]),
+                           helper.make_tensor_value_info("segs", TensorProto.INT32, [1, s])],
+                          [helper.make_tensor_value_info("out", FLOAT, [1, s, d])],
+                          [numpy_helper.from_array(a, k) for k, a in inits.items()])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 13),
+                                            helper.make_opsetid("com.microsoft", 1)])
+    m.ir_version = 8
+    return m
+
+
 FLOAT_MODELS: dict[str, Callable[[], onnx.ModelProto]] = {
-    "cnn": cnn, "mlp": mlp, "transformer": transformer, "lstm": lstm}
+    "cnn": cnn, "mlp": mlp, "transformer": transformer, "lstm": lstm, "attention": attention}
 
 
 # ---- quantization -----------------------------------------------------------------------
@@ -202,6 +231,8 @@ def _feeds(model: onnx.ModelProto, r: np.random.Generator) -> dict[str, np.ndarr
         shape = [d.dim_value for d in i.type.tensor_type.shape.dim]
         if i.type.tensor_type.elem_type == TensorProto.INT64:
             out[i.name] = r.integers(0, 50, shape).astype(np.int64)
+        elif i.type.tensor_type.elem_type == TensorProto.INT32:
+            out[i.name] = r.integers(0, 2 if "seg" in i.name else 30, shape).astype(np.int32)
         else:
             out[i.name] = r.standard_normal(shape).astype(np.float32)
     return out
@@ -275,7 +306,7 @@ def _cases() -> list[Case]:
         "s8_constb": dict(weight_type=s8, extra_options={"MatMulConstBOnly": True}),
         "u8_anyb": dict(weight_type=u8, extra_options={"MatMulConstBOnly": False}),
     }
-    for model in ("cnn", "mlp", "transformer", "lstm"):
+    for model in ("cnn", "mlp", "transformer", "lstm", "attention"):
         for tag, kw in dynamic.items():
             opts = dict(kw)
             if model == "cnn":
@@ -362,7 +393,8 @@ def run_case(case: Case, tmp: Path) -> dict[str, Any]:
     except Exception as e:
         problems.append(f"onnxruntime cannot run the QDQ model: {str(e).splitlines()[0]}")
     # check --against: within one step per element (end to end); per-op for dynamic
-    chk = dq_check(str(qdq_path), against=str(src))
+    feeds = _feeds(model, np.random.default_rng(0))  # token ids within the vocabulary
+    chk = dq_check(str(qdq_path), against=str(src), inputs=feeds)
     ends = []
     for c in chk.comparisons:
         for o in c.outputs:
@@ -375,7 +407,7 @@ def run_case(case: Case, tmp: Path) -> dict[str, Any]:
         doc["per_op"] = local.to_json() if hasattr(local, "to_json") else local
     if not ends:
         problems.append("check --against compared nothing")
-    verdict = numerics.judge(onnx.load(src), qdq_model)
+    verdict = numerics.judge(onnx.load(src), qdq_model, given=feeds)
     doc["verdict"] = verdict.to_json()
     if not verdict.ok:
         problems.append("qdq --check's verdict: " + "; ".join(
@@ -392,7 +424,7 @@ def run_case(case: Case, tmp: Path) -> dict[str, Any]:
     except Exception as e:
         problems.append(f"qoperator raised {type(e).__name__}: {e}")
     if case.mode == "dynamic":
-        _exact_form(src, tmp, case, present, doc, problems)
+        _exact_form(src, tmp, case, present, doc, problems, feeds)
     # lint
     for target, want in _lint_targets(present).items():
         findings = [f for f in lint([str(src)], target=target).findings
@@ -404,16 +436,17 @@ def run_case(case: Case, tmp: Path) -> dict[str, Any]:
 
 
 def _exact_form(src: Path, tmp: Path, case: Case, present: Counter, doc: dict[str, Any],
-                problems: list[str]) -> None:
+                problems: list[str], feeds: dict[str, np.ndarray]) -> None:
     """``qdq --exact-dynamic``: every converted operator bit-identical on the original's
     inputs (the models here stay far below the 2**24 bound), and back again."""
     from dqtool.families.integer import api, numerics
 
     path = tmp / f"{case.name}.exact.onnx"
     api.to_qdq(str(src), str(path), keep_unconvertible=True, exact_dynamic=True)
-    verdict = numerics.judge(onnx.load(src), onnx.load(path))
-    worst = max((e.comparison.max_abs for e in verdict.local if e.comparison is not None),
-                default=None)
+    verdict = numerics.judge(onnx.load(src), onnx.load(path), given=feeds)
+    # Only MatMulInteger / ConvInteger take the exact form; QAttention's float twin is not.
+    worst = max((e.comparison.max_abs for e in verdict.local if e.comparison is not None
+                 and e.op in ("ai.onnx:MatMulInteger", "ai.onnx:ConvInteger")), default=None)
     doc["exact"] = {"per_op_max_abs": worst,
                     "end_to_end_max_abs": max((o["max_abs"] for o in verdict.outputs),
                                               default=None),

@@ -11,6 +11,7 @@ back into integer kernels) reproduces the original exactly.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -107,10 +108,12 @@ class ConversionCheck:
 
 
 def judge(original: onnx.ModelProto, converted: onnx.ModelProto, seed: int = 0,
-          fused: bool = True) -> ConversionCheck:
+          fused: bool = True, given: Mapping[str, np.ndarray] | None = None
+          ) -> ConversionCheck:
     """``fused``: also run the converted model on ORT_ENABLE_ALL (a QDQ model, whose
-    patterns onnxruntime fuses back) against the original."""
-    feeds, _ = inputs.generate(original, seed=seed)
+    patterns onnxruntime fuses back) against the original. ``given``: feeds by input name
+    (token ids a vocabulary bounds); the others are generated from ``seed``."""
+    feeds, _ = inputs.generate(original, seed=seed, given=given)
     notes: list[str] = []
     result = ConversionCheck()
     comparisons = against.compare_models(converted, original, feeds, rtol=0.0, atol=0.0,

@@ -14,11 +14,13 @@ Rewritten:
   ``a_scale·b_scale`` (onnxruntime's dynamic quantization): DequantizeLinear of the
   activation (with DynamicQuantizeLinear's scale and zero point) and of the weight →
   float MatMul / Conv, replacing the Mul's output;
+* QAttention / QEmbedLayerNormalization → DequantizeLinear on each quantized input → the
+  float com.microsoft Attention / EmbedLayerNormalization;
 * MatMulIntegerToFloat → DequantizeLinear ×2 → MatMul (→ Add of the bias);
   DynamicQuantizeMatMul → DynamicQuantizeLinear → DequantizeLinear → MatMul (→ Add).
 
 Refused by name with the reason: operators with no QDQ form (DynamicQuantizeLSTM,
-MulInteger, QAttention, ...), a MatMulInteger/ConvInteger whose scales the graph does not
+MulInteger), a MatMulInteger/ConvInteger whose scales the graph does not
 hold, NHWC (``channels_last``) layouts, a per-axis DequantizeLinear in a model below
 ai.onnx opset 13, scales that are not constant where a bias scale must be computed.
 
@@ -97,7 +99,7 @@ def _try_rewrite(node: ir.Node, opdef: ops.OpDef, opsets: dict[str, int], names:
         if exact_dynamic:
             return _rewrite_integer_exact(node, opdef, opsets, names)
         return _rewrite_integer(node, opdef, opsets, names)
-    if opdef.kind == "dynamic":
+    if opdef.kind == "dynamic" and opdef.float_domain == "":
         return _rewrite_dynamic(node, opdef, opsets, names)
     return _rewrite_qlinear(node, opdef, opsets, names)
 
@@ -116,8 +118,8 @@ class _Builder:
 
     def add(self, op: str, inputs: list[ir.Value | None], attrs: list[ir.Attr] | None = None,
             suffix: str = "", n_out: int = 1, out_type: ir.DataType | None = FLOAT,
-            name: str | None = None) -> ir.Node:
-        n = ir.Node("", op, _trim(inputs), attrs or [], num_outputs=n_out,
+            name: str | None = None, domain: str = "") -> ir.Node:
+        n = ir.Node(domain, op, _trim(inputs), attrs or [], num_outputs=n_out,
                     name=name or self.names.fresh(f"{self.base}/{suffix or op}"))
         for i, o in enumerate(n.outputs):
             o.name = self.names.fresh(f"{self.base}/{suffix or op}_output_{i}")
@@ -184,7 +186,7 @@ def _axis_of(node: ir.Node, opdef: ops.OpDef, slot: ops.Slot) -> int | None:
     """The DequantizeLinear axis of a per-axis slot; None when per-tensor. Only a 1-D
     parameter can be expressed (QLinearMatMul's [M, 1] per-row form cannot)."""
     param = graph.input_value(node, slot.scale if slot.scale is not None else slot.zero_point)
-    shape = graph.shape_of(param)
+    shape = describe.value_shape(param)
     if shape is None:
         raise Refused(f"the shape of '{slot.role}''s scale is unknown")
     n = graph.num_elements(shape)
@@ -248,6 +250,9 @@ def _rewrite_qlinear(node: ir.Node, opdef: ops.OpDef, opsets: dict[str, int],
             continue
         if i in by_value:
             s = by_value[i]
+            if v is None and s.scale is not None and graph.input_value(node, s.scale) is None:
+                float_inputs.append(None)  # an optional quantized input left out
+                continue
             if v is None:
                 raise Refused(f"input '{s.role}' is missing")
             float_inputs.append(b.dequantize(v, graph.input_value(node, s.scale),
@@ -262,13 +267,15 @@ def _rewrite_qlinear(node: ir.Node, opdef: ops.OpDef, opsets: dict[str, int],
     else:
         attrs = _float_attrs(node, opdef, opsets)
     y_scale = graph.input_value(node, out.scale) if out else None
+    n_out = len(node.outputs) if out is None else 1
     f = b.add(opdef.float_op or "", float_inputs, attrs, name=names.fresh(f"{b.base}/float")
-              if node.name is None else node.name)
-    if y_scale is None:  # QGemm without y_scale: float output
+              if node.name is None else node.name, domain=opdef.float_domain, n_out=n_out)
+    if y_scale is None:  # QGemm without y_scale, the fused blocks: float outputs
         n_dq = sum(1 for n in b.new if n.op_type == "DequantizeLinear")
         node.name = names.fresh(f"{b.base}_replaced") if node.name else None
-        b.finish([node.outputs[0]], [f.outputs[0]])
-        return f"DequantizeLinear ×{n_dq} → {f.op_type}"
+        b.finish(list(node.outputs), list(f.outputs))
+        where = f"{opdef.float_domain} " if opdef.float_domain else ""
+        return f"DequantizeLinear ×{n_dq} → {where}{f.op_type}"
     y_zp = _zero_point(b, graph.input_value(node, out.zero_point), node.outputs[0]) \
         if out.zero_point is not None else None
     q = b.add("QuantizeLinear", [f.outputs[0], y_scale, y_zp], suffix="QuantizeLinear",

@@ -74,15 +74,20 @@ class QdqToIntegerPass(ir.passes.InPlacePass):
         used_ms = False
         for site in list(graph.walk(model)):
             node = site.node
-            if node.op_type not in _FUSED or node.domain not in graph.DEFAULT_DOMAINS \
-                    or node.graph is None:
+            if node.graph is None:
+                continue
+            if node.domain == MS and node.op_type in _BLOCKS:
+                fused = _fuse_block(node, names)
+            elif node.op_type in _FUSED and node.domain in graph.DEFAULT_DOMAINS:
+                fused = _try_fuse(node, site.opsets, names)
+            else:
                 continue
             label = node.name or f"<unnamed {node.op_type}>"
-            fused = _try_fuse(node, site.opsets, names)
             if fused is None:
                 continue
             used_ms |= fused[0] == MS
-            self.outcome.changes.append(Change(label, site.graph, f"ai.onnx:{node.op_type}",
+            domain = "com.microsoft" if node.domain == MS else "ai.onnx"
+            self.outcome.changes.append(Change(label, site.graph, f"{domain}:{node.op_type}",
                                                fused[1]))
         if used_ms and MS not in model.opset_imports:
             model.opset_imports[MS] = 1
@@ -358,6 +363,65 @@ def _fuse_exact(node: ir.Node, a: _Dq, w: _Dq, names: Names) -> tuple[str, str] 
     last = add if add is not None else node
     e.replace(last.outputs[0], cast.outputs[0], [n for n in (add, node) if n is not None])
     return "", f"{op} → Cast (exact form: the Mul by the scale product kept)"
+
+
+# com.microsoft float blocks with a quantized twin: input positions of the float op that
+# take a DequantizeLinear, and where the twin puts (value, scale, zero point) of each.
+_BLOCKS = {
+    "Attention": ("QAttention", {0: (0, 3, 6), 1: (1, 4, 7)}, 9),
+    "EmbedLayerNormalization": ("QEmbedLayerNormalization",
+                                {2: (2, 8, 13), 3: (3, 9, 14), 4: (4, 10, 15),
+                                 5: (5, 11, 16), 6: (6, 12, 17)}, 18),
+}
+
+
+def _fuse_block(node: ir.Node, names: Names) -> tuple[str, str] | None:
+    """DequantizeLinear → com.microsoft Attention / EmbedLayerNormalization (float out)
+    ⇒ QAttention / QEmbedLayerNormalization, the form ``dqtool qdq`` writes them in: every
+    quantized input 8-bit and per-tensor (a QAttention weight may be per column)."""
+    op, where, width = _BLOCKS[node.op_type]
+    ins = list(node.inputs)
+    if node.op_type == "Attention" and len(ins) > 5:
+        return None  # attention_bias, past_sequence_length: QAttention has no such input
+    if node.op_type == "EmbedLayerNormalization" and (len(ins) > 8 or len(node.outputs) > 2):
+        return None  # position_ids, embedding_sum
+    inputs: list[ir.Value | None] = [None] * width
+    for i, v in enumerate(ins):
+        if i not in where:
+            if node.op_type == "Attention":  # bias 2, mask_index 3, past 4
+                inputs[{2: 2, 3: 5, 4: 8}[i]] = v
+            else:  # ids 0, segment ids 1, mask 7
+                inputs[i] = v
+            continue
+        if v is None:
+            continue
+        d = _dq(v)
+        per_column = node.op_type == "Attention" and i == 1
+        if d is None or (d.axis is not None and not (per_column and d.axis == 1)):
+            return None
+        vi, si, zi = where[i]
+        inputs[vi], inputs[si], inputs[zi] = d.x, d.scale, d.zp
+    e = _Emit(node, names)
+    n_out = len(node.outputs)
+    f = e.add(MS, op, _trim_inputs(inputs), list(node.attributes.values()),
+              name=_name_of(node, names), n_out=n_out)
+    for o in node.outputs[1:]:
+        i = o.index() or 0
+        f.outputs[i].type, f.outputs[i].shape = o.type, o.shape
+        was_output, name = o.is_graph_output(), o.name
+        o.replace_all_uses_with(f.outputs[i], replace_graph_outputs=True)
+        if was_output:
+            o.name = names.fresh(f"{name}_replaced")
+            f.outputs[i].name = name
+    e.replace(node.outputs[0], f.outputs[0], [node])
+    return MS, op
+
+
+def _trim_inputs(inputs: list[ir.Value | None]) -> list[ir.Value | None]:
+    out = list(inputs)
+    while out and out[-1] is None:
+        out.pop()
+    return out
 
 
 def _fuse_gemm(node: ir.Node, names: Names) -> tuple[str, str] | None:
