@@ -115,3 +115,21 @@ def test_exact_dynamic_form_states_its_bound():
     assert change.into.endswith("(exact: every partial sum is at most 8160 < 2**24)")
     ops = [n.op_type for n in report.model.graph]
     assert ops.count("Mul") == 2 and "Cast" not in ops and "MatMulInteger" not in ops
+
+
+def test_check_against_reports_the_fused_back_run(tmp_path):
+    src = MODELS / "ort_qop_per_channel.onnx"
+    out = tmp_path / "q.onnx"
+    api.to_qdq(src, out)
+    doc = dqtool.check(out, against=src).to_json()
+    assert doc["fused"] == {"identical": True, "mismatched": 0, "error": None}
+    assert len(doc["per_op"]) == 4 and all(e["max_steps"] == 0 for e in doc["per_op"])
+    # the dynamic default form is not the original's once fused; the exact form is
+    dyn = MODELS / "ort_dynamic_matmul.onnx"
+    api.to_qdq(dyn, tmp_path / "d.onnx")
+    api.to_qdq(dyn, tmp_path / "e.onnx", exact_dynamic=True)
+    fused = dqtool.check(tmp_path / "d.onnx", against=dyn).fused
+    assert fused["identical"] is False and fused["mismatched"] > 0
+    assert dqtool.check(tmp_path / "e.onnx", against=dyn).fused["identical"] is True
+    # not a conversion out of integer operators: nothing to report
+    assert dqtool.check(src, against=src).fused is None

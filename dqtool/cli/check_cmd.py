@@ -63,6 +63,13 @@ def _render_against(app: App, doc: dict) -> None:
                           _steps(o))
         app.out.print(table)
     _render_per_op(app, doc.get("per_op") or [])
+    fused = doc.get("fused")
+    if fused is not None:
+        what = f"cannot run it: {fused['error']}" if fused.get("error") else (
+            f"{'identical' if fused['identical'] else 'differs'} ({fused['mismatched']} "
+            "elements differ)")
+        app.out.print(f"onnxruntime ORT_ENABLE_ALL (fuses QDQ back) vs the original: {what}",
+                      markup=False)
     weights = doc.get("weights") or []
     for w in weights:
         app.out.print(f"weight of {w['node']} ({w['op']}): {w['status']}"

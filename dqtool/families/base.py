@@ -225,6 +225,9 @@ class CheckSupport:
       check, each of the original's family nodes that the checked model rewrote, its
       rewritten form run alone on the original's inputs (entries with ``to_json`` and
       ``describe``); reported beside the outputs, not judged.
+    - ``fused_run``: ``(checked proto, original proto, feeds) → dict | None``: for a
+      conversion into a form onnxruntime fuses back, the checked model run with every
+      optimization against the original (``identical``, ``mismatched``, ``error``).
     """
 
     holds_weights: Callable[[Any], bool] | None = None
@@ -235,6 +238,7 @@ class CheckSupport:
     numeric: Callable[..., list[Any]] | None = None
     bounds: Callable[..., list[Any]] | None = None
     per_op: Callable[..., Sequence[Any]] | None = None
+    fused_run: Callable[..., dict[str, Any] | None] | None = None
 
 
 @dataclass(frozen=True)

@@ -31,7 +31,8 @@ def _inspect() -> InspectSupport:
 def _check() -> CheckSupport:
     from dqtool.families.integer import local_error, selfcheck
 
-    return CheckSupport(numeric=selfcheck.numeric, per_op=local_error.for_check)
+    return CheckSupport(numeric=selfcheck.numeric, per_op=local_error.for_check,
+                        fused_run=local_error.fused_for_check)
 
 
 FAMILY = Family(

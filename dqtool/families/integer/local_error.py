@@ -141,16 +141,28 @@ def measure(original: onnx.ModelProto, converted: onnx.ModelProto,
     return results
 
 
+def _integer_count(m: onnx.ModelProto) -> int:
+    return sum(ops.lookup(n.domain or "ai.onnx", n.op_type) is not None for n in m.graph.node)
+
+
+def fused_for_check(checked: onnx.ModelProto, original: onnx.ModelProto,
+                    feeds: Mapping[str, np.ndarray]) -> dict[str, Any] | None:
+    """``check --against``'s fused-back run, for a conversion to QDQ (the checked model
+    holds fewer integer operators than the original): the checked model on onnxruntime
+    with every optimization against the original on ``ORT_DISABLE_ALL``."""
+    if _integer_count(checked) >= _integer_count(original):
+        return None
+    from dqtool.families.integer.numerics import fused_run
+
+    return fused_run(original, checked, feeds)
+
+
 def for_check(checked: onnx.ModelProto, original: onnx.ModelProto,
               feeds: Mapping[str, np.ndarray], original_dir: Path | None = None
               ) -> list[LocalError]:
     """``check --against``'s per-op section: measured only when the checked model holds
     fewer integer operators than the original (a conversion to QDQ)."""
-    def count(m: onnx.ModelProto) -> int:
-        return sum(ops.lookup(n.domain or "ai.onnx", n.op_type) is not None
-                   for n in m.graph.node)
-
-    if count(checked) >= count(original):
+    if _integer_count(checked) >= _integer_count(original):
         return []
     try:
         errors = measure(original, checked, feeds, original_dir)

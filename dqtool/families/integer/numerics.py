@@ -124,7 +124,7 @@ def judge(original: onnx.ModelProto, converted: onnx.ModelProto, seed: int = 0,
             continue
         for o in c.outputs:
             result.outputs.append(_verdict(c.runtime, o))
-    result.fused = _fused(original, converted, feeds) if fused else None
+    result.fused = fused_run(original, converted, feeds) if fused else None
     try:
         result.local = local_error.measure(original, converted, feeds)
     except Exception as e:  # then the outputs are judged end to end, and it says why
@@ -150,8 +150,8 @@ def _verdict(runtime: str, o: compare.OutputComparison) -> dict[str, Any]:
             "within_budget": ok, "comparison": doc}
 
 
-def _fused(original: onnx.ModelProto, converted: onnx.ModelProto,
-           feeds: dict[str, np.ndarray]) -> dict[str, Any]:
+def fused_run(original: onnx.ModelProto, converted: onnx.ModelProto,
+              feeds: Mapping[str, np.ndarray]) -> dict[str, Any]:
     """The converted model on onnxruntime with every optimization (QDQ fusions on) against
     the original on ORT_DISABLE_ALL."""
     try:
