@@ -111,3 +111,27 @@ def test_directml_profiles_on_each_side_of_a_boundary(tmp_path):
             "6.0": ["QLinearAveragePool"], "6.2": [], "6.3": []}
     for level, ops_missing in want.items():
         assert sorted(_dq109(path, f"directml-fl{level}")) == ops_missing, level
+
+
+def test_a_fused_block_has_no_fix_where_its_float_twin_is_missing_too(tmp_path):
+    text = """<ir_version: 8, opset_import: ["" : 13, "com.microsoft" : 1]>
+    g (uint8[1,2,4] x) => (float[1,2,4] y) <
+        uint8[4,12] w = {1,2,3,4,5,6,7,8,9,10,11,12,1,2,3,4,5,6,7,8,9,10,11,12,
+                         1,2,3,4,5,6,7,8,9,10,11,12,1,2,3,4,5,6,7,8,9,10,11,12},
+        float[12] b = {0,0,0,0,0,0,0,0,0,0,0,0}, float xs = {0.1}, float ws = {0.02},
+        uint8 xz = {128}, uint8 wz = {6}>
+    {
+        y = com.microsoft.QAttention <num_heads = 1> (x, w, b, xs, ws, , xz, wz)
+    }
+    """
+    path = tmp_path / "att.onnx"
+    ir.save(ir.from_onnx_text(text), path)
+    (msg,) = _dq109(path, "onnx-opset-21").values()
+    assert msg.endswith("fix: none for onnx-opset-21: the QDQ form (`dqtool qdq`) still "
+                        "needs com.microsoft Attention, which it lacks too")
+    assert _dq109(path, "onnxruntime") == {}
+    from dqtool.families.integer import api
+
+    report = api.to_qdq(ir.from_onnx_text(text))
+    assert [n.op_type for n in report.model.graph] == ["DequantizeLinear", "DequantizeLinear",
+                                                       "Attention"]

@@ -105,14 +105,20 @@ def why_not(op: str, domain: str, target: str) -> str | None:
     return None
 
 
-def fix_for(opdef: ops.OpDef) -> str:
+def fix_for(opdef: ops.OpDef, target: str = "") -> str:
     if opdef.op == "DynamicQuantizeLinear":
         return ("none in dqtool: a target without it has no run-time quantization (fold the "
                 "model's weights, or quantize statically)")
     if opdef.no_qdq:
         return f"none: no QDQ form ({opdef.no_qdq})"
-    return f"`dqtool qdq` (DequantizeLinear → {opdef.float_op} → QuantizeLinear)" \
-        if opdef.kind == "qlinear" else f"`dqtool qdq` (DequantizeLinear → {opdef.float_op})"
+    float_op = f"{opdef.float_domain} {opdef.float_op}" if opdef.float_domain else \
+        opdef.float_op
+    if opdef.float_domain and target:  # no target that lacks the op runs its float twin
+        return (f"none for {target}: the QDQ form (`dqtool qdq`) still needs {float_op}, "
+                "which it lacks too")
+    if opdef.output is not None:
+        return f"`dqtool qdq` (DequantizeLinear → {float_op} → QuantizeLinear)"
+    return f"`dqtool qdq` (DequantizeLinear → {float_op})"
 
 
 def target_findings(ctx: ModelContext, target: str) -> Iterator[Finding]:
@@ -130,7 +136,7 @@ def target_findings(ctx: ModelContext, target: str) -> Iterator[Finding]:
         subject = f"node '{where}' ({opdef.domain} {opdef.op}-{version})"
         if site.graph != "main":
             subject += f" in {site.graph}"
-        fix = fix_for(opdef)
+        fix = fix_for(opdef, target)
         message = f"{ctx.path}: {subject}: {target} cannot run it: {reason}; fix: {fix}"
         yield Finding(CODE, "error", " ".join(message.split()), ctx.path, where, site.graph,
                       f"{opdef.domain}:{opdef.op}:{version}", target, fix)
