@@ -56,3 +56,82 @@ def test_rule_is_registered():
     from dqtool.linting import registry
 
     assert registry.load()["DQ110"].name == "target-integer-operator"
+
+
+# Each DirectML operator's first feature level, and the one just below it.
+_BOUNDARIES = [("QLinearConv", (2, 0), (2, 1)), ("QLinearMatMul", (2, 0), (2, 1)),
+               ("MatMulInteger", (2, 0), (2, 1)), ("ConvInteger", (2, 0), (2, 1)),
+               ("DynamicQuantizeLinear", (3, 1), (4, 0)), ("QLinearAdd", (3, 1), (4, 0)),
+               ("MatMulIntegerToFloat", (6, 1), (6, 2)),
+               ("QLinearAveragePool", (6, 1), (6, 2))]
+
+
+@pytest.mark.parametrize(("op", "below", "since"), _BOUNDARIES, ids=lambda v: str(v))
+def test_directml_feature_level_boundaries(op, below, since):
+    from dqtool.families.integer import lint, ops
+
+    domain = next(d.domain for d in ops.OPS if d.op == op)
+    fact = lint.dml_fact(op)
+    assert fact.since == since and fact.source.startswith("DirectML.h: DML_TARGET_VERSION")
+    assert lint.why_not(op, domain, f"directml-fl{since[0]}.{since[1]}") is None
+    reason = lint.why_not(op, domain, f"directml-fl{below[0]}.{below[1]}")
+    assert reason == (f"DML_OPERATOR_{fact.operator} is in DirectML from feature level "
+                      f"{since[0]}.{since[1]}, not {below[0]}.{below[1]}")
+
+
+def test_directml_without_an_operator():
+    from dqtool.families.integer import lint
+
+    assert lint.why_not("QLinearSigmoid", "com.microsoft", "directml-fl6.3") == \
+        "DirectML has no operator for com.microsoft QLinearSigmoid"
+
+
+def test_directml_profiles_on_each_side_of_a_boundary(tmp_path):
+    """The lint targets DirectML has profiles for: 1.0 | 2.1 (QLinearConv, MatMulInteger),
+    3.0 | 6.0 (DynamicQuantizeLinear, QLinearAdd), 6.0 | 6.2 (QLinearAveragePool)."""
+    text = """<ir_version: 8, opset_import: ["" : 13, "com.microsoft" : 1]>
+    g (uint8[1,1,4,4] x, float[2,3] f) => (uint8[1,1,2,2] p, int32[2,2] mi, uint8[1,1,4,4] s) <
+        float xs = {0.02}, uint8 xz = {128}, uint8[1,1,1,1] w = {3}, float ws = {0.1},
+        uint8 wz = {0}, float ys = {0.1}, uint8 yz = {120}, uint8[3,2] b = {1,2,3,4,5,6}>
+    {
+        y = QLinearConv (x, xs, xz, w, ws, wz, ys, yz)
+        p = com.microsoft.QLinearAveragePool <kernel_shape = [2, 2], strides = [2, 2]>
+            (y, ys, yz, ys, yz)
+        fq, fs, fz = DynamicQuantizeLinear (f)
+        mi = MatMulInteger (fq, b, fz, wz)
+        s = com.microsoft.QLinearAdd (x, xs, xz, y, ys, yz, ys, yz)
+    }
+    """
+    path = tmp_path / "m.onnx"
+    ir.save(ir.from_onnx_text(text), path)
+    want = {"1.0": ["DynamicQuantizeLinear", "MatMulInteger",
+                    "QLinearAdd", "QLinearAveragePool", "QLinearConv"],
+            "2.1": ["DynamicQuantizeLinear", "QLinearAdd", "QLinearAveragePool"],
+            "3.0": ["DynamicQuantizeLinear", "QLinearAdd", "QLinearAveragePool"],
+            "6.0": ["QLinearAveragePool"], "6.2": [], "6.3": []}
+    for level, ops_missing in want.items():
+        assert sorted(_dq109(path, f"directml-fl{level}")) == ops_missing, level
+
+
+def test_a_fused_block_has_no_fix_where_its_float_twin_is_missing_too(tmp_path):
+    text = """<ir_version: 8, opset_import: ["" : 13, "com.microsoft" : 1]>
+    g (uint8[1,2,4] x) => (float[1,2,4] y) <
+        uint8[4,12] w = {1,2,3,4,5,6,7,8,9,10,11,12,1,2,3,4,5,6,7,8,9,10,11,12,
+                         1,2,3,4,5,6,7,8,9,10,11,12,1,2,3,4,5,6,7,8,9,10,11,12},
+        float[12] b = {0,0,0,0,0,0,0,0,0,0,0,0}, float xs = {0.1}, float ws = {0.02},
+        uint8 xz = {128}, uint8 wz = {6}>
+    {
+        y = com.microsoft.QAttention <num_heads = 1> (x, w, b, xs, ws, , xz, wz)
+    }
+    """
+    path = tmp_path / "att.onnx"
+    ir.save(ir.from_onnx_text(text), path)
+    (msg,) = _dq109(path, "onnx-opset-21").values()
+    assert msg.endswith("fix: none for onnx-opset-21: the QDQ form (`dqtool qdq`) still "
+                        "needs com.microsoft Attention, which it lacks too")
+    assert _dq109(path, "onnxruntime") == {}
+    from dqtool.families.integer import api
+
+    report = api.to_qdq(ir.from_onnx_text(text))
+    assert [n.op_type for n in report.model.graph] == ["DequantizeLinear", "DequantizeLinear",
+                                                       "Attention"]

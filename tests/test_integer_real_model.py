@@ -101,3 +101,44 @@ def test_check_alone_is_bit_exact_except_the_unimplemented_lstm(model_path):
                         ("ConvInteger", "bit-exact"): 21, ("MatMulInteger", "bit-exact"): 1,
                         ("DynamicQuantizeLSTM", "skipped"): 1}
     assert report.passed
+
+
+def test_each_converted_operator_is_within_a_step_where_the_output_drifts(model_path,
+                                                                          tmp_path):
+    """The conversion's own error (each op fed the original's inputs) against the growth
+    through 21 re-quantizing layers, on a 64-wide image: every op 0 steps of its output's
+    dynamic step (float error a few ulps), the output a few steps away end to end."""
+    out = tmp_path / "qdq.onnx"
+    api.to_qdq(model_path, out, keep_unconvertible=True)
+    report = dqtool.check(out, against=model_path, shapes={"image_width": (64,)})
+    assert len(report.per_op) == 22
+    assert all(e.max_steps == 0 for e in report.per_op)
+    assert max(e.comparison.max_abs for e in report.per_op) < 1e-4
+    assert {e.op for e in report.per_op} == {"ai.onnx:ConvInteger", "ai.onnx:MatMulInteger"}
+    (o,) = next(c for c in report.comparisons if c.runtime == "onnxruntime").outputs
+    # in the output's own dynamic step: most elements agree, a few move by 1-3 steps
+    assert 1 <= o.max_steps <= 4
+    assert o.off_by_more < o.size // 100 and o.off_by_one < o.size // 10
+    from dqtool.checking import inputs
+
+    original = onnx.load(str(model_path))
+    feeds, _ = inputs.generate(original, seed=0, shapes={"image_width": (64,)})
+    (want,) = run_ort(original, feeds)
+    assert o.step == pytest.approx((max(0, want.max()) - min(0, want.min())) / 255,
+                                   rel=1e-6)
+    doc = report.to_json()
+    assert doc["per_op"][0]["max_steps"] == 0 and doc["per_op"][0]["node"] == "Conv_0_quant"
+
+
+def test_exact_dynamic_form_is_bit_identical_on_the_real_model(model_path, tmp_path):
+    """DequantizeLinear with scale 1 and the original Mul by the scale product: no drift at
+    all, where the default form's output moves by a few steps (above)."""
+    out = tmp_path / "exact.onnx"
+    api.to_qdq(model_path, out, keep_unconvertible=True, exact_dynamic=True)
+    report = dqtool.check(out, against=model_path, shapes={"image_width": (64,)})
+    (o,) = next(c for c in report.comparisons if c.runtime == "onnxruntime").outputs
+    assert o.mismatched == 0 and o.max_steps == 0
+    assert len(report.per_op) == 22 and all(e.comparison.max_abs == 0.0
+                                            for e in report.per_op)
+    back = api.to_qoperator(out).model
+    assert Counter(n.op_type for n in back.graph) == _census(onnx.load(str(model_path)))

@@ -83,9 +83,15 @@ def check(
                                               other_loaded.ir_model(), feeds,
                                               loaded.external_dir, other_loaded.external_dir)]
             comparisons = bounded.apply(comparisons, weights, bounds, notes)
+        # A family's rewritten nodes, each run alone on the original's inputs: reported.
+        per_op = [e for support in families.check_supports() if support.per_op
+                  for e in support.per_op(proto, other, feeds, other_loaded.external_dir)]
+        fused = next((r for support in families.check_supports() if support.fused_run
+                      for r in [support.fused_run(proto, other, feeds)] if r is not None),
+                     None)
         return CheckReport(input=name, against=other_name, comparisons=tuple(comparisons),
                            notes=tuple(notes), weights=tuple(weights), bounds=tuple(bounds),
-                           **common)
+                           per_op=tuple(per_op), fused=fused, **common)
     model = loaded.ir_model()
     sites = selfcheck.quant_sites(model)
     # Past protobuf's limit onnx's checker must read the file itself.

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import onnx
 
-from dqtool.checking import compare, models, runners
+from dqtool.checking import compare, float_steps, models, runners
 from dqtool.checking.models import for_ort
 
 
@@ -106,16 +106,6 @@ def runtime_step_sources(model: onnx.ModelProto) -> dict[str, str]:
     return out
 
 
-def _with_outputs(model: onnx.ModelProto, names: list[str]) -> onnx.ModelProto:
-    extra = onnx.ModelProto()
-    extra.CopyFrom(model)
-    known = {o.name for o in extra.graph.output}
-    for n in names:
-        if n not in known:
-            extra.graph.output.append(onnx.helper.make_empty_tensor_value_info(n))
-    return extra
-
-
 _INTEGER_ELEMS = frozenset({onnx.TensorProto.INT8, onnx.TensorProto.UINT8,
                             onnx.TensorProto.INT16, onnx.TensorProto.UINT16,
                             onnx.TensorProto.INT32, onnx.TensorProto.UINT32,
@@ -145,8 +135,7 @@ def _on(runtime: str, run: Runner, model: tuple[onnx.ModelProto, Path | None],
         rtol: float, atol: float) -> RuntimeComparison:
     results = []
     runtime_steps = runtime_step_sources(original[0])
-    run_original = (_with_outputs(original[0], sorted(set(runtime_steps.values()))),
-                    original[1]) if runtime_steps else original
+    run_original = original
     for label, (m, d) in (("the checked model", model), ("the original", run_original)):
         too_big = models.reference_too_big(m) if runtime == "reference" else None
         if too_big:
@@ -157,10 +146,10 @@ def _on(runtime: str, run: Runner, model: tuple[onnx.ModelProto, Path | None],
             return RuntimeComparison(runtime, (), f"{runtime} cannot run {label}: {e}")
     got, want = results
     steps: dict[str, float | np.ndarray] = dict(output_steps(original[0]))
-    for out, source in runtime_steps.items():
-        value = np.asarray(want.get(source, np.nan), np.float64)
-        if value.size and np.isfinite(value).all() and np.all(value > 0):
-            steps[out] = value.reshape(()) if value.size == 1 else value
+    for out in runtime_steps:  # a dynamic output: in its own run-time step (float_steps)
+        step = float_steps.dynamic_step(want.get(out))
+        if step is not None:
+            steps[out] = step
     outputs = []
     for o in original[0].graph.output:
         if o.name not in got:

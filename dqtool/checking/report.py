@@ -29,6 +29,11 @@ class CheckReport:
     # --against: the original's fused nodes on onnxruntime in both models, each against its
     # summation-order bound (computed when an onnxruntime output is beyond rtol/atol)
     bounds: tuple = ()
+    # --against: each rewritten node alone on the original's inputs (reported, not judged)
+    per_op: tuple = ()
+    # --against, for a conversion onnxruntime fuses back: the checked model with every
+    # optimization against the original ({"identical", "mismatched", "error"}); reported
+    fused: dict[str, Any] | None = None
 
     @property
     def mode(self) -> str:
@@ -78,4 +83,6 @@ class CheckReport:
             doc["comparisons"] = [c.to_json() for c in self.comparisons]
             doc["weights"] = [w.to_json() for w in self.weights]
             doc["bounds"] = [b.to_json() for b in self.bounds]
+            doc["per_op"] = [e.to_json() for e in self.per_op]
+            doc["fused"] = self.fused
         return doc

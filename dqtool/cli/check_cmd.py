@@ -62,6 +62,14 @@ def _render_against(app: App, doc: dict) -> None:
                           worst, vals, f"{_num(o['min_atol'])} / {_num(o['min_rtol'])}",
                           _steps(o))
         app.out.print(table)
+    _render_per_op(app, doc.get("per_op") or [])
+    fused = doc.get("fused")
+    if fused is not None:
+        what = f"cannot run it: {fused['error']}" if fused.get("error") else (
+            f"{'identical' if fused['identical'] else 'differs'} ({fused['mismatched']} "
+            "elements differ)")
+        app.out.print(f"onnxruntime ORT_ENABLE_ALL (fuses QDQ back) vs the original: {what}",
+                      markup=False)
     weights = doc.get("weights") or []
     for w in weights:
         app.out.print(f"weight of {w['node']} ({w['op']}): {w['status']}"
@@ -91,6 +99,24 @@ def _bound_line(b: dict) -> str:
     if b["detail"]:
         text += f"; {b['detail']}"
     return text + (f" [{b['sampled']}]" if b["sampled"] else "")
+
+
+def _render_per_op(app: App, entries: list[dict]) -> None:
+    """Each rewritten operator run alone on the original's inputs (local error), apart
+    from the outputs' end-to-end difference."""
+    if not entries:
+        return
+    measured = [e for e in entries if e["skipped"] is None]
+    worst = max((e["max_steps"] for e in measured if e["max_steps"] is not None), default=None)
+    app.out.print(f"per op (each rewritten operator fed the original's inputs): "
+                  f"{len(measured)} measured, max {worst} step(s)", markup=False)
+    for e in entries:
+        if e["skipped"] is not None:
+            app.out.print(f"  {e['node']} ({e['op']}): not measured: {e['skipped']}",
+                          markup=False, soft_wrap=True)
+        elif e["max_steps"] is None or e["max_steps"] > 0:
+            app.out.print(f"  {e['node']} ({e['op']}): {_steps(e)}, max abs "
+                          f"{_num(e['max_abs'])}", markup=False, soft_wrap=True)
 
 
 def _steps(o: dict) -> str:

@@ -221,6 +221,13 @@ class CheckSupport:
       "beyond", "unbounded" —, ``passed``, ``describe()``, ``to_json()``). A check
       --against tolerates onnxruntime's output differences beyond rtol/atol only when every
       weight is bit-identical and every such node is within its bound.
+    - ``per_op``: ``(checked proto, original proto, feeds) → [entry]``: for a conversion
+      check, each of the original's family nodes that the checked model rewrote, its
+      rewritten form run alone on the original's inputs (entries with ``to_json`` and
+      ``describe``); reported beside the outputs, not judged.
+    - ``fused_run``: ``(checked proto, original proto, feeds) → dict | None``: for a
+      conversion into a form onnxruntime fuses back, the checked model run with every
+      optimization against the original (``identical``, ``mismatched``, ``error``).
     """
 
     holds_weights: Callable[[Any], bool] | None = None
@@ -230,6 +237,8 @@ class CheckSupport:
     notes: Mapping[str, str] = field(default_factory=dict)
     numeric: Callable[..., list[Any]] | None = None
     bounds: Callable[..., list[Any]] | None = None
+    per_op: Callable[..., Sequence[Any]] | None = None
+    fused_run: Callable[..., dict[str, Any] | None] | None = None
 
 
 @dataclass(frozen=True)

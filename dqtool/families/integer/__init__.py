@@ -29,9 +29,10 @@ def _inspect() -> InspectSupport:
 
 
 def _check() -> CheckSupport:
-    from dqtool.families.integer import selfcheck
+    from dqtool.families.integer import local_error, selfcheck
 
-    return CheckSupport(numeric=selfcheck.numeric)
+    return CheckSupport(numeric=selfcheck.numeric, per_op=local_error.for_check,
+                        fused_run=local_error.fused_for_check)
 
 
 FAMILY = Family(

@@ -8,7 +8,9 @@ The converted model is ``report.model``; a model object passed in is not changed
 A node that cannot be rewritten is refused with its reason; any refusal means nothing is
 written (``IntegerConversionRefused``, exit 1) unless ``keep_unconvertible`` leaves those
 nodes as they are. ``check`` runs both models and fails (``IntegerCheckFailed``, nothing
-written) when an output moves by more than one quantization step.
+written) when a converted operator, fed the original's inputs, is more than one
+quantization step from the original (or, when no operator can be measured alone, an
+output is); outputs end to end are reported.
 """
 
 from __future__ import annotations
@@ -61,10 +63,22 @@ class IntegerConversionRefused(RefusedError):
 class IntegerCheckFailed(RefusedError):
     def __init__(self, report: IntegerReport) -> None:
         self.report = report
-        what = "an output moved by more than one quantization step" \
-            if report.check is not None and report.check.outputs else \
-            "no runtime ran both models, so nothing was compared"
+        c = report.check
+        if c is None or not c.outputs:
+            what = "no runtime ran both models, so nothing was compared"
+        elif c.measured_locally:
+            beyond = local_error_summary(c)["beyond_one_step"]
+            what = (f"{len(beyond)} converted operator(s) more than one quantization step "
+                    f"from the original on the original's inputs (first: {beyond[0]})")
+        else:
+            what = "an output moved by more than one quantization step"
         super().__init__(f"{report.input}: --check: {what}; nothing written")
+
+
+def local_error_summary(check: ConversionCheck) -> dict[str, Any]:
+    from dqtool.families.integer import local_error
+
+    return local_error.summary(check.local)
 
 
 ModelArg = ir.Model | str | os.PathLike
@@ -77,13 +91,15 @@ def default_output(path: str | os.PathLike, direction: Direction) -> Path:
 
 def to_qdq(model_or_path: ModelArg, out: str | os.PathLike | None = None, *,
            keep_unconvertible: bool = False, check: bool = False, in_place: bool = False,
-           **writing: Any) -> IntegerReport:
+           exact_dynamic: bool = False, **writing: Any) -> IntegerReport:
     """Every integer operator with a faithful QDQ form becomes DequantizeLinear → float op
-    → QuantizeLinear (``to_qdq.IntegerToQdqPass``)."""
+    → QuantizeLinear (``to_qdq.IntegerToQdqPass``). ``exact_dynamic``: MatMulInteger /
+    ConvInteger take the exact form (DequantizeLinear with scale 1, the scale product
+    applied after the float op), equal to the integer original within 2**24."""
     from dqtool.families.integer.to_qdq import IntegerToQdqPass
 
-    return _run(model_or_path, out, "to-qdq", IntegerToQdqPass(), keep_unconvertible, check,
-                in_place, **writing)
+    return _run(model_or_path, out, "to-qdq", IntegerToQdqPass(exact_dynamic),
+                keep_unconvertible, check, in_place, **writing)
 
 
 def to_qoperator(model_or_path: ModelArg, out: str | os.PathLike | None = None, *,

@@ -5,11 +5,12 @@ What each target runs (``docs/integer-ops.md`` lists the sources):
 * ``onnx-opset-N``: QLinearConv, QLinearMatMul, MatMulInteger, ConvInteger from opset 10,
   DynamicQuantizeLinear from 11; no com.microsoft operator at all;
 * ``onnxruntime``: every operator of the family (CPU kernels, ai.onnx and com.microsoft);
-* ``directml-flX.Y`` (DirectML's operator set by feature level):
+* ``directml-flX.Y`` (DirectML's operator set by feature level, ``_DML``):
   DML_OPERATOR_QUANTIZED_LINEAR_CONVOLUTION / _MATRIX_MULTIPLY, CONVOLUTION_INTEGER and
-  MATRIX_MULTIPLY_INTEGER not at FL1.0; DYNAMIC_QUANTIZE_LINEAR from FL4.0;
-  MATRIX_MULTIPLY_INTEGER_TO_FLOAT and QUANTIZED_LINEAR_AVERAGE_POOLING from FL6.2; the
-  other com.microsoft operators have no DirectML operator;
+  MATRIX_MULTIPLY_INTEGER from FL2.1; DYNAMIC_QUANTIZE_LINEAR and
+  ELEMENT_WISE_QUANTIZED_LINEAR_ADD from FL4.0; MATRIX_MULTIPLY_INTEGER_TO_FLOAT and
+  QUANTIZED_LINEAR_AVERAGE_POOLING from FL6.2; the other com.microsoft operators have no
+  DirectML operator;
 * ``onednn-graph``: no integer operator; oneDNN Graph takes int8 as Dequantize → op →
   Quantize patterns (its DynamicQuantize takes scales, it does not compute them).
 
@@ -20,6 +21,7 @@ back), or the reason the operator has no QDQ form.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import dataclass
 
 from dqtool import graph
 from dqtool.families.integer import describe, ops
@@ -37,16 +39,45 @@ define(CODE, "target-integer-operator", "error",
 
 _ONNX_SINCE = {"QLinearConv": 10, "QLinearMatMul": 10, "MatMulInteger": 10,
                "ConvInteger": 10, "DynamicQuantizeLinear": 11}
-# DirectML's operator for each, and the feature level that has it (the profile's levels:
-# the integer operators are absent at FL1.0 and present from FL2.1 on).
-_DML = {"QLinearConv": ("QUANTIZED_LINEAR_CONVOLUTION", (2, 1)),
-        "QLinearMatMul": ("QUANTIZED_LINEAR_MATRIX_MULTIPLY", (2, 1)),
-        "MatMulInteger": ("MATRIX_MULTIPLY_INTEGER", (2, 1)),
-        "ConvInteger": ("CONVOLUTION_INTEGER", (2, 1)),
-        "DynamicQuantizeLinear": ("DYNAMIC_QUANTIZE_LINEAR", (4, 0)),
-        "MatMulIntegerToFloat": ("MATRIX_MULTIPLY_INTEGER_TO_FLOAT", (6, 2)),
-        "QLinearAveragePool": ("QUANTIZED_LINEAR_AVERAGE_POOLING", (6, 2)),
-        "QLinearGlobalAveragePool": ("QUANTIZED_LINEAR_AVERAGE_POOLING", (6, 2))}
+
+
+@dataclass(frozen=True)
+class DmlFact:
+    """The DirectML operator that runs an integer operator, the first feature level that
+    has it, and where that is stated (``docs/integer-ops.md`` lists them)."""
+
+    operator: str
+    since: tuple[int, int]
+    source: str
+
+
+# Each operator's DML_OPERATOR_TYPE entry sits under a DML_TARGET_VERSION guard in
+# DirectML.h (0x2100 = feature level 2.1); DirectML's feature-level history and each
+# operator's page ("introduced in DML_FEATURE_LEVEL_x_y") say the same.
+_DML = {
+    "QLinearConv": DmlFact("QUANTIZED_LINEAR_CONVOLUTION", (2, 1),
+                           "DirectML.h: DML_TARGET_VERSION >= 0x2100"),
+    "QLinearMatMul": DmlFact("QUANTIZED_LINEAR_MATRIX_MULTIPLY", (2, 1),
+                             "DirectML.h: DML_TARGET_VERSION >= 0x2100"),
+    "MatMulInteger": DmlFact("MATRIX_MULTIPLY_INTEGER", (2, 1),
+                             "DirectML.h: DML_TARGET_VERSION >= 0x2100"),
+    "ConvInteger": DmlFact("CONVOLUTION_INTEGER", (2, 1),
+                           "DirectML.h: DML_TARGET_VERSION >= 0x2100"),
+    "DynamicQuantizeLinear": DmlFact("DYNAMIC_QUANTIZE_LINEAR", (4, 0),
+                                     "DirectML.h: DML_TARGET_VERSION >= 0x4000"),
+    "QLinearAdd": DmlFact("ELEMENT_WISE_QUANTIZED_LINEAR_ADD", (4, 0),
+                          "DirectML.h: DML_TARGET_VERSION >= 0x4000"),
+    "MatMulIntegerToFloat": DmlFact("MATRIX_MULTIPLY_INTEGER_TO_FLOAT", (6, 2),
+                                    "DirectML.h: DML_TARGET_VERSION >= 0x6200"),
+    "QLinearAveragePool": DmlFact("QUANTIZED_LINEAR_AVERAGE_POOLING", (6, 2),
+                                  "DirectML.h: DML_TARGET_VERSION >= 0x6200"),
+    "QLinearGlobalAveragePool": DmlFact("QUANTIZED_LINEAR_AVERAGE_POOLING", (6, 2),
+                                        "DirectML.h: DML_TARGET_VERSION >= 0x6200"),
+}
+
+
+def dml_fact(op: str) -> DmlFact | None:
+    return _DML.get(op)
 
 
 def why_not(op: str, domain: str, target: str) -> str | None:
@@ -63,9 +94,10 @@ def why_not(op: str, domain: str, target: str) -> str | None:
         level = tuple(int(p) for p in target[len("directml-fl"):].split("."))
         if op not in _DML:
             return f"DirectML has no operator for {domain} {op}"
-        name, since = _DML[op]
-        if level < since:
-            return f"DML_OPERATOR_{name} is not in feature level {level[0]}.{level[1]}"
+        fact = _DML[op]
+        if level < fact.since:
+            return (f"DML_OPERATOR_{fact.operator} is in DirectML from feature level "
+                    f"{fact.since[0]}.{fact.since[1]}, not {level[0]}.{level[1]}")
         return None
     if target == "onednn-graph":
         return ("oneDNN Graph has no integer operators; it takes int8 as Dequantize → op → "
@@ -73,14 +105,20 @@ def why_not(op: str, domain: str, target: str) -> str | None:
     return None
 
 
-def fix_for(opdef: ops.OpDef) -> str:
+def fix_for(opdef: ops.OpDef, target: str = "") -> str:
     if opdef.op == "DynamicQuantizeLinear":
         return ("none in dqtool: a target without it has no run-time quantization (fold the "
                 "model's weights, or quantize statically)")
     if opdef.no_qdq:
         return f"none: no QDQ form ({opdef.no_qdq})"
-    return f"`dqtool qdq` (DequantizeLinear → {opdef.float_op} → QuantizeLinear)" \
-        if opdef.kind == "qlinear" else f"`dqtool qdq` (DequantizeLinear → {opdef.float_op})"
+    float_op = f"{opdef.float_domain} {opdef.float_op}" if opdef.float_domain else \
+        opdef.float_op
+    if opdef.float_domain and target:  # no target that lacks the op runs its float twin
+        return (f"none for {target}: the QDQ form (`dqtool qdq`) still needs {float_op}, "
+                "which it lacks too")
+    if opdef.output is not None:
+        return f"`dqtool qdq` (DequantizeLinear → {float_op} → QuantizeLinear)"
+    return f"`dqtool qdq` (DequantizeLinear → {float_op})"
 
 
 def target_findings(ctx: ModelContext, target: str) -> Iterator[Finding]:
@@ -98,7 +136,7 @@ def target_findings(ctx: ModelContext, target: str) -> Iterator[Finding]:
         subject = f"node '{where}' ({opdef.domain} {opdef.op}-{version})"
         if site.graph != "main":
             subject += f" in {site.graph}"
-        fix = fix_for(opdef)
+        fix = fix_for(opdef, target)
         message = f"{ctx.path}: {subject}: {target} cannot run it: {reason}; fix: {fix}"
         yield Finding(CODE, "error", " ".join(message.split()), ctx.path, where, site.graph,
                       f"{opdef.domain}:{opdef.op}:{version}", target, fix)

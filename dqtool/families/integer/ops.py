@@ -44,6 +44,7 @@ class OpDef:
     output: Slot | None  # None: the output is int32 or float, not quantized
     bias: int | None = None  # input position of an int32 (or float) bias
     float_op: str | None = None  # the float operator of its QDQ form
+    float_domain: str = ""  # that operator's domain ("" for ai.onnx)
     # Attributes of the integer op that its float op does not take.
     drop_attributes: tuple[str, ...] = ()
     # Why the operator has no faithful QDQ form (None: it has one).
@@ -112,13 +113,17 @@ OPS: tuple[OpDef, ...] = (
     OpDef(MS, "MulInteger", 1, "integer",
           (Slot("a", 0, None, 1), Slot("b", 2, None, 3)), None,
           no_qdq="its int32 product has no scale in the graph to dequantize it with"),
+    # Fused blocks whose float twin is a com.microsoft operator: DequantizeLinear on each
+    # quantized input → that operator (float output, no QuantizeLinear).
     OpDef(MS, "QAttention", 1, "dynamic",
-          (Slot("weight", 1, 4, 7, weight=True),), None,
-          no_qdq="a fused attention block: no single float operator to put between "
-          "DequantizeLinear and QuantizeLinear"),
-    OpDef(MS, "QEmbedLayerNormalization", 1, "qlinear", (), None,
-          no_qdq="a fused embedding + layer normalization: no single float operator to put "
-          "between DequantizeLinear and QuantizeLinear"),
+          (Slot("input", 0, 3, 6), Slot("weight", 1, 4, 7, weight=True)), None,
+          float_op="Attention", float_domain=MS),
+    OpDef(MS, "QEmbedLayerNormalization", 1, "qlinear",
+          (Slot("word_embedding", 2, 8, 13, weight=True),
+           Slot("position_embedding", 3, 9, 14, weight=True),
+           Slot("segment_embedding", 4, 10, 15, weight=True),
+           Slot("gamma", 5, 11, 16, weight=True), Slot("beta", 6, 12, 17, weight=True)), None,
+          float_op="EmbedLayerNormalization", float_domain=MS),
 )
 
 BY_KEY: dict[tuple[str, str], OpDef] = {d.key: d for d in OPS}

@@ -14,11 +14,13 @@ Rewritten:
   ``a_scale·b_scale`` (onnxruntime's dynamic quantization): DequantizeLinear of the
   activation (with DynamicQuantizeLinear's scale and zero point) and of the weight →
   float MatMul / Conv, replacing the Mul's output;
+* QAttention / QEmbedLayerNormalization → DequantizeLinear on each quantized input → the
+  float com.microsoft Attention / EmbedLayerNormalization;
 * MatMulIntegerToFloat → DequantizeLinear ×2 → MatMul (→ Add of the bias);
   DynamicQuantizeMatMul → DynamicQuantizeLinear → DequantizeLinear → MatMul (→ Add).
 
 Refused by name with the reason: operators with no QDQ form (DynamicQuantizeLSTM,
-MulInteger, QAttention, ...), a MatMulInteger/ConvInteger whose scales the graph does not
+MulInteger), a MatMulInteger/ConvInteger whose scales the graph does not
 hold, NHWC (``channels_last``) layouts, a per-axis DequantizeLinear in a model below
 ai.onnx opset 13, scales that are not constant where a bias scale must be computed.
 
@@ -52,11 +54,15 @@ FLOAT = ir.DataType.FLOAT
 
 
 class IntegerToQdqPass(ir.passes.InPlacePass):
-    """Rewrites every integer operator into QDQ; ``outcome`` lists changes and refusals."""
+    """Rewrites every integer operator into QDQ; ``outcome`` lists changes and refusals.
 
-    def __init__(self) -> None:
+    ``exact_dynamic``: MatMulInteger / ConvInteger (with their ``Cast → Mul``) become the
+    exact form (``_rewrite_integer_exact``) instead of DequantizeLinear with their scales."""
+
+    def __init__(self, exact_dynamic: bool = False) -> None:
         super().__init__()
         self.outcome = Outcome()
+        self.exact_dynamic = exact_dynamic
 
     def call(self, model: ir.Model) -> ir.passes.PassResult:
         names = Names(model)
@@ -67,7 +73,7 @@ class IntegerToQdqPass(ir.passes.InPlacePass):
                 continue
             op, label = f"{opdef.domain}:{opdef.op}", node_label(node)
             try:
-                into = _try_rewrite(node, opdef, site.opsets, names)
+                into = _try_rewrite(node, opdef, site.opsets, names, self.exact_dynamic)
             except Refused as e:
                 self.outcome.refusals.append(Refusal(label, site.graph, op, str(e)))
                 continue
@@ -77,7 +83,8 @@ class IntegerToQdqPass(ir.passes.InPlacePass):
         return ir.passes.PassResult(model, bool(self.outcome.changes))
 
 
-def _try_rewrite(node: ir.Node, opdef: ops.OpDef, opsets: dict[str, int], names: Names) -> str:
+def _try_rewrite(node: ir.Node, opdef: ops.OpDef, opsets: dict[str, int], names: Names,
+                 exact_dynamic: bool = False) -> str:
     if opdef.no_qdq:
         raise Refused(f"no QDQ form: {opdef.no_qdq}")
     spec = describe.read(node, opsets)
@@ -89,8 +96,10 @@ def _try_rewrite(node: ir.Node, opdef: ops.OpDef, opsets: dict[str, int], names:
         raise Refused("channels_last=1 (NHWC): the float operator is NCHW; a faithful QDQ "
                       "form would need Transposes around it")
     if opdef.kind == "integer":
+        if exact_dynamic:
+            return _rewrite_integer_exact(node, opdef, opsets, names)
         return _rewrite_integer(node, opdef, opsets, names)
-    if opdef.kind == "dynamic":
+    if opdef.kind == "dynamic" and opdef.float_domain == "":
         return _rewrite_dynamic(node, opdef, opsets, names)
     return _rewrite_qlinear(node, opdef, opsets, names)
 
@@ -109,8 +118,8 @@ class _Builder:
 
     def add(self, op: str, inputs: list[ir.Value | None], attrs: list[ir.Attr] | None = None,
             suffix: str = "", n_out: int = 1, out_type: ir.DataType | None = FLOAT,
-            name: str | None = None) -> ir.Node:
-        n = ir.Node("", op, _trim(inputs), attrs or [], num_outputs=n_out,
+            name: str | None = None, domain: str = "") -> ir.Node:
+        n = ir.Node(domain, op, _trim(inputs), attrs or [], num_outputs=n_out,
                     name=name or self.names.fresh(f"{self.base}/{suffix or op}"))
         for i, o in enumerate(n.outputs):
             o.name = self.names.fresh(f"{self.base}/{suffix or op}_output_{i}")
@@ -177,7 +186,7 @@ def _axis_of(node: ir.Node, opdef: ops.OpDef, slot: ops.Slot) -> int | None:
     """The DequantizeLinear axis of a per-axis slot; None when per-tensor. Only a 1-D
     parameter can be expressed (QLinearMatMul's [M, 1] per-row form cannot)."""
     param = graph.input_value(node, slot.scale if slot.scale is not None else slot.zero_point)
-    shape = graph.shape_of(param)
+    shape = describe.value_shape(param)
     if shape is None:
         raise Refused(f"the shape of '{slot.role}''s scale is unknown")
     n = graph.num_elements(shape)
@@ -241,6 +250,9 @@ def _rewrite_qlinear(node: ir.Node, opdef: ops.OpDef, opsets: dict[str, int],
             continue
         if i in by_value:
             s = by_value[i]
+            if v is None and s.scale is not None and graph.input_value(node, s.scale) is None:
+                float_inputs.append(None)  # an optional quantized input left out
+                continue
             if v is None:
                 raise Refused(f"input '{s.role}' is missing")
             float_inputs.append(b.dequantize(v, graph.input_value(node, s.scale),
@@ -255,13 +267,15 @@ def _rewrite_qlinear(node: ir.Node, opdef: ops.OpDef, opsets: dict[str, int],
     else:
         attrs = _float_attrs(node, opdef, opsets)
     y_scale = graph.input_value(node, out.scale) if out else None
+    n_out = len(node.outputs) if out is None else 1
     f = b.add(opdef.float_op or "", float_inputs, attrs, name=names.fresh(f"{b.base}/float")
-              if node.name is None else node.name)
-    if y_scale is None:  # QGemm without y_scale: float output
+              if node.name is None else node.name, domain=opdef.float_domain, n_out=n_out)
+    if y_scale is None:  # QGemm without y_scale, the fused blocks: float outputs
         n_dq = sum(1 for n in b.new if n.op_type == "DequantizeLinear")
         node.name = names.fresh(f"{b.base}_replaced") if node.name else None
-        b.finish([node.outputs[0]], [f.outputs[0]])
-        return f"DequantizeLinear ×{n_dq} → {f.op_type}"
+        b.finish(list(node.outputs), list(f.outputs))
+        where = f"{opdef.float_domain} " if opdef.float_domain else ""
+        return f"DequantizeLinear ×{n_dq} → {where}{f.op_type}"
     y_zp = _zero_point(b, graph.input_value(node, out.zero_point), node.outputs[0]) \
         if out.zero_point is not None else None
     q = b.add("QuantizeLinear", [f.outputs[0], y_scale, y_zp], suffix="QuantizeLinear",
@@ -381,6 +395,97 @@ def _rewrite_integer(node: ir.Node, opdef: ops.OpDef, opsets: dict[str, int],
     return into + " (Cast and Mul by the scale product removed)"
 
 
+def _rewrite_integer_exact(node: ir.Node, opdef: ops.OpDef, opsets: dict[str, int],
+                           names: Names) -> str:
+    """The exact QDQ form of onnxruntime's dynamic pattern: DequantizeLinear with scale 1
+    (the zero point subtracted, the codes as exact float integers) → the float op (sums of
+    integer products, exact in float32 while every partial sum stays below 2**24) → the
+    int32 bias as DequantizeLinear(bias, 1) added → the original's ``Mul`` by
+    ``a_scale·w_scale``. The integer op and its ``Cast`` go; the ``Mul`` and the scale
+    product stay as they were. Equal to ``Cast(acc) · scale`` bit for bit within that
+    bound, which is reported (``docs/integer-ops.md``)."""
+    pattern = _scaled_pattern(node)
+    a_slot, w_slot = opdef.inputs
+    b = _Builder(node, names, opsets)
+    one = b.constant("unit_scale", np.ones((), np.float32))
+    a_zp = graph.input_value(node, a_slot.zero_point)
+    w_zp = graph.input_value(node, w_slot.zero_point)
+    w_axis = _weight_axis(node, opdef, pattern.w_scale)
+    w_one = one
+    if w_axis is not None:
+        n = graph.num_elements(graph.shape_of(pattern.w_scale))
+        w_one = b.constant("unit_scale_per_channel", np.ones((n,), np.float32))
+    a = b.dequantize(node.inputs[0], one, a_zp, None, a_slot.role)
+    w = b.dequantize(node.inputs[1], w_one, w_zp, w_axis, w_slot.role)
+    f = b.add(opdef.float_op or "", [a, w], list(node.attributes.values()),
+              name=node.name or None)
+    out = f.outputs[0]
+    into = f"DequantizeLinear(scale 1) ×2 → {f.op_type}"
+    if pattern.bias is not None:
+        bias = b.dequantize(pattern.bias, one, None, None, "bias")
+        out = b.add("Add", [out, bias], suffix="bias").outputs[0]
+        into += " → Add(DequantizeLinear(int32 bias, 1))"
+    bound = _accumulator_bound(node, a_zp, w_zp, w_axis, pattern.bias)
+    if bound is None and pattern.bias is not None:  # the products alone, then
+        bound = _accumulator_bound(node, a_zp, w_zp, w_axis, None)
+        bias_note = " plus a run-time bias"
+    else:
+        bias_note = ""
+    node.name = names.fresh(f"{b.base}_replaced") if node.name else None
+    b.node = pattern.cast
+    b.commit()
+    out.shape, out.type = pattern.cast.outputs[0].shape, pattern.cast.outputs[0].type
+    pattern.cast.outputs[0].replace_all_uses_with(out)
+    g = node.graph
+    inputs = list(node.inputs)
+    for n in (pattern.cast, pattern.add, node):
+        if n is not None:
+            g.remove(n, safe=True)
+    drop_if_unused(inputs)
+    if bound is not None and bound < 2**24 and not bias_note:
+        exact = f"exact: every partial sum is at most {bound} < 2**24"
+    else:
+        exact = "exact while partial sums stay below 2**24" + (
+            "" if bound is None else f" (products at most {bound}{bias_note})")
+    return into + f" → the original Mul by the scale product ({exact})"
+
+
+def _accumulator_bound(node: ir.Node, a_zp: ir.Value | None, w_zp: ir.Value | None,
+                       w_axis: int | None, bias: ir.Value | None) -> int | None:
+    """The largest |partial sum| any input can give: every activation code at its
+    farthest from its zero point times the sum of |w - w_zp| of one output (plus |bias|);
+    None when the weight or a zero point is not constant."""
+    w = graph.constant_array(node.inputs[1])
+    if w is None:
+        return None
+    azp = graph.constant_array(a_zp) if a_zp is not None else np.zeros((), np.int64)
+    wzp = graph.constant_array(w_zp) if w_zp is not None else np.zeros((), np.int64)
+    if wzp is None:
+        return None
+    a_type = graph.elem_type(node.inputs[0]) or "uint8"
+    lo, hi = (-128, 127) if a_type == "int8" else (0, 255)
+    # A run-time zero point (DynamicQuantizeLinear's) lies in the code range too.
+    a_far = 255 if azp is None else \
+        int(max(abs(lo - int(np.min(azp))), abs(hi - int(np.max(azp)))))
+    w64 = np.asarray(w, np.int64)
+    z = np.asarray(wzp, np.int64)
+    if w_axis is not None and z.size > 1:
+        shape = [1] * w64.ndim
+        shape[w_axis] = z.size
+        z = z.reshape(shape)
+    diff = np.abs(w64 - z.reshape(-1)[0] if z.size == 1 else w64 - z)
+    # Sum over everything but the output axis (Conv: axis 0; MatMul: the last one).
+    out_axis = 0 if node.op_type == "ConvInteger" else w64.ndim - 1
+    per_out = diff.sum(axis=tuple(i for i in range(w64.ndim) if i != out_axis))
+    bound = a_far * int(per_out.max(initial=0))
+    if bias is not None:
+        barr = graph.constant_array(bias)
+        if barr is None:  # quantized at run time: its size is not known here
+            return None
+        bound += int(np.abs(np.asarray(barr, np.int64)).max(initial=0))
+    return bound
+
+
 @dataclass
 class _Scaled:
     cast: ir.Node
@@ -416,6 +521,12 @@ def _only_use(value: ir.Value) -> ir.Node | None:
     return uses[0].node
 
 
+def scaled_output(node: ir.Node) -> ir.Value:
+    """The float value a MatMulInteger / ConvInteger stands for in onnxruntime's dynamic
+    pattern (the output of its ``Mul`` by the scale product); ``Refused`` outside it."""
+    return _scaled_pattern(node).mul.outputs[0]
+
+
 def _scaled_pattern(node: ir.Node) -> _Scaled:
     why = ("its int32 output is not Cast to float and multiplied by a_scale·w_scale (as "
            "onnxruntime's dynamic quantization writes it): no scales to dequantize with")
@@ -441,6 +552,8 @@ def _scaled_pattern(node: ir.Node) -> _Scaled:
     s0, s1 = prod.inputs
     a_scale = a_src.outputs[1] if a_src is not None and \
         a_src.op_type == "DynamicQuantizeLinear" else None
+    if a_scale is None:
+        a_scale = _static_activation_scale(node, s0, s1)
     if a_scale is s0:
         return _Scaled(cast, mul, scale[0], s0, s1, add, bias)
     if a_scale is s1:
@@ -451,7 +564,36 @@ def _scaled_pattern(node: ir.Node) -> _Scaled:
     raise Refused(why)
 
 
+def _static_activation_scale(node: ir.Node, s0: ir.Value | None, s1: ir.Value | None
+                             ) -> ir.Value | None:
+    """Which of two constant scales belongs to the activation when it was quantized
+    statically (onnxruntime's dynamic quantizer feeds a quantized Gather of a quantized
+    embedding straight into MatMulInteger): the scale a DequantizeLinear of the same
+    activation (or of the same weight, for the other one) uses; else the per-channel one is
+    the weight's. None when the graph does not tell."""
+    pair = {id(s0): s0, id(s1): s1}
+    for operand, own in ((node.inputs[0], True), (node.inputs[1], False)):
+        if operand is None:
+            continue
+        for use in operand.uses():
+            dq = use.node
+            if dq.op_type != "DequantizeLinear" or use.idx != 0 or len(dq.inputs) < 2:
+                continue
+            hit = pair.get(id(dq.inputs[1]))
+            if hit is not None:
+                return hit if own else (s1 if hit is s0 else s0)
+    sizes = [graph.num_elements(graph.shape_of(s)) for s in (s0, s1)]
+    if sizes[0] == 1 and sizes[1] not in (None, 1):
+        return s0
+    if sizes[1] == 1 and sizes[0] not in (None, 1):
+        return s1
+    return None
+
+
 def _weight_axis(node: ir.Node, opdef: ops.OpDef, w_scale: ir.Value) -> int | None:
+    p = w_scale.producer()
+    if p is not None and p.op_type == "DynamicQuantizeLinear":
+        return None  # a second activation (QKᵀ), quantized at run time: one scale
     shape = graph.shape_of(w_scale)
     if shape is None:
         raise Refused("the shape of the weight scale is unknown")

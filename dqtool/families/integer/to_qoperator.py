@@ -74,15 +74,20 @@ class QdqToIntegerPass(ir.passes.InPlacePass):
         used_ms = False
         for site in list(graph.walk(model)):
             node = site.node
-            if node.op_type not in _FUSED or node.domain not in graph.DEFAULT_DOMAINS \
-                    or node.graph is None:
+            if node.graph is None:
+                continue
+            if node.domain == MS and node.op_type in _BLOCKS:
+                fused = _fuse_block(node, names)
+            elif node.op_type in _FUSED and node.domain in graph.DEFAULT_DOMAINS:
+                fused = _try_fuse(node, site.opsets, names)
+            else:
                 continue
             label = node.name or f"<unnamed {node.op_type}>"
-            fused = _try_fuse(node, site.opsets, names)
             if fused is None:
                 continue
             used_ms |= fused[0] == MS
-            self.outcome.changes.append(Change(label, site.graph, f"ai.onnx:{node.op_type}",
+            domain = "com.microsoft" if node.domain == MS else "ai.onnx"
+            self.outcome.changes.append(Change(label, site.graph, f"{domain}:{node.op_type}",
                                                fused[1]))
         if used_ms and MS not in model.opset_imports:
             model.opset_imports[MS] = 1
@@ -137,10 +142,23 @@ def _q_after(node: ir.Node) -> ir.Node | None:
     return q
 
 
-def _dynamic_source(d: _Dq) -> bool:
+def _dynamic_source(d: _Dq, codes_only: bool = False) -> bool:
+    """Codes, scale and zero point from one DynamicQuantizeLinear (``codes_only``: the
+    codes and zero point, the scale being the exact form's 1)."""
     p = d.x.producer()
     return (p is not None and p.op_type == "DynamicQuantizeLinear" and d.axis is None
-            and d.scale is p.outputs[1] and (d.zp is None or d.zp is p.outputs[2]))
+            and (codes_only or d.scale is p.outputs[1])
+            and (d.zp is None or d.zp is p.outputs[2]))
+
+
+def _gathered(d: _Dq) -> bool:
+    """A per-tensor activation gathered from a constant quantized table (onnxruntime's
+    dynamic quantizer quantizes an embedding statically and feeds the Gather's codes
+    straight into MatMulInteger): its constant scale plays the run-time one's part."""
+    p = d.x.producer()
+    return (p is not None and p.op_type == "Gather" and d.axis is None and bool(p.inputs)
+            and graph.constant_tensor(p.inputs[0]) is not None
+            and graph.constant_tensor(d.scale) is not None)
 
 
 def _try_fuse(node: ir.Node, opsets: dict[str, int], names: Names
@@ -151,14 +169,26 @@ def _try_fuse(node: ir.Node, opsets: dict[str, int], names: Names
         if len(ins) < 2:
             return None
         a, w = _dq(ins[0]), _dq(ins[1])
-        if a is None or w is None or a.axis is not None or not w.const:
+        if a is None or w is None or a.axis is not None:
+            return None
+        # A second activation (QKᵀ, attention · V) fuses into QLinearMatMul when it is
+        # per-tensor; a weight may be per output channel.
+        second_activation = not w.const and node.op_type == "MatMul" and w.axis is None
+        if not w.const and not second_activation:
             return None
         if w.axis is not None and w.axis != _weight_axis(node, w):
             return None
         q = _q_after(node)
         if q is not None:
             return _fuse_static(node, a, w, q, names)
-        if _dynamic_source(a) and len(ins) == 2:
+        if len(ins) != 2:
+            return None
+        if _unit(a) and _unit(w) and (_dynamic_source(a, codes_only=True) or _gathered(a)) \
+                and (w.const or _dynamic_source(w, codes_only=True)):
+            exact = _fuse_exact(node, a, w, names)
+            if exact is not None:
+                return exact
+        if (_dynamic_source(a) or _gathered(a)) and (w.const or _dynamic_source(w)):
             return _fuse_dynamic(node, a, w, names)
         return None
     if node.op_type == "Gemm":
@@ -288,6 +318,110 @@ def _fuse_dynamic(node: ir.Node, a: _Dq, w: _Dq, names: Names) -> tuple[str, str
                 name=names.fresh(f"{base}_scaled"))
     e.replace(node.outputs[0], mul.outputs[0], [node])
     return "", f"{op} → Cast → Mul by a_scale·w_scale"
+
+
+def _unit(d: _Dq) -> bool:
+    scale = graph.constant_array(d.scale)
+    return scale is not None and bool(np.all(np.asarray(scale) == 1))
+
+
+def _fuse_exact(node: ir.Node, a: _Dq, w: _Dq, names: Names) -> tuple[str, str] | None:
+    """``qdq --exact-dynamic``'s form back: DQ(scale 1) → MatMul / Conv [→ Add of an int32
+    bias DQ(scale 1)] → Mul by the scale product ⇒ MatMulInteger / ConvInteger [→ Add of the
+    int32 bias] → Cast → that Mul."""
+    out = node.outputs[0]
+    uses = list(out.uses())
+    if len(uses) != 1 or out.is_graph_output():
+        return None
+    add, bias = None, None
+    nxt = uses[0].node
+    if nxt.op_type == "Add" and len(nxt.inputs) == 2:
+        other = [v for v in nxt.inputs if v is not out]
+        b = _dq(other[0], frozenset({"int32"})) if len(other) == 1 else None
+        if b is None or not _unit(b) or b.axis is not None or \
+                (b.zp is not None and np.any(graph.constant_array(b.zp) != 0)):
+            return None
+        add, bias = nxt, b
+        uses = list(nxt.outputs[0].uses())
+        if len(uses) != 1 or nxt.outputs[0].is_graph_output():
+            return None
+        nxt = uses[0].node
+    if nxt.op_type != "Mul" or len(nxt.inputs) != 2:
+        return None
+    e = _Emit(node, names)
+    op = "ConvInteger" if node.op_type == "Conv" else "MatMulInteger"
+    attrs = list(node.attributes.values()) if node.op_type == "Conv" else []
+    base = _name_of(node, names)
+    integer = e.add("", op, [a.x, w.x, a.zp, w.zp], attrs, name=base)
+    integer.outputs[0].dtype = ir.DataType.INT32
+    acc = integer.outputs[0]
+    if bias is not None:
+        acc = e.add("", "Add", [acc, bias.x], name=names.fresh(f"{base}_bias")).outputs[0]
+        acc.dtype = ir.DataType.INT32
+    cast = e.add("", "Cast", [acc], [ir.AttrInt64("to", ir.DataType.FLOAT)],
+                 name=names.fresh(f"{base}_cast"))
+    last = add if add is not None else node
+    e.replace(last.outputs[0], cast.outputs[0], [n for n in (add, node) if n is not None])
+    return "", f"{op} → Cast (exact form: the Mul by the scale product kept)"
+
+
+# com.microsoft float blocks with a quantized twin: input positions of the float op that
+# take a DequantizeLinear, and where the twin puts (value, scale, zero point) of each.
+_BLOCKS = {
+    "Attention": ("QAttention", {0: (0, 3, 6), 1: (1, 4, 7)}, 9),
+    "EmbedLayerNormalization": ("QEmbedLayerNormalization",
+                                {2: (2, 8, 13), 3: (3, 9, 14), 4: (4, 10, 15),
+                                 5: (5, 11, 16), 6: (6, 12, 17)}, 18),
+}
+
+
+def _fuse_block(node: ir.Node, names: Names) -> tuple[str, str] | None:
+    """DequantizeLinear → com.microsoft Attention / EmbedLayerNormalization (float out)
+    ⇒ QAttention / QEmbedLayerNormalization, the form ``dqtool qdq`` writes them in: every
+    quantized input 8-bit and per-tensor (a QAttention weight may be per column)."""
+    op, where, width = _BLOCKS[node.op_type]
+    ins = list(node.inputs)
+    if node.op_type == "Attention" and len(ins) > 5:
+        return None  # attention_bias, past_sequence_length: QAttention has no such input
+    if node.op_type == "EmbedLayerNormalization" and (len(ins) > 8 or len(node.outputs) > 2):
+        return None  # position_ids, embedding_sum
+    inputs: list[ir.Value | None] = [None] * width
+    for i, v in enumerate(ins):
+        if i not in where:
+            if node.op_type == "Attention":  # bias 2, mask_index 3, past 4
+                inputs[{2: 2, 3: 5, 4: 8}[i]] = v
+            else:  # ids 0, segment ids 1, mask 7
+                inputs[i] = v
+            continue
+        if v is None:
+            continue
+        d = _dq(v)
+        per_column = node.op_type == "Attention" and i == 1
+        if d is None or (d.axis is not None and not (per_column and d.axis == 1)):
+            return None
+        vi, si, zi = where[i]
+        inputs[vi], inputs[si], inputs[zi] = d.x, d.scale, d.zp
+    e = _Emit(node, names)
+    n_out = len(node.outputs)
+    f = e.add(MS, op, _trim_inputs(inputs), list(node.attributes.values()),
+              name=_name_of(node, names), n_out=n_out)
+    for o in node.outputs[1:]:
+        i = o.index() or 0
+        f.outputs[i].type, f.outputs[i].shape = o.type, o.shape
+        was_output, name = o.is_graph_output(), o.name
+        o.replace_all_uses_with(f.outputs[i], replace_graph_outputs=True)
+        if was_output:
+            o.name = names.fresh(f"{name}_replaced")
+            f.outputs[i].name = name
+    e.replace(node.outputs[0], f.outputs[0], [node])
+    return MS, op
+
+
+def _trim_inputs(inputs: list[ir.Value | None]) -> list[ir.Value | None]:
+    out = list(inputs)
+    while out and out[-1] is None:
+        out.pop()
+    return out
 
 
 def _fuse_gemm(node: ir.Node, names: Names) -> tuple[str, str] | None:
