@@ -14,7 +14,7 @@ import numpy as np
 
 from dqtool import families
 from dqtool.checking import against as against_mod
-from dqtool.checking import bounded, runners, selfcheck
+from dqtool.checking import bounded, faithful, runners, selfcheck
 from dqtool.checking import inputs as inputs_mod
 from dqtool.checking.compare import OutputComparison
 from dqtool.checking.models import ModelLike, load
@@ -69,9 +69,13 @@ def check(
         if _signature(mine) != _signature(theirs):
             raise InputError(f"{name} and {other_name} take different inputs: "
                              f"{_describe(mine)} vs {_describe(theirs)}")
+        # A family's rewritten nodes, each run alone on the original's inputs.
+        per_op = [e for support in families.check_supports() if support.per_op
+                  for e in support.per_op(proto, other, feeds, other_loaded.external_dir)]
         comparisons = against_mod.compare_models(
             proto, other, feeds, rtol=rtol, atol=atol, notes=notes,
-            model_dir=loaded.external_dir, original_dir=other_loaded.external_dir)
+            model_dir=loaded.external_dir, original_dir=other_loaded.external_dir,
+            range_steps=any(e.comparison is not None for e in per_op))
         weights = [w for support in families.check_supports() if support.weights
                    for w in support.weights(loaded.ir_model(), other_loaded.ir_model())]
         bounds = []
@@ -83,9 +87,7 @@ def check(
                                               other_loaded.ir_model(), feeds,
                                               loaded.external_dir, other_loaded.external_dir)]
             comparisons = bounded.apply(comparisons, weights, bounds, notes)
-        # A family's rewritten nodes, each run alone on the original's inputs: reported.
-        per_op = [e for support in families.check_supports() if support.per_op
-                  for e in support.per_op(proto, other, feeds, other_loaded.external_dir)]
+        comparisons = faithful.apply(comparisons, per_op, notes)
         fused = next((r for support in families.check_supports() if support.fused_run
                       for r in [support.fused_run(proto, other, feeds)] if r is not None),
                      None)

@@ -115,24 +115,28 @@ _INTEGER_ELEMS = frozenset({onnx.TensorProto.INT8, onnx.TensorProto.UINT8,
 def compare_models(model: onnx.ModelProto, original: onnx.ModelProto,
                    feeds: Mapping[str, np.ndarray], *, rtol: float, atol: float,
                    notes: list[str], model_dir: Path | None = None,
-                   original_dir: Path | None = None) -> list[RuntimeComparison]:
+                   original_dir: Path | None = None,
+                   range_steps: bool = False) -> list[RuntimeComparison]:
     """``model_dir``/``original_dir``: where a model's external tensors stay (see
-    ``models.Loaded.external_dir``); None when they are in the protobuf."""
+    ``models.Loaded.external_dir``); None when they are in the protobuf. ``range_steps``:
+    a float output that no scale measures is measured in its own run-time 8-bit step
+    (``float_steps``), for a conversion of a quantized model whose outputs pass through
+    float operators (a Softmax after the last rescale)."""
     names = [o.name for o in model.graph.output]
     extra = sorted(set(names) - {o.name for o in original.graph.output})
     if extra:
         notes.append(f"outputs only the checked model has (not compared): {', '.join(extra)}")
     return [
         _on("onnxruntime", _run_ort, (model, model_dir), (original, original_dir), feeds,
-            rtol, atol),
+            rtol, atol, range_steps),
         _on("reference", _run_ref, (model, model_dir), (original, original_dir), feeds,
-            rtol, atol),
+            rtol, atol, range_steps),
     ]
 
 
 def _on(runtime: str, run: Runner, model: tuple[onnx.ModelProto, Path | None],
         original: tuple[onnx.ModelProto, Path | None], feeds: Mapping[str, np.ndarray],
-        rtol: float, atol: float) -> RuntimeComparison:
+        rtol: float, atol: float, range_steps: bool = False) -> RuntimeComparison:
     results = []
     runtime_steps = runtime_step_sources(original[0])
     run_original = original
@@ -146,7 +150,9 @@ def _on(runtime: str, run: Runner, model: tuple[onnx.ModelProto, Path | None],
             return RuntimeComparison(runtime, (), f"{runtime} cannot run {label}: {e}")
     got, want = results
     steps: dict[str, float | np.ndarray] = dict(output_steps(original[0]))
-    for out in runtime_steps:  # a dynamic output: in its own run-time step (float_steps)
+    unscaled = [o.name for o in original[0].graph.output if o.name not in steps] \
+        if range_steps else list(runtime_steps)
+    for out in unscaled:  # a float output: in its own run-time step (float_steps)
         step = float_steps.dynamic_step(want.get(out))
         if step is not None:
             steps[out] = step

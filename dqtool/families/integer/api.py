@@ -57,7 +57,8 @@ class IntegerConversionRefused(RefusedError):
         self.report = report
         first = report.refusals[0]
         super().__init__(f"{report.input}: {len(report.refusals)} node(s) refused, nothing "
-                         f"written; first: {first.node} ({first.op}): {first.reason}")
+                         f"written; first: {first.node} ({first.op}): {first.reason} "
+                         "(--keep-unconvertible writes the rest, leaving these as they are)")
 
 
 class IntegerCheckFailed(RefusedError):
