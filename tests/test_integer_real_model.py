@@ -94,12 +94,12 @@ def test_check_against_reports_steps_and_lint_flags(model_path, tmp_path):
     assert [f.op.split(":")[1] for f in lint.findings] == ["DynamicQuantizeLSTM"]
 
 
-def test_check_alone_is_bit_exact_except_the_unimplemented_lstm(model_path):
+def test_check_alone_runs_every_node_bit_exact(model_path):
     report = dqtool.check(model_path, shapes={"image_width": (48,)})
     statuses = Counter((n.op.split(":")[1].split("-")[0], n.status) for n in report.nodes)
     assert statuses == {("DynamicQuantizeLinear", "bit-exact"): 22,
                         ("ConvInteger", "bit-exact"): 21, ("MatMulInteger", "bit-exact"): 1,
-                        ("DynamicQuantizeLSTM", "skipped"): 1}
+                        ("DynamicQuantizeLSTM", "bit-exact"): 1}
     assert report.passed
 
 

@@ -14,6 +14,7 @@ import numpy as np
 from onnx.reference.op_run import OpRun
 
 from dqtool.families.integer import kernel as k
+from dqtool.families.integer import lstm
 
 
 class _Op(OpRun):
@@ -75,6 +76,21 @@ class _QGemm(_Op):
                         transA=at.get("transA", 0), transB=at.get("transB", 0)),)
 
 
+class _DynamicQuantizeLSTM(_Op):
+    def _run(self, x, w, r, b=None, seq=None, h0=None, c0=None, p=None, ws=None, wz=None,
+             rs=None, rz=None, **_):
+        at = self._attrs()
+        acts = [a.decode() if isinstance(a, bytes) else a for a in at.get("activations", [])]
+        direction = at.get("direction", b"forward")
+        y, yh, yc = lstm.dynamic_quantize_lstm(
+            x, w, r, b, seq, h0, c0, p, ws, wz, rs, rz, hidden_size=int(at["hidden_size"]),
+            direction=direction.decode() if isinstance(direction, bytes) else direction,
+            activations=acts or None, clip=at.get("clip"),
+            input_forget=int(at.get("input_forget", 0)),
+            want_y=bool(self.onnx_node.output and self.onnx_node.output[0]))
+        return (y, yh, yc)
+
+
 def _binary(op: str) -> type[OpRun]:
     class _B(_Op):
         def _run(self, a, a_s, az, b, bs, bz, cs, cz=None, **_):
@@ -133,6 +149,7 @@ EVALUATOR_OPS: list[type[OpRun]] = [
     _named(_MatMulIntegerToFloat, "MatMulIntegerToFloat", MS),
     _named(_DynamicQuantizeMatMul, "DynamicQuantizeMatMul", MS),
     _named(_QGemm, "QGemm", MS),
+    _named(_DynamicQuantizeLSTM, "DynamicQuantizeLSTM", MS),
     _named(_binary("Add"), "QLinearAdd", MS),
     _named(_binary("Mul"), "QLinearMul", MS),
     _named(_lookup("Sigmoid"), "QLinearSigmoid", MS),
