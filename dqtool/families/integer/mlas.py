@@ -61,3 +61,59 @@ def tanh(x: np.ndarray) -> np.ndarray:
     p = (_horner(v2, _TANH_P) * v).astype(F32)
     q = _horner(v2, _TANH_Q)
     return (p / q).astype(F32)
+
+
+# exp as MLAS's softmax computes it (range reduction by powers of two, a degree-6
+# polynomial, the scale rebuilt in the exponent bits)
+_EXP_LOWER_SUMEXP = F32(-88.3762626647949)
+_ROUNDING_BIAS = F32(12582912.0)  # 1.5 * 2**23: adding it rounds to an integer
+_LOG2_RECIPROCAL = F32(1.44269504088896341)
+_LOG2_HIGH = F32(-6.93145752e-1)
+_LOG2_LOW = F32(-1.42860677e-6)
+_EXP_POLY = [F32(float.fromhex(h)) for h in ("0x1.694000p-10", "0x1.125edcp-7",
+                                             "0x1.555b5ap-5", "0x1.555450p-3",
+                                             "0x1.fffff6p-2", "0x1.000000p+0")]
+
+
+def sum_exp_terms(x: np.ndarray, negative_max: np.ndarray) -> np.ndarray:
+    """``exp(x - max)`` element by element as MLAS's softmax kernel computes it."""
+    v = (np.asarray(x, F32) + np.asarray(negative_max, F32)).astype(F32)
+    v = np.maximum(_EXP_LOWER_SUMEXP, v).astype(F32)
+    biased = fma(v, _LOG2_RECIPROCAL, _ROUNDING_BIAS)
+    m = (biased - _ROUNDING_BIAS).astype(F32)
+    v = fma(m, _LOG2_HIGH, v)
+    v = fma(m, _LOG2_LOW, v)
+    with np.errstate(over="ignore"):
+        normal = ((biased.view(np.int32).astype(np.int64) << 23) + 0x3F800000)
+    normal = (normal & 0xFFFFFFFF).astype(np.uint32).view(np.int32).view(F32)
+    p = np.full(v.shape, _EXP_POLY[0], F32)
+    for c in _EXP_POLY[1:]:
+        p = fma(p, v, c)
+    p = fma(p, v, _EXP_POLY[-1])
+    return (p * normal).astype(F32)
+
+
+def _pairwise(lanes: np.ndarray) -> np.ndarray:
+    """A vector's lanes summed by adding neighbours: (0+1, 2+3, …), then again."""
+    while lanes.shape[-1] > 1:
+        lanes = (lanes[..., 0::2] + lanes[..., 1::2]).astype(F32)
+    return lanes[..., 0]
+
+
+def softmax(x: np.ndarray) -> np.ndarray:
+    """Softmax over the last axis as MLAS computes it on x86-64 (its AVX2 kernel): the
+    maximum, the exp terms, their sum over 8-lane vectors (the last one zero-padded) added
+    alternately into two accumulators, the two added, the lanes reduced pairwise; then each
+    term times ``1 / sum``. Measured bit for bit against onnxruntime's Softmax."""
+    x = np.asarray(x, F32)
+    d = x.shape[-1]
+    neg = (-x.max(axis=-1, keepdims=True)).astype(F32)
+    e = sum_exp_terms(x, neg)
+    pad = (-d) % 8
+    lanes = np.concatenate([e, np.zeros((*e.shape[:-1], pad), F32)], axis=-1)
+    lanes = lanes.reshape((*e.shape[:-1], -1, 8))
+    accs = [np.zeros((*e.shape[:-1], 8), F32) for _ in range(2)]
+    for j in range(lanes.shape[-2]):
+        accs[j % 2] = (accs[j % 2] + lanes[..., j, :]).astype(F32)
+    total = _pairwise((accs[0] + accs[1]).astype(F32))[..., None]
+    return (e * (F32(1) / total).astype(F32)).astype(F32)

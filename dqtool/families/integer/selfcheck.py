@@ -3,8 +3,9 @@ reference evaluator runs is recomputed by the kernel from onnxruntime's own inpu
 whole-model run exposes them) and must be bit-identical to onnxruntime's output.
 
 A node onnxruntime cannot run is computed by the kernel alone (``kernel-only``); an
-operator the kernel has no implementation of (DynamicQuantizeLSTM, QAttention, ...) is
-``skipped`` with the reason.
+operator the kernel has no implementation of is ``skipped`` with the reason. An output
+with a stated float tolerance (``ort_facts.FLOAT_TOLERANCE``) that is not bit-identical
+passes as ``within-tolerance`` when it is within it, and the report gives the ulps.
 """
 
 from __future__ import annotations
@@ -19,8 +20,8 @@ import onnx_ir as ir
 from dqtool import graph
 from dqtool.checking import runners, single_node
 from dqtool.checking.models import for_ort, with_outputs
-from dqtool.checking.selfcheck import SKIPPED, NodeCheck, judge_alone
-from dqtool.families.integer import describe, ops
+from dqtool.checking.selfcheck import MISMATCH, SKIPPED, WITHIN, NodeCheck, judge_alone
+from dqtool.families.integer import describe, ops, ort_facts
 
 
 def _has_kernel(node: ir.Node) -> bool:
@@ -82,8 +83,47 @@ def _check(site: graph.Site, values: dict[str, np.ndarray], from_ort: bool,
             return NodeCheck(**base, status=SKIPPED, reason=f"input '{v.name}' could not be "
                              "computed")
     alone = single_node.build(node, inputs, site.opsets, ir_version)
-    if len(node.outputs) > 1:  # DynamicQuantizeLinear: its quantized output is compared
-        alone.graph.node[0].output.extend(f"unused{i}" for i in range(1, len(node.outputs)))
-    y = node.outputs[0].name
-    return judge_alone(alone, y, base, values.get(y) if from_ort else None,
-                       integer_steps=True)
+    # The first output the node has is compared (DynamicQuantizeLinear: its quantized
+    # output; a DynamicQuantizeLSTM without Y: Y_h); the others keep their presence, which
+    # can change what the operator computes.
+    index = next((i for i, v in enumerate(node.outputs) if v is not None and v.name), 0)
+    del alone.graph.node[0].output[:]
+    alone.graph.node[0].output.extend(
+        "y" if i == index else (f"unused{i}" if v is not None and v.name else "")
+        for i, v in enumerate(node.outputs))
+    y = node.outputs[index].name
+    ort_y = values.get(y) if from_ort else None
+    result = judge_alone(alone, "y", base, ort_y, integer_steps=True)
+    if result.status != MISMATCH:
+        return result
+    return _within_tolerance(result, alone, node.op_type, index, ort_y) or result
+
+
+def _within_tolerance(result: NodeCheck, alone: onnx.ModelProto, op: str, output: int,
+                      ort_y: np.ndarray | None) -> NodeCheck | None:
+    """A float output of an operator with a stated tolerance (``ort_facts``): within it,
+    the node passes and the report says by how much it differs."""
+    from dqtool.runtimes.onnxruntime import installed_version, release_of
+
+    version = installed_version()
+    release = release_of(version) if version else None
+    tol = ort_facts.tolerance(op, output, release)
+    if tol is None:
+        return None
+    try:
+        kernel = runners.run_reference(alone, {}, ["y"])["y"]
+        if ort_y is None:
+            ort_y = runners.run_ort(alone, {}, ["y"])["y"]
+    except runners.RuntimeFailure:
+        return None
+    if kernel.dtype != np.float32 or ort_y.dtype != np.float32 or kernel.shape != ort_y.shape:
+        return None
+    worst = ort_facts.row_ulps(kernel, ort_y)
+    if worst > tol.ulps:
+        return None
+    where = "" if release in tol.releases else (
+        f"; onnxruntime {version} not measured, the largest stated tolerance applies")
+    return NodeCheck(name=result.name, graph=result.graph, op=result.op, status=WITHIN,
+                     comparison=result.comparison,
+                     reason=f"within {worst:g} ulps (float activations): stated tolerance "
+                     f"{tol.ulps} ulps for onnxruntime {tol.measured}{where}")
