@@ -113,7 +113,8 @@ class _DynamicQuantizeLSTM(_Op):
             direction=direction.decode() if isinstance(direction, bytes) else direction,
             activations=acts or None, clip=at.get("clip"),
             input_forget=int(at.get("input_forget", 0)),
-            want_y=bool(self.onnx_node.output and self.onnx_node.output[0]))
+            want_y=bool(self.onnx_node.output and self.onnx_node.output[0]),
+            threads=lstm.THREADS.get())
         return (y, yh, yc)
 
 

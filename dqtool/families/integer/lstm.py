@@ -23,6 +23,7 @@ operand quantized at run time (``docs/integer-ops.md``):
 from __future__ import annotations
 
 from collections.abc import Sequence
+from contextvars import ContextVar
 
 import numpy as np
 
@@ -30,6 +31,11 @@ from dqtool.families.integer import mlas
 from dqtool.families.integer.kernel import dynamic_quantize_linear
 
 F32 = np.float32
+
+# onnxruntime's intra-op degree of parallelism for the reference evaluator's
+# DynamicQuantizeLSTM (1: the result of a one-thread session). ``check`` sets it to match
+# a session that grouped the batch rows by thread.
+THREADS: ContextVar[int] = ContextVar("dqtool_lstm_threads", default=1)
 
 
 def _relu(x: np.ndarray) -> np.ndarray:
