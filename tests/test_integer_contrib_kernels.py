@@ -90,7 +90,8 @@ def test_mul_integer_on_onnxruntime_is_as_the_facts_say():
     """onnxruntime has MulInteger's schema; whether its CPU provider runs it is data keyed
     by release (``ort_facts``): where it is listed as absent, a session refuses it."""
     a = np.array([1, 2], np.uint8)
-    m = _model("MulInteger", [("a", a), ("az", None), ("b", a), ("bz", None)],
+    zero = np.array(np.uint8(0))
+    m = _model("MulInteger", [("a", a), ("az", zero), ("b", a), ("bz", zero)],
                [("y", TP.INT32)], ("a", "b"))
     fact = ort_facts.has_cpu_kernel("MulInteger", RELEASE)
     if fact is None:
