@@ -6,7 +6,8 @@
    followed by this step's K/V) is made of its values only, so it is bit-identical.
 2. ``scores = scale · (Q·Kᵀ) + mask`` per batch and head, with ``scale = 1/sqrt(head_size)``
    unless given; the products accumulated in order with fused multiply-adds (as MLAS's SGEMM
-   does), the mask added by one more fused multiply-add. The mask is ``mask_filter_value``
+   kernel does), the mask added by one more fused multiply-add (see 4 for its other
+   kernels). The mask is ``mask_filter_value``
    (default -10000) where a position may not be attended: past its end (1-D mask_index of
    end positions), before its start (the second half of a ``2·batch`` mask_index), a 0 in a
    2-D ``(batch, total)`` or 3-D ``(batch, seq, total)`` mask; with ``unidirectional``
@@ -15,10 +16,10 @@
    them, not the future).
 3. Softmax over the keys as MLAS computes it (``mlas.softmax``: its exp polynomial, its
    lane order of summation), bit-identical to onnxruntime's.
-4. ``probs · V`` accumulated in order with fused multiply-adds (with one query, MLAS's
-   single-row kernel: see ``_row_matmul``), heads laid back side by side. With head_size 1
-   MLAS takes a single-column kernel whose order dqtool does not reproduce: that case is
-   within the tolerance ``ort_facts.py`` states; every other case measured bit-identical.
+4. ``probs · V`` accumulated in order with fused multiply-adds, heads laid back side by
+   side. MLAS's SGEMM takes other kernels for a single row or column with alpha 1 (one
+   query; head_size 1; ``scale`` 1), each with its own order of summation, reproduced in
+   ``_row_matmul`` and ``_dot_rows``. Every case measured is bit-identical.
 """
 
 from __future__ import annotations
@@ -89,6 +90,39 @@ def _row_matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return acc
 
 
+def _add(*xs: np.ndarray) -> np.ndarray:
+    out = xs[0]
+    for x in xs[1:]:
+        out = (out + x).astype(F32)
+    return out
+
+
+def _dot_rows(v: np.ndarray, rows: np.ndarray, c: np.ndarray | None) -> np.ndarray:
+    """``rows @ v`` (…, R, K) · (…, K) → (…, R) plus ``c`` (or +0), as MLAS's AVX kernel
+    for one transposed row computes it: 8 lanes, lane j summing the products k ≡ j mod 8 in
+    order (multiply, then add; the last block zero-padded), then the lanes reduced in the
+    order its shuffles give, which depends on whether the row is in a group of 4, 2 or 1
+    (rows are taken four at a time, then two, then one)."""
+    k = v.shape[-1]
+    pad = (-k) % 8
+    vp = np.concatenate([v, np.zeros((*v.shape[:-1], pad), F32)], axis=-1)
+    rp = np.concatenate([rows, np.zeros((*rows.shape[:-1], pad), F32)], axis=-1)
+    acc = np.zeros((*rows.shape[:-1], 8), F32)
+    for j in range(0, k + pad, 8):
+        acc = (acc + (rp[..., j:j + 8] * vp[..., None, j:j + 8]).astype(F32)).astype(F32)
+    a = [acc[..., i] for i in range(8)]
+    by4 = _add(_add(a[0], a[1], a[2], a[3]), _add(a[4], a[5], a[6], a[7]))
+    by2 = _add(_add(_add(a[0], a[2]), _add(a[4], a[6])), _add(_add(a[1], a[3]),
+                                                               _add(a[5], a[7])))
+    by1 = _add(_add(_add(a[0], a[1]), _add(a[2], a[3])), _add(_add(a[4], a[5]),
+                                                               _add(a[6], a[7])))
+    r = rows.shape[-2]
+    four = r // 4 * 4
+    idx = np.arange(r)
+    out = np.where(idx < four, by4, np.where((idx < four + 2) & (r - four >= 2), by2, by1))
+    return (out.astype(F32) + (F32(0) if c is None else c)).astype(F32)
+
+
 def qkv(x, w, bias, x_scale, w_scale, x_zp=None, w_zp=None) -> np.ndarray:
     """Stage 1: ``float32(acc) · (w_scale · x_scale) + bias``, shape (batch, seq, 3·hidden)."""
     xz = 0 if x_zp is None else int(np.asarray(x_zp).reshape(-1)[0])
@@ -125,11 +159,25 @@ def qattention(x, w, bias, x_scale, w_scale, mask_index=None, x_zp=None, w_zp=No
     present = np.stack([k, v]).astype(F32)
     alpha = F32(1) / np.sqrt(F32(hs)) if scale == 0.0 else F32(scale)
     alpha = F32(alpha)
-    acc = _fma_matmul(q, np.swapaxes(k, -1, -2))
     m = _mask(mask_index, batch, seq, p_len, bool(unidirectional) and seq > 1,
               mask_filter_value)
-    scores = (acc * alpha).astype(F32) if m is None else fma(acc, alpha, m[:, None])
+    mb = None if m is None else np.broadcast_to(m[:, None], (batch, num_heads, seq,
+                                                             p_len + seq))
+    # MLAS's SGEMM: with alpha 1, one query (M = 1) or a one-wide result of a one-wide
+    # K (N = 1) take its single-row kernels; otherwise fused multiply-adds in order.
+    if alpha == 1 and seq == 1:
+        scores = _dot_rows(q[..., 0, :], k, None if mb is None else mb[..., 0, :])[
+            ..., None, :]
+    elif alpha == 1 and p_len + seq == 1 and hs == 1:
+        scores = _dot_rows(k[..., 0, :], q, None if mb is None else mb[..., 0])[..., None]
+    else:
+        acc = _fma_matmul(q, np.swapaxes(k, -1, -2))
+        scores = (acc * alpha).astype(F32) if mb is None else fma(acc, alpha, mb)
     probs = softmax(scores)
-    # (batch, heads, seq, head); MLAS takes its single-row path when there is one query
-    out = _row_matmul(probs, v) if seq == 1 else _fma_matmul(probs, v)
+    if seq == 1:
+        out = _row_matmul(probs, v)
+    elif hs == 1:
+        out = _dot_rows(v[..., 0], probs, None)[..., None]
+    else:
+        out = _fma_matmul(probs, v)  # (batch, heads, seq, head)
     return np.ascontiguousarray(out.transpose(0, 2, 1, 3).reshape(batch, seq, hidden)), present
