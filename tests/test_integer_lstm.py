@@ -174,3 +174,28 @@ def test_mlas_activations_match_onnxruntime_bit_for_bit(op):
     want = _ort(m, {"x": x}, 1)[0]
     got = (mlas.logistic if op == "Sigmoid" else mlas.tanh)(x)
     np.testing.assert_array_equal(got.view(np.int32), want.view(np.int32))
+
+
+@pytest.mark.parametrize(("acts", "alphas", "betas"), [
+    (["HardSigmoid", "Affine", "LeakyRelu"], [0.3, 0.7, 0.05], [0.4, 0.1]),
+    (["Relu", "Softsign", "ThresholdedRelu"], [0.2], []),
+    (["HardSigmoid", "Tanh", "Affine"], [], []),  # defaults: 0.2/0.5, then 0/0
+    (["Sigmoid", "ScaledTanh", "Elu"], [1.5, 0.8], [0.7]),
+    (["Sigmoid", "Elu", "Tanh"], [], []),
+])
+def test_other_activations_with_alpha_and_beta(acts, alphas, betas):
+    c = _case(5, "forward")
+    attrs = {"activations": acts}
+    if alphas:
+        attrs["activation_alpha"] = alphas
+    if betas:
+        attrs["activation_beta"] = betas
+    got = _kernel(c, activations=acts, activation_alpha=alphas, activation_beta=betas)
+    _same_bits(got, _ort(_model(c, **attrs), {"x": c["x"]}, 1))
+
+
+@pytest.mark.parametrize("name", ["Gelu", "Softplus"])
+def test_unimplemented_activation_is_refused_by_name(name):
+    c = _case(1, "forward")
+    with pytest.raises(NotImplementedError, match=f"'{name}'"):
+        _kernel(c, activations=["Sigmoid", name, "Tanh"])

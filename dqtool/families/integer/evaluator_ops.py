@@ -111,7 +111,8 @@ class _DynamicQuantizeLSTM(_Op):
         y, yh, yc = lstm.dynamic_quantize_lstm(
             x, w, r, b, seq, h0, c0, p, ws, wz, rs, rz, hidden_size=int(at["hidden_size"]),
             direction=direction.decode() if isinstance(direction, bytes) else direction,
-            activations=acts or None, clip=at.get("clip"),
+            activations=acts or None, activation_alpha=at.get("activation_alpha"),
+            activation_beta=at.get("activation_beta"), clip=at.get("clip"),
             input_forget=int(at.get("input_forget", 0)),
             want_y=bool(self.onnx_node.output and self.onnx_node.output[0]),
             threads=lstm.THREADS.get())

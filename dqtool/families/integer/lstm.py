@@ -16,7 +16,9 @@ operand quantized at run time (``docs/integer-ops.md``):
   the batch into groups when it computes rows in parallel (``row_groups``): more than four
   rows, or two or more with ``hidden <= 256``, in ``ceil(batch / threads)`` rows per group.
 - Gates: bias ``Wb + Rb`` added and clipped, peepholes ``C·P`` added first, f/g/h
-  activations as MLAS computes them (``mlas.py``), ``C = C_prev·f + i·g``, ``H = h(C)·o``.
+  activations as onnxruntime computes them (sigmoid and tanh: MLAS's, ``mlas.py``; relu,
+  affine, leakyrelu, thresholdedrelu, hardsigmoid, softsign, scaledtanh, elu: its scalar
+  formulas with their alpha/beta), ``C = C_prev·f + i·g``, ``H = h(C)·o``.
   A row past its sequence length keeps its state; its Y rows are zeros.
 """
 
@@ -38,11 +40,80 @@ F32 = np.float32
 THREADS: ContextVar[int] = ContextVar("dqtool_lstm_threads", default=1)
 
 
-def _relu(x: np.ndarray) -> np.ndarray:
-    return np.maximum(x, F32(0)).astype(F32)
+def _f(x) -> np.ndarray:
+    return np.asarray(x, F32)
 
 
-ACTIVATIONS = {"sigmoid": mlas.logistic, "tanh": mlas.tanh, "relu": _relu}
+# onnxruntime's LSTM activations, by lower-cased name: sigmoid and tanh are MLAS's; the
+# others are plain float32 expressions in the order onnxruntime writes them, those with
+# exp/log evaluated in double (libm's double functions) and rounded to float32 once.
+_PLAIN = {
+    "sigmoid": lambda x, a, b: mlas.logistic(x),
+    "tanh": lambda x, a, b: mlas.tanh(x),
+    "relu": lambda x, a, b: np.maximum(x, F32(0)).astype(F32),
+    "affine": lambda x, a, b: ((a * x).astype(F32) + b).astype(F32),
+    "leakyrelu": lambda x, a, b: np.where(x >= 0, x, (a * x).astype(F32)).astype(F32),
+    "thresholdedrelu": lambda x, a, b: np.where(x > a, x, F32(0)).astype(F32),
+    "hardsigmoid": lambda x, a, b: np.minimum(F32(1), np.maximum(
+        F32(0), ((a * x).astype(F32) + b).astype(F32))).astype(F32),
+    "softsign": lambda x, a, b: (x / (F32(1) + np.abs(x)).astype(F32)).astype(F32),
+}
+
+
+def _expf(x: np.ndarray) -> np.ndarray:
+    """libm's float exp: correctly rounded but for rare ties (its error is under 0.502
+    ulp), emulated by the double exp rounded to float32."""
+    with np.errstate(over="ignore"):
+        return np.exp(np.asarray(x, np.float64)).astype(F32)
+
+
+def _scalar_sigmoid(x: np.ndarray) -> np.ndarray:
+    """onnxruntime's scalar Sigmoid (the one ScaledTanh uses, not MLAS's), in float32."""
+    d = np.asarray(x, F32)
+    with np.errstate(over="ignore"):
+        e = _expf(np.where(d >= 0, -d, d))
+        return np.where(d >= 0, F32(1) / (F32(1) + e), e / (F32(1) + e)).astype(F32)
+
+
+def _scaled_tanh(x, a, b):
+    t = ((F32(2) * _scalar_sigmoid((F32(2) * (b * x).astype(F32)).astype(F32))).astype(F32)
+         - F32(1)).astype(F32)
+    return (a * t).astype(F32)
+
+
+def _elu(x, a, b):
+    with np.errstate(over="ignore"):
+        neg = (a * (_expf(x) - F32(1)).astype(F32)).astype(F32)
+    return np.where(x >= 0, x, neg).astype(F32)
+
+
+# Softplus (libm's log of 1 + exp) differs from onnxruntime's in the last bits on some
+# inputs (measured): it is refused rather than approximated.
+_PLAIN.update(scaledtanh=_scaled_tanh, elu=_elu)
+# (needs alpha, needs beta, default alpha, default beta), as onnxruntime reads the lists
+_ARGS = {"affine": (True, True, 0.0, 0.0), "leakyrelu": (True, False, 0.01, 0.0),
+         "thresholdedrelu": (True, False, 0.0, 0.0), "hardsigmoid": (True, True, 0.2, 0.5),
+         "scaledtanh": (True, True, 0.0, 0.0), "elu": (True, False, 1.0, 0.0)}
+ACTIVATIONS = frozenset(_PLAIN)
+
+
+def _activations(names: Sequence[str], alphas: Sequence[float], betas: Sequence[float]):
+    """Each activation with its alpha and beta, taken from the lists in order by the
+    activations that need them (defaults where a list runs out), as onnxruntime does."""
+    ia, ib = iter(alphas), iter(betas)
+    out = []
+    for name in names:
+        key = name.lower()
+        if key not in _PLAIN:
+            raise NotImplementedError(f"DynamicQuantizeLSTM activation {name!r}: dqtool's "
+                                      f"kernel runs {', '.join(sorted(_PLAIN))} (exactly "
+                                      "as onnxruntime does)")
+        need_a, need_b, da, db = _ARGS.get(key, (False, False, 0.0, 0.0))
+        a = F32(next(ia, da)) if need_a else F32(0)
+        b = F32(next(ib, db)) if need_b else F32(0)
+        fn = _PLAIN[key]
+        out.append(lambda x, fn=fn, a=a, b=b: fn(_f(x), a, b))
+    return out
 
 
 def _qgemm(a: np.ndarray, w: np.ndarray, w_zp: int, w_scale: np.ndarray) -> np.ndarray:
@@ -137,6 +208,8 @@ def dynamic_quantize_lstm(x, w, r, b=None, sequence_lens=None, initial_h=None,
                           initial_c=None, p=None, w_scale=None, w_zero_point=None,
                           r_scale=None, r_zero_point=None, *, hidden_size: int,
                           direction: str = "forward", activations: Sequence[str] | None = None,
+                          activation_alpha: Sequence[float] | None = None,
+                          activation_beta: Sequence[float] | None = None,
                           clip: float | None = None, input_forget: int = 0,
                           want_y: bool = True, threads: int = 1
                           ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -145,11 +218,8 @@ def dynamic_quantize_lstm(x, w, r, b=None, sequence_lens=None, initial_h=None,
     x = np.asarray(x, F32)
     seq, batch, _ = x.shape
     dirs = 2 if direction == "bidirectional" else 1
-    names = [a.lower() for a in (activations or ["sigmoid", "tanh", "tanh"] * dirs)]
-    for a in names:
-        if a not in ACTIVATIONS:
-            raise NotImplementedError(f"DynamicQuantizeLSTM activation {a!r}: dqtool's kernel "
-                                      "runs sigmoid, tanh and relu only")
+    acts_all = _activations(activations or ["sigmoid", "tanh", "tanh"] * dirs,
+                            activation_alpha or (), activation_beta or ())
     lens = (np.full(batch, seq, np.int64) if sequence_lens is None
             else np.asarray(sequence_lens).astype(np.int64))
     h0 = np.zeros((dirs, batch, hidden_size), F32) if initial_h is None else np.asarray(
@@ -169,7 +239,7 @@ def dynamic_quantize_lstm(x, w, r, b=None, sequence_lens=None, initial_h=None,
     ys, hs, cs = [], [], []
     for d in range(dirs):
         reverse = direction == "reverse" or d == 1
-        acts = [ACTIVATIONS[n] for n in names[3 * d:3 * d + 3]]
+        acts = acts_all[3 * d:3 * d + 3]
         y, h, c = _direction(
             x, np.asarray(w[d]), np.asarray(r[d]), int(wz[d, 0]), int(rz[d, 0]),
             ws[d] if ws.shape[1] > 1 else ws[d, 0], rs[d] if rs.shape[1] > 1 else rs[d, 0],
