@@ -1,13 +1,11 @@
-"""onnxruntime's CPU activation approximations (MLAS), in float32 NumPy.
+"""onnxruntime's CPU float routines (MLAS) that the integer family's operators use, in
+float32 NumPy.
 
 onnxruntime's LSTM and attention kernels do not call libm: sigmoid and tanh are MLAS's
-rational polynomials (Eigen's coefficients) evaluated in float32, on x86-64 with fused
-multiply-adds. They are reproduced here step by step so the float stages of
-DynamicQuantizeLSTM follow onnxruntime's arithmetic rather than a libm's. A fused
-multiply-add ``a*b + c`` is computed in float64 and rounded once to float32: the product of
-two float32 is exact in float64, so only the sum is rounded twice (float64, then float32),
-which can differ from a true fused multiply-add in the last bit on rare ties; the
-tolerance table (``tolerances.py``) states what the tests measure.
+rational polynomials (Eigen's coefficients) and exp a polynomial with range reduction,
+evaluated in float32 with fused multiply-adds on x86-64; its softmax sums in vector lanes.
+They are reproduced here step by step, so the float stages follow onnxruntime's
+arithmetic bit for bit (measured against onnxruntime's own Sigmoid, Tanh and Softmax).
 """
 
 from __future__ import annotations
@@ -18,9 +16,22 @@ F32 = np.float32
 
 
 def fma(a: np.ndarray, b: np.ndarray, c: np.ndarray) -> np.ndarray:
-    """float32 ``a*b + c`` with (nearly) one rounding, as an FMA3 instruction."""
-    return (np.asarray(a, np.float64) * np.asarray(b, np.float64)
-            + np.asarray(c, np.float64)).astype(F32)
+    """float32 ``a*b + c`` with one rounding, as an FMA3 instruction.
+
+    The product of two float32 is exact in float64; the sum is rounded to float64 "to odd"
+    (an inexact result moved to its neighbour with an odd last bit, the error found by
+    TwoSum), and a round-to-odd result with 29 bits to spare rounds to float32 exactly as
+    the exact value would: no double rounding."""
+    p = np.asarray(a, np.float64) * np.asarray(b, np.float64)
+    q = np.asarray(c, np.float64)
+    with np.errstate(invalid="ignore", over="ignore"):
+        s = p + q
+        bb = s - p
+        err = (p - (s - bb)) + (q - bb)
+        even = (s.view(np.int64) & 1) == 0 if s.ndim else (np.float64(s).view(np.int64) & 1) == 0
+        fix = (err != 0) & even & np.isfinite(s)
+        s = np.where(fix, np.nextafter(s, np.where(err > 0, np.inf, -np.inf)), s)
+    return np.asarray(s).astype(F32)
 
 
 _LOGISTIC_P = [F32(v) for v in (4.37031012579801e-11, 1.15627324459942e-07,
