@@ -69,6 +69,16 @@ def _bert_block(head_size: int, seed: int = 0):
                            "mask": np.array([[1, 1, 1, 0, 0], [1] * 5], np.int32)}
 
 
+def _with_present(model):
+    """The block's QAttention also gives ``present`` as a graph output."""
+    node = next(n for n in model.graph.node if n.op_type == "QAttention")
+    node.output.append("present")
+    # (2, batch, heads, total, head_size) of _bert_block(head_size=4)
+    model.graph.output.append(helper.make_tensor_value_info("present", TP.FLOAT,
+                                                            [2, 2, 2, 5, 4]))
+    return model
+
+
 def _statuses(report):
     return {n.op.split(":")[1].split("-")[0]: n for n in report.nodes}
 
@@ -120,6 +130,25 @@ def test_check_fails_past_the_stated_tolerance(monkeypatch):
     report = dqtool.check(model, inputs=feeds)  # no tolerance stated: bit for bit
     node = _statuses(report)["QAttention"]
     assert node.status == "mismatch" and not report.passed
+
+
+def test_check_compares_every_output_of_a_node(monkeypatch):
+    """The first output decides the status; every other output (QAttention's present,
+    QEmbedLayerNormalization's mask_index, an LSTM's Y_h and Y_c, DynamicQuantizeLinear's
+    scale and zero point) must be bit-identical too."""
+    model, feeds = _bert_block(head_size=4)
+    model = _with_present(model)
+    assert _statuses(dqtool.check(model, inputs=feeds))["QAttention"].status == "bit-exact"
+    real = attention.qattention
+
+    def present_off(*args, **kwargs):
+        out, present = real(*args, **kwargs)
+        return out, np.nextafter(present, np.float32(np.inf)).astype(np.float32)
+
+    monkeypatch.setattr(attention, "qattention", present_off)
+    node = _statuses(dqtool.check(model, inputs=feeds))["QAttention"]
+    assert node.status == "mismatch"
+    assert node.reason.startswith("output 1 ('present') differs from onnxruntime's in ")
 
 
 def test_check_runs_mul_integer_with_the_kernel_alone_where_onnxruntime_has_none():

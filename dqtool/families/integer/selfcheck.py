@@ -46,8 +46,9 @@ def numeric(proto: onnx.ModelProto, model: ir.Model, feeds: Mapping[str, np.ndar
         return []
     exposed: list[str] = []
     for s in sites:
-        for v in [*s.node.inputs, _compared(s.node)[1]]:
-            if v is not None and graph.constant_tensor(v) is None and v.name not in exposed:
+        for v in [*s.node.inputs, *s.node.outputs]:
+            if (v is not None and v.name and graph.constant_tensor(v) is None
+                    and v.name not in exposed):
                 exposed.append(v.name)
     ort_model, note = for_ort(with_outputs(proto, exposed))
     if note:
@@ -99,26 +100,62 @@ def _check(site: graph.Site, values: dict[str, np.ndarray], from_ort: bool,
             return NodeCheck(**base, status=SKIPPED, reason=f"input '{v.name}' could not be "
                              "computed")
     alone = single_node.build(node, inputs, site.opsets, ir_version)
-    # The first output the node has is compared (DynamicQuantizeLinear: its quantized
-    # output; a DynamicQuantizeLSTM without Y: Y_h); the others keep their presence, which
-    # can change what the operator computes.
+    # The first output the node has decides the status (DynamicQuantizeLinear: its
+    # quantized output; a DynamicQuantizeLSTM without Y: Y_h); every other output it has
+    # must then be bit-identical too. Absent outputs stay absent: their presence can change
+    # what the operator computes (an LSTM without Y).
     index = _compared(node)[0]
+    names = {i: "y" if i == index else f"out{i}" for i, v in enumerate(node.outputs)
+             if v is not None and v.name}
     del alone.graph.node[0].output[:]
-    alone.graph.node[0].output.extend(
-        "y" if i == index else (f"unused{i}" if v is not None and v.name else "")
-        for i, v in enumerate(node.outputs))
+    alone.graph.node[0].output.extend(names.get(i, "") for i in range(len(node.outputs)))
+    alone.graph.output.extend(onnx.ValueInfoProto(name=n) for i, n in names.items()
+                              if i != index)
     y = node.outputs[index].name
     ort_y = values.get(y) if from_ort else None
     result = judge_alone(alone, "y", base, ort_y, integer_steps=True)
-    if result.status != MISMATCH:
-        return result
-    if node.op_type == "DynamicQuantizeLSTM":
-        return _lstm_thread_groups(result, alone, ort_y) or result
-    return _within_tolerance(result, alone, node.op_type, index, ort_y) or result
+    threads = 1
+    if result.status == MISMATCH and node.op_type == "DynamicQuantizeLSTM":
+        result, threads = _lstm_thread_groups(result, alone, ort_y) or (result, 1)
+    elif result.status == MISMATCH:
+        result = _within_tolerance(result, alone, node.op_type, index, ort_y) or result
+    if result.status in (BIT_EXACT, WITHIN) and len(names) > 1:
+        differs = _other_outputs(node, names, index, alone, values, from_ort, threads)
+        if differs:
+            return NodeCheck(**base, status=MISMATCH, reason=differs)
+    return result
+
+
+def _other_outputs(node: ir.Node, names: dict[int, str], index: int,
+                   alone: onnx.ModelProto, values: dict[str, np.ndarray], from_ort: bool,
+                   threads: int) -> str | None:
+    """Why an output other than the first differs from onnxruntime's, or None."""
+    others = {i: n for i, n in names.items() if i != index}
+    token = lstm.THREADS.set(threads)
+    try:
+        kernel = runners.run_reference(alone, {}, list(others.values()))
+    except runners.RuntimeFailure as e:
+        return f"the kernel failed on the other outputs: {e}"
+    finally:
+        lstm.THREADS.reset(token)
+    want = {n: values.get(node.outputs[i].name) if from_ort else None
+            for i, n in others.items()}
+    if any(v is None for v in want.values()):
+        try:
+            want = runners.run_ort(alone, {}, list(others.values()))
+        except runners.RuntimeFailure:
+            return None  # onnxruntime cannot run the node: the first output said so
+    for i, n in others.items():
+        if not compare.bit_identical(kernel[n], want[n]):
+            k, w = np.asarray(kernel[n]), np.asarray(want[n])
+            count = int(np.sum(k != w)) if k.shape == w.shape else k.size
+            return (f"output {i} ('{node.outputs[i].name}') differs from onnxruntime's in "
+                    f"{count} of {w.size} elements (the first output is bit-identical)")
+    return None
 
 
 def _lstm_thread_groups(result: NodeCheck, alone: onnx.ModelProto,
-                        ort_y: np.ndarray | None) -> NodeCheck | None:
+                        ort_y: np.ndarray | None) -> tuple[NodeCheck, int] | None:
     """onnxruntime quantizes an LSTM's hidden state per group of batch rows, one group per
     thread of its session (``lstm.py``): a result that differs from the one-thread kernel
     is compared with the kernel for each thread count this machine could have used."""
@@ -139,7 +176,7 @@ def _lstm_thread_groups(result: NodeCheck, alone: onnx.ModelProto,
             return NodeCheck(name=result.name, graph=result.graph, op=result.op,
                              status=BIT_EXACT, reason=f"with onnxruntime's grouping of the "
                              f"batch rows for {threads} threads (the hidden state is "
-                             "quantized per group)")
+                             "quantized per group)"), threads
     return None
 
 
