@@ -164,7 +164,14 @@ def _lstm_thread_groups(result: NodeCheck, alone: onnx.ModelProto,
             ort_y = runners.run_ort(alone, {}, ["y"])["y"]
         except runners.RuntimeFailure:
             return None
+    x = next((t for t in alone.graph.initializer if t.name == "in0"), None)
+    batch = int(x.dims[1]) if x is not None and len(x.dims) == 3 else 0
+    seen: set[int] = {batch}  # one group of every row: the one-thread result
     for threads in range(2, (os.cpu_count() or 1) + 1):
+        rows = -(-batch // threads)
+        if rows in seen:
+            continue  # the same grouping as a thread count already tried
+        seen.add(rows)
         token = lstm.THREADS.set(threads)
         try:
             kernel = runners.run_reference(alone, {}, ["y"])["y"]
