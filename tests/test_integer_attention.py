@@ -51,7 +51,8 @@ def _case(seed: int, head_size: int | None = None) -> dict:
                else np.array(r.uniform(0.005, 0.03))).astype(np.float32),
         "mask": None if mask is None else mask.astype(np.int32),
         "xz": np.array(np.uint8(r.integers(0, 256))),
-        "wz": (np.zeros(3 * hidden, dt) if per_col
+        "wz": ((np.zeros(3 * hidden, dt) if signed
+                else r.integers(90, 160, 3 * hidden).astype(dt)) if per_col
                else np.array(dt(0 if signed else r.integers(100, 156)))),
         "past": (r.standard_normal((2, batch, heads, past_len, hs)).astype(np.float32)
                  if past_len is not None else None),
