@@ -77,8 +77,8 @@ class CheckReport:
             doc["structure"] = None if self.structure is None else self.structure.to_json()
             doc["nodes"] = [n.to_json() for n in self.nodes]
             doc["summary"] = {s: sum(n.status == s for n in self.nodes)
-                              for s in ("bit-exact", "mismatch", "kernel-only", "skipped",
-                                        "error")}
+                              for s in ("bit-exact", "within-tolerance", "mismatch",
+                                        "kernel-only", "skipped", "error")}
         else:
             doc["comparisons"] = [c.to_json() for c in self.comparisons]
             doc["weights"] = [w.to_json() for w in self.weights]

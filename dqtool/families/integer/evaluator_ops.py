@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 from onnx.reference.op_run import OpRun
 
+from dqtool.families.integer import attention, embed, lstm
 from dqtool.families.integer import kernel as k
 
 
@@ -75,6 +76,49 @@ class _QGemm(_Op):
                         transA=at.get("transA", 0), transB=at.get("transB", 0)),)
 
 
+class _MulInteger(_Op):
+    def _run(self, a, az=None, b=None, bz=None, **_):
+        return (k.mul_integer(a, az, b, bz),)
+
+
+class _QEmbedLayerNormalization(_Op):
+    def _run(self, *args, **_):
+        full = list(args) + [None] * (18 - len(args))
+        eps = self._attrs().get("epsilon", 1e-12)
+        return embed.qembed_layer_norm(*full, epsilon=float(eps))
+
+
+class _QAttention(_Op):
+    def _run(self, x, w, bias, xs, ws, mask=None, xz=None, wz=None, past=None, **_):
+        at = self._attrs()
+        for unsupported in ("do_rotary", "past_present_share_buffer"):
+            if at.get(unsupported):
+                raise NotImplementedError(f"QAttention {unsupported}=1: dqtool's kernel "
+                                          "does not implement it")
+        return attention.qattention(
+            x, w, bias, xs, ws, mask, xz, wz, past, num_heads=int(at["num_heads"]),
+            unidirectional=int(at.get("unidirectional", 0)),
+            mask_filter_value=float(at.get("mask_filter_value", -10000.0)),
+            scale=float(at.get("scale", 0.0)))
+
+
+class _DynamicQuantizeLSTM(_Op):
+    def _run(self, x, w, r, b=None, seq=None, h0=None, c0=None, p=None, ws=None, wz=None,
+             rs=None, rz=None, **_):
+        at = self._attrs()
+        acts = [a.decode() if isinstance(a, bytes) else a for a in at.get("activations", [])]
+        direction = at.get("direction", b"forward")
+        y, yh, yc = lstm.dynamic_quantize_lstm(
+            x, w, r, b, seq, h0, c0, p, ws, wz, rs, rz, hidden_size=int(at["hidden_size"]),
+            direction=direction.decode() if isinstance(direction, bytes) else direction,
+            activations=acts or None, activation_alpha=at.get("activation_alpha"),
+            activation_beta=at.get("activation_beta"), clip=at.get("clip"),
+            input_forget=int(at.get("input_forget", 0)),
+            want_y=bool(self.onnx_node.output and self.onnx_node.output[0]),
+            threads=lstm.THREADS.get())
+        return (y, yh, yc)
+
+
 def _binary(op: str) -> type[OpRun]:
     class _B(_Op):
         def _run(self, a, a_s, az, b, bs, bz, cs, cz=None, **_):
@@ -133,6 +177,10 @@ EVALUATOR_OPS: list[type[OpRun]] = [
     _named(_MatMulIntegerToFloat, "MatMulIntegerToFloat", MS),
     _named(_DynamicQuantizeMatMul, "DynamicQuantizeMatMul", MS),
     _named(_QGemm, "QGemm", MS),
+    _named(_DynamicQuantizeLSTM, "DynamicQuantizeLSTM", MS),
+    _named(_MulInteger, "MulInteger", MS),
+    _named(_QAttention, "QAttention", MS),
+    _named(_QEmbedLayerNormalization, "QEmbedLayerNormalization", MS),
     _named(_binary("Add"), "QLinearAdd", MS),
     _named(_binary("Mul"), "QLinearMul", MS),
     _named(_lookup("Sigmoid"), "QLinearSigmoid", MS),

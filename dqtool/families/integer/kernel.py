@@ -105,6 +105,13 @@ def matmul_integer_to_float(a, b, a_scale, b_scale, a_zero_point=None, b_zero_po
     return y
 
 
+def mul_integer(a: np.ndarray, a_zero_point: np.ndarray | None, b: np.ndarray,
+                b_zero_point: np.ndarray | None) -> np.ndarray:
+    """com.microsoft MulInteger: int32 ``(a - a_zp) * (b - b_zp)``, broadcast (exact: the
+    product of two 9-bit differences fits in int32)."""
+    return ((_i64(a) - _zp(a_zero_point)) * (_i64(b) - _zp(b_zero_point))).astype(np.int32)
+
+
 def dynamic_quantize_linear(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """DynamicQuantizeLinear: uint8, scale ``(max(0, x_max) - min(0, x_min)) / 255``, zero
     point ``saturate(round_half_even(0 - x_min / scale))``, then QuantizeLinear."""

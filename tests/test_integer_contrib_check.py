@@ -1,0 +1,187 @@
+"""``dqtool check MODEL`` (alone) runs the com.microsoft DynamicQuantizeLSTM, QAttention,
+QEmbedLayerNormalization and MulInteger with dqtool's kernels and compares them with
+onnxruntime: bit-exact, or kernel-only where onnxruntime has no kernel (data in
+``ort_facts``); a float tolerance stated for a release is applied and said."""
+
+from __future__ import annotations
+
+import numpy as np
+from onnx import TensorProto as TP
+from onnx import helper, numpy_helper
+
+import dqtool
+from dqtool.families.integer import attention, ort_facts
+from dqtool.runtimes.onnxruntime import installed_version, release_of
+
+MS = "com.microsoft"
+RELEASE = release_of(installed_version() or "0.0")
+
+
+def _model(nodes, inputs, outputs, inits):
+    g = helper.make_graph(nodes, "m", inputs, outputs, inits)
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 13),
+                                            helper.make_opsetid(MS, 1)])
+    m.ir_version = 8
+    return m
+
+
+def _bert_block(head_size: int, seed: int = 0):
+    """input_ids → QEmbedLayerNormalization → DynamicQuantizeLinear → QAttention."""
+    r = np.random.default_rng(seed)
+    heads, vocab, seq = 2, 11, 5
+    hidden = heads * head_size
+
+    def q(*shape):
+        return r.integers(0, 256, shape).astype(np.uint8)
+
+    def s(name):
+        return numpy_helper.from_array(np.array(np.float32(r.uniform(0.01, 0.05))), name)
+
+    def z(name):
+        return numpy_helper.from_array(np.array(np.uint8(r.integers(100, 156))), name)
+
+    inits = [numpy_helper.from_array(q(vocab, hidden), "word"),
+             numpy_helper.from_array(q(seq, hidden), "pos"),
+             numpy_helper.from_array(q(hidden), "gamma"),
+             numpy_helper.from_array(q(hidden), "beta"),
+             s("ws"), s("ps"), s("gs"), s("bs"), z("wz"), z("pz"), z("gz"), z("bz"),
+             numpy_helper.from_array(r.integers(-128, 128, (hidden, 3 * hidden)).astype(
+                 np.int8), "qkv_w"),
+             numpy_helper.from_array(r.standard_normal(3 * hidden).astype(np.float32),
+                                     "qkv_b"),
+             numpy_helper.from_array(np.array(np.float32(0.02)), "qkv_s")]
+    nodes = [
+        helper.make_node("QEmbedLayerNormalization",
+                         ["ids", "", "word", "pos", "", "gamma", "beta", "mask", "ws", "ps",
+                          "", "gs", "bs", "wz", "pz", "", "gz", "bz"],
+                         ["emb", "mask_index"], domain=MS, name="embed", epsilon=1e-5),
+        helper.make_node("DynamicQuantizeLinear", ["emb"], ["emb_q", "emb_s", "emb_z"],
+                         name="quant"),
+        helper.make_node("QAttention", ["emb_q", "qkv_w", "qkv_b", "emb_s", "qkv_s",
+                                        "mask_index", "emb_z"], ["attn"], domain=MS,
+                         name="attention", num_heads=heads),
+    ]
+    inputs = [helper.make_tensor_value_info("ids", TP.INT32, [2, seq]),
+              helper.make_tensor_value_info("mask", TP.INT32, [2, seq])]
+    return _model(nodes, inputs, [helper.make_tensor_value_info("attn", TP.FLOAT,
+                                                                [2, seq, hidden])],
+                  inits), {"ids": r.integers(0, vocab, (2, seq)).astype(np.int32),
+                           "mask": np.array([[1, 1, 1, 0, 0], [1] * 5], np.int32)}
+
+
+def _with_present(model):
+    """The block's QAttention also gives ``present`` as a graph output."""
+    node = next(n for n in model.graph.node if n.op_type == "QAttention")
+    node.output.append("present")
+    # (2, batch, heads, total, head_size) of _bert_block(head_size=4)
+    model.graph.output.append(helper.make_tensor_value_info("present", TP.FLOAT,
+                                                            [2, 2, 2, 5, 4]))
+    return model
+
+
+def _statuses(report):
+    return {n.op.split(":")[1].split("-")[0]: n for n in report.nodes}
+
+
+def test_check_runs_embed_and_attention_bit_exact():
+    model, feeds = _bert_block(head_size=4)
+    report = dqtool.check(model, inputs=feeds)
+    by_op = _statuses(report)
+    assert {op: n.status for op, n in by_op.items()} == {
+        "QEmbedLayerNormalization": "bit-exact", "DynamicQuantizeLinear": "bit-exact",
+        "QAttention": "bit-exact"}
+    assert report.passed
+
+
+def test_check_runs_head_size_one_attention_bit_exact():
+    for seed in range(4):
+        model, feeds = _bert_block(head_size=1, seed=seed)
+        node = _statuses(dqtool.check(model, inputs=feeds))["QAttention"]
+        assert node.status == "bit-exact", node.to_json()
+
+
+def _one_ulp_off(monkeypatch):
+    real = attention.qattention
+
+    def off(*args, **kwargs):
+        out, present = real(*args, **kwargs)
+        return np.nextafter(out, np.float32(np.inf)).astype(np.float32), present
+
+    monkeypatch.setattr(attention, "qattention", off)
+
+
+def test_check_passes_a_stated_tolerance_and_says_so(monkeypatch):
+    """The mechanism for a release whose float kernels dqtool does not reproduce: the
+    kernel made one ulp off, and a one-ulp tolerance stated for this release."""
+    model, feeds = _bert_block(head_size=4)
+    _one_ulp_off(monkeypatch)
+    monkeypatch.setattr(ort_facts, "FLOAT_TOLERANCE", (ort_facts.Tolerance(
+        "QAttention", (RELEASE,), "test", 0, 1, "float activations: test"),))
+    report = dqtool.check(model, inputs=feeds)
+    node = _statuses(report)["QAttention"]
+    assert node.status == "within-tolerance" and node.passed and report.passed
+    assert node.reason.startswith("within 1 ulps (float activations): stated tolerance 1 ")
+    assert report.to_json()["summary"]["within-tolerance"] == 1
+
+
+def test_check_fails_past_the_stated_tolerance(monkeypatch):
+    model, feeds = _bert_block(head_size=4)
+    _one_ulp_off(monkeypatch)
+    report = dqtool.check(model, inputs=feeds)  # no tolerance stated: bit for bit
+    node = _statuses(report)["QAttention"]
+    assert node.status == "mismatch" and not report.passed
+
+
+def test_check_compares_every_output_of_a_node(monkeypatch):
+    """The first output decides the status; every other output (QAttention's present,
+    QEmbedLayerNormalization's mask_index, an LSTM's Y_h and Y_c, DynamicQuantizeLinear's
+    scale and zero point) must be bit-identical too."""
+    model, feeds = _bert_block(head_size=4)
+    model = _with_present(model)
+    assert _statuses(dqtool.check(model, inputs=feeds))["QAttention"].status == "bit-exact"
+    real = attention.qattention
+
+    def present_off(*args, **kwargs):
+        out, present = real(*args, **kwargs)
+        return out, np.nextafter(present, np.float32(np.inf)).astype(np.float32)
+
+    monkeypatch.setattr(attention, "qattention", present_off)
+    node = _statuses(dqtool.check(model, inputs=feeds))["QAttention"]
+    assert node.status == "mismatch"
+    assert node.reason.startswith("output 1 ('present') differs from onnxruntime's in ")
+
+
+def test_check_runs_mul_integer_with_the_kernel_alone_where_onnxruntime_has_none():
+    a = helper.make_tensor_value_info("a", TP.UINT8, [3, 4])
+    zp = numpy_helper.from_array(np.array(np.uint8(128)), "zp")
+    b = numpy_helper.from_array(np.arange(4, dtype=np.uint8), "b")
+    model = _model([helper.make_node("MulInteger", ["a", "zp", "b", ""], ["y"], domain=MS,
+                                     name="mul")],
+                   [a], [helper.make_tensor_value_info("y", TP.INT32, [3, 4])], [zp, b])
+    node = _statuses(dqtool.check(model))["MulInteger"]
+    if ort_facts.has_cpu_kernel("MulInteger", RELEASE) is False:
+        assert node.status == "kernel-only" and "onnxruntime cannot run" in node.reason
+    else:
+        assert node.status == "bit-exact"
+
+
+def test_check_compares_an_lstm_without_y_on_its_final_state():
+    r = np.random.default_rng(0)
+    hid, inp = 3, 4
+    inits = [numpy_helper.from_array(r.integers(0, 256, (1, inp, 4 * hid)).astype(np.uint8),
+                                     "W"),
+             numpy_helper.from_array(r.integers(0, 256, (1, hid, 4 * hid)).astype(np.uint8),
+                                     "R"),
+             numpy_helper.from_array(np.float32([0.01]), "ws"),
+             numpy_helper.from_array(np.uint8([128]), "wz"),
+             numpy_helper.from_array(np.float32([0.02]), "rs"),
+             numpy_helper.from_array(np.uint8([120]), "rz")]
+    node = helper.make_node("DynamicQuantizeLSTM",
+                            ["x", "W", "R", "", "", "", "", "", "ws", "wz", "rs", "rz"],
+                            ["", "h", "c"], domain=MS, name="lstm", hidden_size=hid)
+    model = _model([node], [helper.make_tensor_value_info("x", TP.FLOAT, [5, 2, inp])],
+                   [helper.make_tensor_value_info(o, TP.FLOAT, [1, 2, hid]) for o in "hc"],
+                   inits)
+    report = dqtool.check(model)
+    (n,) = report.nodes
+    assert n.status == "bit-exact", n.to_json()
