@@ -135,3 +135,28 @@ def test_a_fused_block_has_no_fix_where_its_float_twin_is_missing_too(tmp_path):
     report = api.to_qdq(ir.from_onnx_text(text))
     assert [n.op_type for n in report.model.graph] == ["DequantizeLinear", "DequantizeLinear",
                                                        "Attention"]
+
+
+MUL_INTEGER = """
+<ir_version: 8, opset_import: ["" : 17, "com.microsoft" : 1]>
+g (uint8[4] A, uint8[4] B) => (int32[4] C) <uint8 az = {3}, uint8 bz = {5}> {
+  C = com.microsoft.MulInteger (A, az, B, bz)
+}
+"""
+
+
+@pytest.mark.parametrize("release", ["1.31", "1.32"])
+def test_onnxruntime_release_without_a_cpu_kernel_is_flagged(tmp_path, release):
+    # Measured: these releases have MulInteger's schema but no CPU kernel (ort_facts).
+    path = tmp_path / "mi.onnx"
+    ir.save(ir.from_onnx_text(MUL_INTEGER), path)
+    found = _dq109(path, f"onnxruntime-{release}")
+    assert list(found) == ["MulInteger"]
+    assert f"onnxruntime {release} has no CPU kernel" in found["MulInteger"]
+
+
+def test_onnxruntime_release_not_measured_is_assumed_to_run_it():
+    from dqtool.families.integer import lint
+
+    assert lint.why_not("MulInteger", "com.microsoft", "onnxruntime-9.99") is None
+    assert lint.why_not("QLinearConv", "ai.onnx", "onnxruntime-1.32") is None

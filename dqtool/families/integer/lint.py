@@ -4,7 +4,9 @@ What each target runs (``docs/integer-ops.md`` lists the sources):
 
 * ``onnx-opset-N``: QLinearConv, QLinearMatMul, MatMulInteger, ConvInteger from opset 10,
   DynamicQuantizeLinear from 11; no com.microsoft operator at all;
-* ``onnxruntime``: every operator of the family (CPU kernels, ai.onnx and com.microsoft);
+* ``onnxruntime``: every operator of the family (CPU kernels, ai.onnx and com.microsoft)
+  except those its release has no CPU kernel for (``ort_facts.NO_CPU_KERNEL``: MulInteger
+  on 1.31 and 1.32);
 * ``directml-flX.Y`` (DirectML's operator set by feature level, ``_DML``):
   DML_OPERATOR_QUANTIZED_LINEAR_CONVOLUTION / _MATRIX_MULTIPLY, CONVOLUTION_INTEGER and
   MATRIX_MULTIPLY_INTEGER from FL2.1; DYNAMIC_QUANTIZE_LINEAR and
@@ -24,7 +26,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from dqtool import graph
-from dqtool.families.integer import describe, ops
+from dqtool.families.integer import describe, ops, ort_facts
 from dqtool.linting.context import ModelContext
 from dqtool.linting.finding import Finding
 from dqtool.linting.registry import define
@@ -83,7 +85,7 @@ def dml_fact(op: str) -> DmlFact | None:
 def why_not(op: str, domain: str, target: str) -> str | None:
     """Why ``target`` cannot run the operator, or None when it can."""
     if target == "onnxruntime" or target.startswith("onnxruntime-"):
-        return None
+        return _ort_why_not(op, target)
     if target.startswith("onnx-opset-"):
         n = int(target.rsplit("-", 1)[1])
         if domain != "ai.onnx":
@@ -102,6 +104,22 @@ def why_not(op: str, domain: str, target: str) -> str | None:
     if target == "onednn-graph":
         return ("oneDNN Graph has no integer operators; it takes int8 as Dequantize → op → "
                 "Quantize")
+    return None
+
+
+def _ort_why_not(op: str, target: str) -> str | None:
+    """An operator with a schema but no CPU kernel in the target's release (measured,
+    ``ort_facts``); ``onnxruntime`` is the installed release. A release not measured is
+    assumed to run the family."""
+    from dqtool.runtimes import onnxruntime as ort_runtime
+
+    if target == "onnxruntime":
+        version = ort_runtime.installed_version()
+        release = None if version is None else ort_runtime.release_of(version)
+    else:
+        release = target[len("onnxruntime-"):]
+    if release is not None and ort_facts.has_cpu_kernel(op, release) is False:
+        return f"onnxruntime {release} has no CPU kernel for com.microsoft {op} (measured)"
     return None
 
 
