@@ -134,6 +134,10 @@ class Folding:
         t = self.source
         if r0 is None or r1 is None:
             return t.numpy()
+        # A source that computes a band of its rows itself (a fused weight's codes)
+        rows_of = getattr(t, "rows", None)
+        if callable(rows_of):
+            return rows_of(r0, r1)
         et = types.from_ir(t.dtype)
         if isinstance(t, (ir.ExternalTensor, inline_load.MappedTensor)) and et is not None:
             rows = _read_rows(t, et, r0, r1)
@@ -145,6 +149,9 @@ class Folding:
 
     def release(self) -> None:
         self._source_cache = None
+        release_rows = getattr(self.source, "release_rows", None)
+        if callable(release_rows):
+            release_rows()
 
     def write(self, sink: Callable[[memoryview], object]) -> None:
         """Compute chunk by chunk and hand each chunk's bytes to ``sink``, in order."""
