@@ -34,3 +34,14 @@ def test_bands_match_the_simple_transpose(bits: int, k: int, n: int, block: int)
     t.release_rows()
     assert np.array_equal(t.numpy().view(np.uint8), want)
     assert len(reads) == 2
+
+
+@pytest.mark.parametrize("bits", [2, 4, 8])
+@pytest.mark.parametrize("shape", [(1,), (5,), (3, 7), (2, 3, 5), (4, 0)])
+def test_unpack_gives_every_code_in_order(bits: int, shape: tuple[int, ...]) -> None:
+    p = np.random.default_rng(sum(shape) + bits).integers(0, 256, shape, dtype=np.uint8)
+    per = 8 // bits
+    want = np.stack([(p >> (bits * j)) & ((1 << bits) - 1) for j in range(per)], axis=-1)
+    got = packing.unpack(p, bits)
+    assert got.dtype == np.uint8
+    assert np.array_equal(got, want.reshape(*shape[:-1], shape[-1] * per))

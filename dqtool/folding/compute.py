@@ -18,7 +18,10 @@ The values are the kernel's, which is bit-identical to onnxruntime (``ORT_DISABL
 
 from __future__ import annotations
 
+import contextlib
+import threading
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -154,16 +157,44 @@ class Folding:
             release_rows()
 
     def write(self, sink: Callable[[memoryview], object]) -> None:
-        """Compute chunk by chunk and hand each chunk's bytes to ``sink``, in order."""
+        """Compute chunk by chunk and hand each chunk's bytes to ``sink``, in order; the
+        next chunk is computed on a helper thread while this one is written."""
+        def compute(r0: int | None, r1: int | None) -> np.ndarray:
+            return np.ascontiguousarray(self.compute(r0, r1))
+
+        spans = list(self.chunks())
         try:
-            for r0, r1 in self.chunks():
-                chunk = np.ascontiguousarray(self.compute(r0, r1))
+            ahead = _helper() if len(spans) > 1 else None
+            pending = ahead.submit(compute, *spans[0]) if ahead is not None else None
+            for i, span in enumerate(spans):
+                if pending is None:
+                    chunk = compute(*span)
+                else:
+                    chunk = pending.result()
+                    pending = ahead.submit(compute, *spans[i + 1]) if i + 1 < len(spans) \
+                        else None
                 data = memoryview(chunk.reshape(-1).view(np.uint8))
                 for start in range(0, len(data), WRITE_BYTES):
                     sink(data[start:start + WRITE_BYTES])
-                del chunk  # freed before the next is allocated: the heap reuses it
+                del chunk, data  # freed before the next is allocated: the heap reuses it
         finally:
+            if pending is not None:
+                pending.cancel()  # or wait for it: the source is released below
+                with contextlib.suppress(BaseException):  # the first error is raised
+                    pending.result()
             self.release()
+
+
+_pool: ThreadPoolExecutor | None = None
+_pool_lock = threading.Lock()
+
+
+def _helper() -> ThreadPoolExecutor:
+    global _pool
+    with _pool_lock:
+        if _pool is None:
+            _pool = ThreadPoolExecutor(1, thread_name_prefix="dqtool-fold-ahead")
+        return _pool
 
 
 def _read_rows(t: ir.ExternalTensor | inline_load.MappedTensor, et: types.ElemType, r0: int,
