@@ -72,10 +72,16 @@ class Step:
             return self.block_size
         return 1
 
-    def params(self, r0: int | None, r1: int | None) -> tuple[np.ndarray, np.ndarray | None]:
-        """The scale and zero point for output rows r0:r1 (all rows when None)."""
-        scale = self.scale.numpy()
-        zp = None if self.zero_point is None else self.zero_point.numpy()
+    def arrays(self) -> tuple[np.ndarray, np.ndarray | None]:
+        """The whole scale and zero point."""
+        return self.scale.numpy(), None if self.zero_point is None else self.zero_point.numpy()
+
+    def params(self, r0: int | None, r1: int | None,
+               loaded: tuple[np.ndarray, np.ndarray | None] | None = None
+               ) -> tuple[np.ndarray, np.ndarray | None]:
+        """The scale and zero point for output rows r0:r1 (all rows when None);
+        ``loaded``: ``arrays()`` read before."""
+        scale, zp = loaded if loaded is not None else self.arrays()
         if r0 is None or r1 is None:
             return scale, zp
         if self.granularity == "per-axis" and self.norm_axis == 0:
@@ -88,8 +94,9 @@ class Step:
             return scale, zp
         return scale[sl], None if zp is None else zp[sl]
 
-    def run(self, x: np.ndarray, r0: int | None, r1: int | None) -> np.ndarray:
-        scale, zp = self.params(r0, r1)
+    def run(self, x: np.ndarray, r0: int | None, r1: int | None,
+            loaded: tuple[np.ndarray, np.ndarray | None] | None = None) -> np.ndarray:
+        scale, zp = self.params(r0, r1, loaded)
         return self._kernel()(x, scale, zp, self)
 
 
@@ -103,6 +110,10 @@ class Folding:
     out_dtype: np.dtype  # the node's own output type
     store_dtype: np.dtype  # what is written (--dtype); a cast of the node's output
     _source_cache: np.ndarray | None = field(default=None, repr=False)
+    # Each step's scale and zero point, read once per pass over the rows (a computed
+    # parameter would otherwise be computed again for every chunk).
+    _params: dict[int, tuple[np.ndarray, np.ndarray | None]] = field(
+        default_factory=dict, repr=False)
 
     def row_align(self) -> int | None:
         if not self.shape:
@@ -126,8 +137,10 @@ class Folding:
     def compute(self, r0: int | None = None, r1: int | None = None) -> np.ndarray:
         """The folded value (rows r0:r1 of it when given)."""
         x = self._rows(r0, r1)
-        for s in self.steps:
-            x = s.run(x, r0, r1)
+        for i, s in enumerate(self.steps):
+            if i not in self._params:
+                self._params[i] = s.arrays()
+            x = s.run(x, r0, r1, self._params[i])
         if x.dtype != self.out_dtype:  # a kernel returning another type would be a bug
             raise AssertionError(f"kernel returned {x.dtype}, the node outputs {self.out_dtype}")
         # --dtype: one cast of the node's output (exact when widening).
@@ -152,6 +165,7 @@ class Folding:
 
     def release(self) -> None:
         self._source_cache = None
+        self._params.clear()
         release_rows = getattr(self.source, "release_rows", None)
         if callable(release_rows):
             release_rows()
