@@ -13,6 +13,31 @@ from dqtool.runtimes.onnxruntime import installed_version, release_of
 VERIFIED = installed_version() is not None and release_of(installed_version()) in half.VERIFIED
 
 
+class _Counting:
+    """The fast cast's session, counting its runs (to prove a test used it)."""
+
+    def __init__(self, session) -> None:
+        self.session, self.runs = session, 0
+
+    def run(self, *args, **kwargs):
+        self.runs += 1
+        return self.session.run(*args, **kwargs)
+
+
+@pytest.fixture(autouse=True)
+def _no_warm_up(monkeypatch) -> None:
+    monkeypatch.setattr(half, "WARM_UP_ELEMENTS", 0)
+
+
+@pytest.fixture
+def counted(monkeypatch) -> _Counting | None:
+    if not half.available():
+        return None
+    spy = _Counting(half._session)
+    monkeypatch.setattr(half, "_session", spy)
+    return spy
+
+
 def _all_finite(dtype: np.dtype) -> np.ndarray:
     s = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16).view(dtype)
     return s[np.isfinite(s.astype(np.float32))].astype(np.float32)
@@ -25,7 +50,7 @@ def test_used_only_on_verified_releases() -> None:
 
 @pytest.mark.skipif(not VERIFIED, reason="the fast cast is off on unlisted releases")
 @pytest.mark.parametrize("scale_type", [np.float16, ml_dtypes.bfloat16])
-def test_every_product_of_the_domain_rounds_as_numpy(scale_type) -> None:
+def test_every_product_of_the_domain_rounds_as_numpy(scale_type, counted) -> None:
     # Every float32(d)·float32(s): d in [-255, 255], s every finite float16 / bfloat16.
     s = _all_finite(np.dtype(scale_type))
     out = np.empty(s.size, np.float16)
@@ -35,6 +60,7 @@ def test_every_product_of_the_domain_rounds_as_numpy(scale_type) -> None:
             half.cast_into(out, x, covered=True)
             want = x.astype(np.float16)
         assert np.array_equal(out.view(np.uint16), want.view(np.uint16)), d
+    assert counted.runs == 2 * half.D_RANGE + 1
 
 
 def test_probe_has_ties_subnormals_and_overflow() -> None:
@@ -63,6 +89,24 @@ def test_outside_the_domain_numpy_converts(monkeypatch) -> None:
     assert half.covers(np.dtype(np.int8), s.dtype, np.ones(2, np.float32))
 
 
+def test_small_work_never_sets_it_up(monkeypatch) -> None:
+    built = []
+    monkeypatch.setattr(half, "WARM_UP_ELEMENTS", 3 * 4096)
+    monkeypatch.setattr(half, "_numpy_elements", 0)
+    monkeypatch.setattr(half, "_state", None)
+    monkeypatch.setattr(half, "_session", None)
+    monkeypatch.setattr(half, "_build", lambda: built.append(1))
+    x = np.arange(4096, dtype=np.float32) * np.float32(0.37)
+    out = np.empty(4096, np.float16)
+    for _ in range(3):
+        half.cast_into(out, x, covered=True)
+        assert np.array_equal(out.view(np.uint16), x.astype(np.float16).view(np.uint16))
+    assert not built and half._numpy_elements == 3 * 4096
+    half.cast_into(out, x, covered=True)  # past the warm-up: set up (here: declined)
+    assert built == [1] and half._state is False
+    assert np.array_equal(out.view(np.uint16), x.astype(np.float16).view(np.uint16))
+
+
 def test_turned_off_by_the_environment(monkeypatch) -> None:
     monkeypatch.setenv("DQTOOL_ORT_CAST", "0")
     assert not half.available()
@@ -83,8 +127,8 @@ CASES = [  # (x type, zero point?, x shape, axis, block)
 
 @pytest.mark.parametrize("scale_type", [np.float16, ml_dtypes.bfloat16])
 @pytest.mark.parametrize(("x_type", "with_zp", "shape", "axis", "block"), CASES)
-def test_kernel_float16_output_matches_numpy_rounding(monkeypatch, x_type, with_zp, shape,
-                                                      axis, block, scale_type) -> None:
+def test_kernel_float16_output_matches_numpy_rounding(monkeypatch, counted, x_type, with_zp,
+                                                      shape, axis, block, scale_type) -> None:
     rng = np.random.default_rng(sum(shape) + axis + block)
     info = ml_dtypes.iinfo(x_type)
     x = rng.integers(int(info.min), int(info.max) + 1, shape).astype(x_type)
@@ -106,6 +150,8 @@ def test_kernel_float16_output_matches_numpy_rounding(monkeypatch, x_type, with_
         fast = dequantize(x, scale, zp, **kw)
         monkeypatch.setenv("DQTOOL_ORT_CAST", "0")
         plain = dequantize(x, scale, zp, **kw)
+    if counted is not None:  # the fast cast did run (chunks of at least MIN_ELEMENTS)
+        assert counted.runs >= 1
     assert fast.dtype == plain.dtype == np.float16
     assert np.array_equal(fast.view(np.uint16), plain.view(np.uint16))
     # and the plain path itself is the float32 product rounded once

@@ -36,10 +36,15 @@ _SMALL_INTS = frozenset(np.dtype(t) for t in (
 _SCALES = frozenset({np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16)})
 # Below this many elements NumPy's cast costs less than a call into onnxruntime (~6 us).
 MIN_ELEMENTS = 1 << 12
+# Setting the fast cast up (importing onnxruntime, a session, the probe) takes ~0.07 s,
+# what NumPy spends on ~25 Mi elements: a process starts it only once NumPy has cast this
+# many (a small model never pays for it; a large one loses at most that much).
+WARM_UP_ELEMENTS = 1 << 24
 
 _lock = threading.Lock()
 _session: object | None = None
 _state: bool | None = None  # None: not decided yet
+_numpy_elements = 0  # cast by NumPy before the fast cast was set up
 
 
 def covers(x_dtype: np.dtype, scale_dtype: np.dtype, s32: np.ndarray) -> bool:
@@ -106,9 +111,13 @@ def available() -> bool:
 def cast_into(dst: np.ndarray, src: np.ndarray, covered: bool) -> None:
     """``dst[...] = src`` rounded to float16 (NumPy's bits). ``covered``: src holds products
     of the proven domain (see ``covers``); dst and src contiguous, of the same shape."""
+    global _numpy_elements
     if covered and src.size >= MIN_ELEMENTS and src.flags.c_contiguous \
-            and dst.flags.c_contiguous and available():
-        flat = src.reshape(-1)
-        dst.reshape(-1)[...] = _session.run(None, {"x": flat})[0]  # type: ignore[attr-defined]
-        return
+            and dst.flags.c_contiguous:
+        if _state is None and _numpy_elements < WARM_UP_ELEMENTS:
+            _numpy_elements += src.size  # not worth setting up yet (a race only miscounts)
+        elif available():
+            flat = src.reshape(-1)
+            dst.reshape(-1)[...] = _session.run(None, {"x": flat})[0]  # type: ignore
+            return
     np.copyto(dst, src, casting="unsafe")
