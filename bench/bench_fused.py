@@ -24,6 +24,7 @@ from __future__ import annotations
 import compileall
 import json
 import os
+import resource
 import shutil
 import subprocess
 import sys
@@ -131,13 +132,21 @@ def build(folder: Path) -> Path:
     return path
 
 
+CPU: dict[str, float] = {}  # CPU seconds (user + system) of each command, by name
+
+
 def run(*args: str) -> tuple[float, float, str]:
-    """(wall seconds, peak RSS MB, stdout) of one dqtool command in its own process."""
+    """(wall seconds, peak RSS MB, stdout) of one dqtool command in its own process; its
+    CPU time (all threads, user + system: steadier than wall time on a shared machine)
+    goes to ``CPU``."""
     os.sync()  # start from a quiet disk (no write-back of the previous step)
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
     proc = subprocess.run([sys.executable, "-c", _WRAP, *args], capture_output=True,
                           text=True)
     wall = time.perf_counter() - t0
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    CPU[args[0]] = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
     rss = [line for line in proc.stderr.splitlines() if line.startswith("MAXRSS")]
     if proc.returncode != 0 or not rss:
         raise SystemExit(f"dqtool {' '.join(args)} failed:\n{proc.stderr[-2000:]}")
@@ -224,6 +233,7 @@ def main() -> int:
             "pack_s": round(t_back, 3), "pack_rss_mb": round(rss_back, 1),
             "fold_fp16_s": round(t_fold, 3), "fold_rss_mb": round(rss_fold, 1),
             "fold_bytes": fold_bytes, "onnxruntime": loads,
+            "cpu_s": {k: round(v, 3) for k, v in CPU.items()},
             "fused": {"source": fused_count(src), "upgraded": fused_count(up),
                       "packed": fused_count(back), "folded": fused_count(folded)},
         }
@@ -234,8 +244,10 @@ def main() -> int:
         for label, t, rss, peer in (("upgrade --opset 21", t_up, rss_up, copy),
                                     ("pack (back to MatMulNBits)", t_back, rss_back, copy),
                                     ("fold --dtype float16", t_fold, rss_fold, copy_fold)):
-            print(f"{label:28s}: {t:6.2f} s  {rss:6.0f} MB peak  -> {t / peer:.2f}x the "
-                  "copy" + (" of as many bytes" if peer is copy_fold else ""))
+            cpu = CPU[label.split()[0]]
+            print(f"{label:28s}: {t:6.2f} s  {rss:6.0f} MB peak  {cpu:6.2f} s CPU  -> "
+                  f"{t / peer:.2f}x the copy" + (" of as many bytes" if peer is copy_fold
+                                                 else ""))
         print("onnxruntime loads: " + ", ".join(f"{k} {v}" for k, v in loads.items()))
         print("fused ops: " + ", ".join(f"{k} {v}" for k, v in result["fused"].items()))
         if not QUICK:
