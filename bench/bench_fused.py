@@ -47,6 +47,7 @@ BLOCK = 128
 _WRAP = """
 import resource, sys
 sys.argv = ["dqtool", *sys.argv[1:]]
+sys.path = [p for p in sys.path if p not in ("", ".")]  # the interpreter's dqtool, not cwd's
 code = 0
 try:
     from dqtool.cli import main
