@@ -181,3 +181,20 @@ def test_non_finite_scales_take_numpy_and_match(monkeypatch) -> None:
     assert np.array_equal(fast.view(np.uint16), plain.view(np.uint16))
     assert np.isnan(fast[:, 7]).all() and np.isnan(fast[:, 3]).all()
     assert (fast[:, 5] == -np.inf).all() and (fast[:, 0] == fast[:, 0]).all()
+
+
+def test_a_failing_run_falls_back_to_numpy(monkeypatch) -> None:
+    class Broken:
+        def run(self, *args, **kwargs):
+            raise RuntimeError("out of memory")
+
+    monkeypatch.setattr(half, "_state", True)
+    monkeypatch.setattr(half, "_session", Broken())
+    x = np.arange(8192, dtype=np.float32) * np.float32(0.37)
+    out = np.empty(8192, np.float16)
+    half.cast_into(out, x, covered=True)
+    assert np.array_equal(out.view(np.uint16), x.astype(np.float16).view(np.uint16))
+    # and a float64 source is never handed to the session
+    out[:] = 0
+    half.cast_into(out, x.astype(np.float64), covered=True)
+    assert np.array_equal(out.view(np.uint16), x.astype(np.float16).view(np.uint16))
