@@ -13,7 +13,8 @@ against copying the data file (the disk speed peer, measured in the same run):
 - ``upgrade --opset 21`` (→ DequantizeLinear + MatMul / Gather), then ``pack`` of that
   (→ back to MatMulNBits / GatherBlockQuantized): target ≤ 2× the copy, ≤ 300 MB each;
 - ``fold --dtype float16`` (an fp16 checkpoint, 4× the bytes): ratio against copying the
-  same number of bytes, ≤ 300 MB.
+  same number of bytes (measured: the data file copied into one file until it has as
+  many bytes), ≤ 300 MB.
 Every result is loaded by onnxruntime (the folded one only where the machine has the
 memory for it; DQTOOL_BENCH_NO_ORT=1 skips the loads).
 """
@@ -23,6 +24,7 @@ from __future__ import annotations
 import compileall
 import json
 import os
+import resource
 import shutil
 import subprocess
 import sys
@@ -45,6 +47,7 @@ BLOCK = 128
 _WRAP = """
 import resource, sys
 sys.argv = ["dqtool", *sys.argv[1:]]
+sys.path = [p for p in sys.path if p not in ("", ".")]  # the interpreter's dqtool, not cwd's
 code = 0
 try:
     from dqtool.cli import main
@@ -130,23 +133,44 @@ def build(folder: Path) -> Path:
     return path
 
 
+CPU: dict[str, float] = {}  # CPU seconds (user + system) of each command, by name
+
+
 def run(*args: str) -> tuple[float, float, str]:
-    """(wall seconds, peak RSS MB, stdout) of one dqtool command in its own process."""
+    """(wall seconds, peak RSS MB, stdout) of one dqtool command in its own process; its
+    CPU time (all threads, user + system: steadier than wall time on a shared machine)
+    goes to ``CPU``."""
     os.sync()  # start from a quiet disk (no write-back of the previous step)
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
     proc = subprocess.run([sys.executable, "-c", _WRAP, *args], capture_output=True,
                           text=True)
     wall = time.perf_counter() - t0
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    CPU[args[0]] = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
     rss = [line for line in proc.stderr.splitlines() if line.startswith("MAXRSS")]
     if proc.returncode != 0 or not rss:
         raise SystemExit(f"dqtool {' '.join(args)} failed:\n{proc.stderr[-2000:]}")
     return wall, int(rss[-1].split()[1]) / 1024, proc.stdout
 
 
-def copy_time(src: Path, dst: Path) -> float:
+def copy_time(src: Path, dst: Path, nbytes: int | None = None) -> float:
+    """Seconds to copy ``src`` to ``dst`` (``nbytes`` of it, repeated as needed: a peer
+    that writes as many bytes as a command does)."""
     os.sync()
     t0 = time.perf_counter()
-    shutil.copyfile(src, dst)
+    if nbytes is None:
+        shutil.copyfile(src, dst)
+    else:
+        with open(src, "rb") as fin, open(dst, "wb") as fout:
+            size = src.stat().st_size
+            done = 0
+            while done < nbytes:
+                n = os.copy_file_range(fin.fileno(), fout.fileno(), min(size, nbytes - done),
+                                       0, done)
+                if n <= 0:
+                    raise SystemExit(f"copy of {src} stopped at {done} bytes")
+                done += n
     wall = time.perf_counter() - t0
     dst.unlink()
     return wall
@@ -195,28 +219,36 @@ def main() -> int:
         t_back, rss_back, _ = run("pack", str(up), "-o", str(back))
         t_fold, rss_fold, _ = run("fold", str(src), "--dtype", "float16", "-o", str(folded))
         fold_bytes = data_bytes(folded)
-        # The fold writes ~4x the bytes: its peer is copying as many bytes.
-        copy_fold = copy * fold_bytes / size
+        # The fold writes ~4x the bytes: its peer is copying as many bytes, measured (a
+        # machine's write speed drops once gigabytes wait for the disk, so the copy of the
+        # data file scaled by 4 would flatter the peer).
+        copy_fold = copy_time(folder / "model.onnx.data", folder / "copy.data", fold_bytes)
         loads = {"upgrade": ort_loads(up), "pack": ort_loads(back)}
         loads["fold"] = ort_loads(folded) if available_mb() > 3 * fold_bytes / 2**20 \
             else "skipped (not enough free memory to load it)"
         result = {
             "quick": QUICK, "layers": LAYERS, "matmulnbits": 7 * LAYERS,
             "data_bytes": size, "copy_s": round(copy, 3),
+            "copy_fold_bytes_s": round(copy_fold, 3),
             "upgrade_s": round(t_up, 3), "upgrade_rss_mb": round(rss_up, 1),
             "pack_s": round(t_back, 3), "pack_rss_mb": round(rss_back, 1),
             "fold_fp16_s": round(t_fold, 3), "fold_rss_mb": round(rss_fold, 1),
             "fold_bytes": fold_bytes, "onnxruntime": loads,
+            "cpu_s": {k: round(v, 3) for k, v in CPU.items()},
             "fused": {"source": fused_count(src), "upgraded": fused_count(up),
                       "packed": fused_count(back), "folded": fused_count(folded)},
         }
         print(json.dumps(result))
         print(f"copy of the data file ({size / 2**30:.2f} GiB): {copy:6.2f} s")
+        print(f"copy of as many bytes as fold writes ({fold_bytes / 2**30:.2f} GiB): "
+              f"{copy_fold:6.2f} s (the data file's copy scaled: {copy * fold_bytes / size:.2f} s)")
         for label, t, rss, peer in (("upgrade --opset 21", t_up, rss_up, copy),
                                     ("pack (back to MatMulNBits)", t_back, rss_back, copy),
                                     ("fold --dtype float16", t_fold, rss_fold, copy_fold)):
-            print(f"{label:28s}: {t:6.2f} s  {rss:6.0f} MB peak  -> {t / peer:.2f}x the "
-                  "copy" + (" of as many bytes" if peer is copy_fold else ""))
+            cpu = CPU[label.split()[0]]
+            print(f"{label:28s}: {t:6.2f} s  {rss:6.0f} MB peak  {cpu:6.2f} s CPU  -> "
+                  f"{t / peer:.2f}x the copy" + (" of as many bytes" if peer is copy_fold
+                                                 else ""))
         print("onnxruntime loads: " + ", ".join(f"{k} {v}" for k, v in loads.items()))
         print("fused ops: " + ", ".join(f"{k} {v}" for k, v in result["fused"].items()))
         if not QUICK:

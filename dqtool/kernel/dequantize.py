@@ -30,12 +30,13 @@ import ml_dtypes
 import numpy as np
 
 from ..errors import KernelError
-from . import parallel
+from . import half, parallel
 from .blocks import apply_blockwise
 from .layout import Layout, resolve
 from .outputs import new_array
 from .tables import (
     E8M0,
+    F16,
     F32,
     FLOAT_QUANT_TYPES,
     NIBBLE_PAIR_MASK,
@@ -153,7 +154,9 @@ def dequantize(
     if lay.kind == "per-tensor" and _use_output_table(x.dtype, out_dtype):
         _per_tensor_table(x, s32.reshape(()), None if zp is None else zp.reshape(()), out)
     else:
-        _broadcast(x, lay, s32, zp, out)
+        # float16 outputs: the final rounding through the fast cast where it is proven
+        fast = out_dtype == F16 and half.covers(x.dtype, scale.dtype, s32)
+        _broadcast(x, lay, s32, zp, out, fast)
     return out
 
 
@@ -320,10 +323,12 @@ def _tiled_rows(lay: Layout, s3: np.ndarray, chunks: list[parallel.Chunk]) -> np
 
 
 def _broadcast(
-    x: np.ndarray, lay: Layout, s32: np.ndarray, zp: np.ndarray | None, out: np.ndarray
+    x: np.ndarray, lay: Layout, s32: np.ndarray, zp: np.ndarray | None, out: np.ndarray,
+    fast_half: bool = False,
 ) -> None:
     """Every layout (per-tensor is one block) in chunks: float32 values, minus the zero
-    point, times the scale, each chunk in cache; the output is written once."""
+    point, times the scale, each chunk in cache; the output is written once. ``fast_half``:
+    the float16 rounding may use ``half.cast_into`` (the values are in its proven domain)."""
     x3 = x.reshape(lay.p, lay.d, lay.q)
     o3 = out.reshape(lay.p, lay.d, lay.q)
     s3 = lay.scale3(s32)
@@ -362,7 +367,11 @@ def _broadcast(
             np.multiply(tmp, tiled[: p1 - p0], out=tmp)
         else:
             apply_blockwise(np.multiply, tmp, s3, c, lay.bs)
-        if tmp is not dst:
+        if tmp is dst:
+            pass
+        elif out.dtype == F16:
+            half.cast_into(dst, tmp, fast_half)
+        else:
             np.copyto(dst, tmp, casting="unsafe")
 
     with np.errstate(invalid="ignore", over="ignore"):

@@ -2,17 +2,36 @@
 
 onnx_ir memory-maps an external tensor and keeps every page it touched resident (and in
 the process's RSS) until the map is released; a conversion that reads hundreds of weights
-that way ends up holding all of them. Here an external tensor is read with one
-``np.fromfile`` into memory that is freed with the array.
+that way ends up holding all of them. Here a small external tensor is read with one
+``np.fromfile``, and a large one is mapped on its own (copy-on-write, so the array is
+writable and the file never changes): its map, and the pages it touched, go with the
+array. Mapping skips what a read costs, zero-filling fresh memory and copying the page
+cache into it (measured: a 12.6 MB weight read and transposed in 8-10 ms mapped, 15-17 ms
+read).
 """
 
 from __future__ import annotations
+
+import os
 
 import numpy as np
 import onnx_ir as ir
 
 from dqtool import graph, types
 from dqtool.families.fused import packing
+
+# From this many bytes a tensor is mapped rather than read.
+MAP_BYTES = 1 << 20
+
+
+def _from_file(path: str | os.PathLike, dtype: np.dtype, count: int, offset: int
+               ) -> np.ndarray:
+    """``count`` items of ``dtype`` at ``offset`` of ``path`` (fewer if the file ends)."""
+    nbytes = count * np.dtype(dtype).itemsize
+    if nbytes >= MAP_BYTES and os.path.getsize(path) >= offset + nbytes:
+        return np.memmap(path, dtype=dtype, mode="c", offset=offset,
+                         shape=(count,)).view(np.ndarray)
+    return np.fromfile(path, dtype=dtype, count=count, offset=offset)
 
 
 def tensor_array(t: ir.TensorProtocol) -> np.ndarray:
@@ -22,10 +41,10 @@ def tensor_array(t: ir.TensorProtocol) -> np.ndarray:
     if isinstance(t, ir.ExternalTensor) and readable:
         count = int(np.prod(shape, dtype=np.int64))
         if et.bits >= 8:
-            arr = np.fromfile(t.path, dtype=et.dtype, count=count, offset=t.offset or 0)
+            arr = _from_file(t.path, et.dtype, count, t.offset or 0)
             return arr.reshape(shape)
-        raw = np.fromfile(t.path, dtype=np.uint8, count=(count * et.bits + 7) // 8,
-                          offset=t.offset or 0)
+        raw = _from_file(t.path, np.dtype(np.uint8), (count * et.bits + 7) // 8,
+                         t.offset or 0)
         codes = packing.unpack(raw, et.bits)[:count]
         if et.signed:  # two's complement in ``bits`` bits
             codes = codes.astype(np.int8)
@@ -37,7 +56,9 @@ def tensor_array(t: ir.TensorProtocol) -> np.ndarray:
 def raw_bytes(t: ir.TensorProtocol) -> np.ndarray:
     """The stored bytes of a tensor (packed types packed), as uint8."""
     if isinstance(t, ir.ExternalTensor):
-        return np.fromfile(t.path, dtype=np.uint8, count=t.length or -1, offset=t.offset or 0)
+        if t.length is None:
+            return np.fromfile(t.path, dtype=np.uint8, count=-1, offset=t.offset or 0)
+        return _from_file(t.path, np.dtype(np.uint8), t.length, t.offset or 0)
     return np.frombuffer(t.tobytes(), np.uint8)
 
 

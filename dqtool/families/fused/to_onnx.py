@@ -28,6 +28,7 @@ import onnx_ir as ir
 
 from dqtool import graph, types
 from dqtool.families.fused import arrays, packing, read
+from dqtool.families.fused.rows import CodeRows
 from dqtool.families.fused.spec import FusedSpec
 from dqtool.families.fused.surgery import Builder
 
@@ -134,12 +135,12 @@ def matmul_nbits(node: ir.Node, spec: FusedSpec, b: Builder, unpacked: bool = Fa
         raw = packing.nbits_to_onnx(_array(bq), rows, n, bits)
         if bits == 8:
             return ir.Tensor(raw.reshape(rows, n), dtype=code_t)
-        if unpacked:  # onnx_ir would unpack the packed form with five passes
-            codes = packing.unpack(raw, bits)[: rows * n].reshape(rows, n)
-            return ir.Tensor(codes.view(code_t.numpy()), dtype=code_t)
         return ir.PackedTensor(raw, code_t, shape=(rows, n))
 
-    x = b.constant("x", code_t, (rows, n), x_bytes)
+    if unpacked:  # codes a band of rows at a time, as the fold streams them
+        x = b.existing(CodeRows(lambda: _array(bq), rows, n, bits, code_t), "x")
+    else:
+        x = b.constant("x", code_t, (rows, n), x_bytes)
     s_shape = (n,) if per_axis else (kb, n)
 
     def scale_kn(as_float32: bool = False):

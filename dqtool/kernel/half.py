@@ -1,0 +1,127 @@
+"""float32 → float16 rounding of dequantized values, through onnxruntime's Cast where it is
+proven to give NumPy's bits.
+
+NumPy's float32 → float16 cast is a scalar loop (~2.5 ns per element on the project's
+machine, most of a float16 fold's time); onnxruntime's CPU Cast converts a buffer with
+vector instructions (~0.08 ns). Both round to nearest even, but "both are IEEE" is not a
+proof, so the fast cast is used only on a domain where it has been compared exhaustively:
+the float32 products ``float32(d) · float32(s)`` of an integer ``d`` in [-255, 255] (every
+``x - zero_point`` of a type of at most 8 bits) and every finite float16 or bfloat16 ``s``
+(``tests/test_kernel_half.py`` compares all 2·511·63488 of them). The caller says whether
+its values are such products (``covers``); anything else (float32 or non-finite scales,
+wider integers, float codes, NaN) goes through NumPy.
+
+What a runtime computes is data keyed by its version: the fast cast is used only on the
+releases listed in ``VERIFIED`` (each compared on that release), and only after a probe of
+the installed runtime (the products of a dozen ``d`` with every finite float16 scale: ties,
+subnormal results, overflow to infinity) gave NumPy's bits. Otherwise, or with
+``DQTOOL_ORT_CAST=0``, NumPy converts, and the values are the same.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+
+import ml_dtypes
+import numpy as np
+
+# Releases on which the exhaustive comparison passed (tests/test_kernel_half.py, run on
+# each: 1.31.1 and 1.32.0, CPU, Linux x86_64).
+VERIFIED = frozenset({"1.31", "1.32"})
+# The differences ``x - zero_point`` the proof covers (types of at most 8 bits).
+D_RANGE = 255
+_SMALL_INTS = frozenset(np.dtype(t) for t in (
+    ml_dtypes.int2, ml_dtypes.uint2, ml_dtypes.int4, ml_dtypes.uint4, np.int8, np.uint8))
+_SCALES = frozenset({np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16)})
+# Below this many elements NumPy's cast costs less than a call into onnxruntime (~6 us).
+MIN_ELEMENTS = 1 << 12
+# Setting the fast cast up (importing onnxruntime, a session, the probe) takes ~0.07 s,
+# what NumPy spends on ~25 Mi elements: a process starts it only once NumPy has cast this
+# many (a small model never pays for it; a large one loses at most that much).
+WARM_UP_ELEMENTS = 1 << 24
+
+_lock = threading.Lock()
+_session: object | None = None
+_state: bool | None = None  # None: not decided yet
+_numpy_elements = 0  # cast by NumPy before the fast cast was set up
+
+
+def covers(x_dtype: np.dtype, scale_dtype: np.dtype, s32: np.ndarray) -> bool:
+    """Are ``float32(x - zp) · s32`` values inside the proven domain (for these types)?"""
+    return (np.dtype(x_dtype) in _SMALL_INTS and np.dtype(scale_dtype) in _SCALES
+            and bool(np.isfinite(s32).all()))
+
+
+def probe_values() -> np.ndarray:
+    """The probe's float32 inputs: a dozen differences times every finite float16."""
+    s = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16).view(np.float16)
+    s = s[np.isfinite(s)].astype(np.float32)
+    d = np.array([-255, -7, -3, 1, 3, 5, 7, 9, 11, 13, 15, 255], np.float32)
+    return (d[:, None] * s[None, :]).reshape(-1)
+
+
+def _build() -> object | None:
+    from dqtool.runtimes.onnxruntime import installed_version, release_of
+
+    version = installed_version()
+    if version is None or release_of(version) not in VERIFIED:
+        return None
+    try:
+        import onnxruntime as ort
+        from onnx import TensorProto, helper
+
+        graph = helper.make_graph(
+            [helper.make_node("Cast", ["x"], ["y"], to=TensorProto.FLOAT16)], "cast",
+            [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n"])],
+            [helper.make_tensor_value_info("y", TensorProto.FLOAT16, ["n"])])
+        model = helper.make_model(graph, ir_version=10,
+                                  opset_imports=[helper.make_opsetid("", 21)])
+        options = ort.SessionOptions()
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+        # the kernel's own threads call it, one chunk each
+        options.intra_op_num_threads = 1
+        options.inter_op_num_threads = 1
+        session = ort.InferenceSession(model.SerializeToString(), options,
+                                       providers=["CPUExecutionProvider"])
+        x = probe_values()
+        got = session.run(None, {"x": x})[0]
+    except Exception:  # onnxruntime raises its own types; any failure means NumPy
+        return None
+    with np.errstate(over="ignore"):  # products past 65504 round to infinity
+        want = x.astype(np.float16)
+    if got.dtype != want.dtype or not np.array_equal(got.view(np.uint16), want.view(np.uint16)):
+        return None
+    return session
+
+
+def available() -> bool:
+    """Is the fast cast in use (verified release, probe passed, not turned off)?"""
+    global _session, _state
+    if os.environ.get("DQTOOL_ORT_CAST", "1") == "0":
+        return False
+    if _state is None:
+        with _lock:
+            if _state is None:
+                _session = _build()
+                _state = _session is not None
+    return _state
+
+
+def cast_into(dst: np.ndarray, src: np.ndarray, covered: bool) -> None:
+    """``dst[...] = src`` rounded to float16 (NumPy's bits). ``covered``: src holds products
+    of the proven domain (see ``covers``); dst and src contiguous, of the same shape."""
+    global _numpy_elements
+    if covered and src.size >= MIN_ELEMENTS and src.dtype == np.float32 \
+            and dst.dtype == np.float16 and src.flags.c_contiguous and dst.flags.c_contiguous:
+        if _state is None and _numpy_elements < WARM_UP_ELEMENTS:
+            _numpy_elements += src.size  # not worth setting up yet (a race only miscounts)
+        elif available():
+            try:
+                got = _session.run(None, {"x": src.reshape(-1)})[0]  # type: ignore
+            except Exception:  # onnxruntime raises its own types; NumPy gives the same bits
+                got = None
+            if got is not None:
+                dst.reshape(-1)[...] = got
+                return
+    np.copyto(dst, src, casting="unsafe")
