@@ -24,9 +24,10 @@ def render(app: App, report, as_json: bool) -> None:
         return
     from rich.table import Table
 
-    rows = [*((c.node, c.graph, c.op, c.status, f"{c.how}\n  why: {c.why}" if c.why else c.how)
-              for c in report.changes),
-            *((r.node, r.graph, r.op, "REFUSED", r.reason) for r in report.refusals)]
+    rows = _grouped([
+        *((c.node, c.graph, c.op, c.status, f"{c.how}\n  why: {c.why}" if c.why else c.how)
+          for c in report.changes),
+        *((r.node, r.graph, r.op, "REFUSED", r.reason) for r in report.refusals)])
     head = (f"{report.input}: {report.direction} ai.onnx opset {report.from_opset} → "
             f"{report.to_opset}")
     if rows:
@@ -48,6 +49,29 @@ def render(app: App, report, as_json: bool) -> None:
             app.out.print(f"  {line}", markup=False, overflow="fold")
     for path in report.files:
         app.out.print(f"wrote {path}")
+
+
+# Names listed in a row that stands for several nodes rewritten alike.
+NAMES_PER_ROW = 3
+
+
+def _grouped(rows: list[tuple[str, ...]]) -> list[tuple[str, ...]]:
+    """One row per distinct (graph, op, status, how): an LLM's 224 MatMulNBits are a few
+    shapes rewritten alike, and a row per node buries the one that differs (and costs
+    rich ~2 ms a row). ``--json`` keeps every node."""
+    groups: dict[tuple[str, ...], list[str]] = {}
+    for node, *rest in rows:
+        groups.setdefault(tuple(rest), []).append(node)
+    out = []
+    for rest, nodes in groups.items():
+        if len(nodes) == 1:
+            out.append((nodes[0], *rest))
+            continue
+        shown = ", ".join(nodes[:NAMES_PER_ROW])
+        more = len(nodes) - NAMES_PER_ROW
+        out.append((f"{shown}{f' and {more} more' if more > 0 else ''} ({len(nodes)} nodes)",
+                    *rest))
+    return out
 
 
 def _run(app: App, direction: str, model: str, opset: int, out: str | None, as_json: bool,
