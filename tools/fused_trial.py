@@ -243,22 +243,22 @@ def _cli(*args: str) -> tuple[int, str]:
     return r.exit_code, r.output
 
 
+def _graphs(g: onnx.GraphProto):
+    """``g`` and every subgraph below it (If/Loop/Scan bodies)."""
+    yield g
+    for n in g.node:
+        for a in n.attribute:
+            if a.type == onnx.AttributeProto.GRAPH:
+                yield from _graphs(a.g)
+            for sub in a.graphs:
+                yield from _graphs(sub)
+
+
 def _ops(model: onnx.ModelProto) -> dict[str, int]:
     counts: dict[str, int] = {}
-
-    def walk(g: onnx.GraphProto) -> None:
-        for n in g.node:
-            counts[n.op_type] = counts.get(n.op_type, 0) + 1
-            for a in n.attribute:
-                if a.type == onnx.AttributeProto.GRAPH:
-                    walk(a.g)
-                for sub in a.graphs:
-                    walk(sub)
-
-    walk(model.graph)
-    for f in model.functions:
-        for n in f.node:
-            counts[n.op_type] = counts.get(n.op_type, 0) + 1
+    nodes = [n for g in _graphs(model.graph) for n in g.node]
+    for n in [*nodes, *(n for f in model.functions for n in f.node)]:
+        counts[n.op_type] = counts.get(n.op_type, 0) + 1
     return counts
 
 
@@ -286,37 +286,24 @@ def _ort_runs(path: Path, shapes: tuple[str, ...]) -> str | None:
 def _tensors(model: onnx.ModelProto) -> dict[str, bytes]:
     from onnx import numpy_helper as nh
 
-    out = {}
-
-    def walk(g: onnx.GraphProto) -> None:
-        for t in g.initializer:
-            out[t.name] = nh.to_array(t).tobytes()
-        for n in g.node:
-            for a in n.attribute:
-                if a.type == onnx.AttributeProto.GRAPH:
-                    walk(a.g)
-    walk(model.graph)
-    return out
+    return {t.name: nh.to_array(t).tobytes() for g in _graphs(model.graph)
+            for t in g.initializer}
 
 
 def _fused_signature(model: onnx.ModelProto) -> list[tuple]:
     """Each fused node's attributes and the bytes of its weight's constant inputs."""
     tensors = _tensors(model)
     sig = []
-
-    def walk(g: onnx.GraphProto) -> None:
+    for g in _graphs(model.graph):
         for n in g.node:
-            if n.op_type in FUSED:
-                attrs = sorted((a.name, helper.get_attribute_value(a)) for a in n.attribute)
-                # the weight's tensors (pack may also take a bias Add into MatMulNBits)
-                picks = (1, 2, 3, 4) if n.op_type == "MatMulNBits" else (0, 2, 3)
-                consts = [tensors.get(n.input[i]) for i in picks
-                          if i < len(n.input) and n.input[i] in tensors]
-                sig.append((n.op_type, tuple(attrs), tuple(consts)))
-            for a in n.attribute:
-                if a.type == onnx.AttributeProto.GRAPH:
-                    walk(a.g)
-    walk(model.graph)
+            if n.op_type not in FUSED:
+                continue
+            attrs = sorted((a.name, helper.get_attribute_value(a)) for a in n.attribute)
+            # the weight's tensors (pack may also take a bias Add into MatMulNBits)
+            picks = (1, 2, 3, 4) if n.op_type == "MatMulNBits" else (0, 2, 3)
+            consts = [tensors.get(n.input[i]) for i in picks
+                      if i < len(n.input) and n.input[i] in tensors]
+            sig.append((n.op_type, tuple(attrs), tuple(consts)))
     return sig
 
 

@@ -50,31 +50,27 @@ class DmlFact:
 
     operator: str
     since: tuple[int, int]
-    source: str
+
+    @property
+    def source(self) -> str:
+        """The guard the operator's entry sits under in DirectML.h."""
+        major, minor = self.since
+        return f"DirectML.h: DML_TARGET_VERSION >= 0x{major:x}{minor:x}00"
 
 
 # Each operator's DML_OPERATOR_TYPE entry sits under a DML_TARGET_VERSION guard in
 # DirectML.h (0x2100 = feature level 2.1); DirectML's feature-level history and each
 # operator's page ("introduced in DML_FEATURE_LEVEL_x_y") say the same.
 _DML = {
-    "QLinearConv": DmlFact("QUANTIZED_LINEAR_CONVOLUTION", (2, 1),
-                           "DirectML.h: DML_TARGET_VERSION >= 0x2100"),
-    "QLinearMatMul": DmlFact("QUANTIZED_LINEAR_MATRIX_MULTIPLY", (2, 1),
-                             "DirectML.h: DML_TARGET_VERSION >= 0x2100"),
-    "MatMulInteger": DmlFact("MATRIX_MULTIPLY_INTEGER", (2, 1),
-                             "DirectML.h: DML_TARGET_VERSION >= 0x2100"),
-    "ConvInteger": DmlFact("CONVOLUTION_INTEGER", (2, 1),
-                           "DirectML.h: DML_TARGET_VERSION >= 0x2100"),
-    "DynamicQuantizeLinear": DmlFact("DYNAMIC_QUANTIZE_LINEAR", (4, 0),
-                                     "DirectML.h: DML_TARGET_VERSION >= 0x4000"),
-    "QLinearAdd": DmlFact("ELEMENT_WISE_QUANTIZED_LINEAR_ADD", (4, 0),
-                          "DirectML.h: DML_TARGET_VERSION >= 0x4000"),
-    "MatMulIntegerToFloat": DmlFact("MATRIX_MULTIPLY_INTEGER_TO_FLOAT", (6, 2),
-                                    "DirectML.h: DML_TARGET_VERSION >= 0x6200"),
-    "QLinearAveragePool": DmlFact("QUANTIZED_LINEAR_AVERAGE_POOLING", (6, 2),
-                                  "DirectML.h: DML_TARGET_VERSION >= 0x6200"),
-    "QLinearGlobalAveragePool": DmlFact("QUANTIZED_LINEAR_AVERAGE_POOLING", (6, 2),
-                                        "DirectML.h: DML_TARGET_VERSION >= 0x6200"),
+    "QLinearConv": DmlFact("QUANTIZED_LINEAR_CONVOLUTION", (2, 1)),
+    "QLinearMatMul": DmlFact("QUANTIZED_LINEAR_MATRIX_MULTIPLY", (2, 1)),
+    "MatMulInteger": DmlFact("MATRIX_MULTIPLY_INTEGER", (2, 1)),
+    "ConvInteger": DmlFact("CONVOLUTION_INTEGER", (2, 1)),
+    "DynamicQuantizeLinear": DmlFact("DYNAMIC_QUANTIZE_LINEAR", (4, 0)),
+    "QLinearAdd": DmlFact("ELEMENT_WISE_QUANTIZED_LINEAR_ADD", (4, 0)),
+    "MatMulIntegerToFloat": DmlFact("MATRIX_MULTIPLY_INTEGER_TO_FLOAT", (6, 2)),
+    "QLinearAveragePool": DmlFact("QUANTIZED_LINEAR_AVERAGE_POOLING", (6, 2)),
+    "QLinearGlobalAveragePool": DmlFact("QUANTIZED_LINEAR_AVERAGE_POOLING", (6, 2)),
 }
 
 
