@@ -186,7 +186,18 @@ def cases(quick: bool = False) -> list[Case]:
     # HQQ quantizes MatMul only (its Gather raises NotImplementedError in onnxruntime 1.32)
     out.append(Case("float32_4bit_hqq", lambda: quantize(float_lm(gather=False), hqq=True,
                                                          gather=False), ("batch=2",)))
+    out += shipped_cases()
     return out
+
+
+# Models the quantizer wrote where torch was installed (HQQ needs it), kept in the
+# repository so that every run tries them (tests/data/README.md says how they were made).
+SHIPPED = Path(__file__).resolve().parents[1] / "tests" / "data"
+
+
+def shipped_cases() -> list[Case]:
+    return [Case(f"shipped_{p.stem}", lambda p=p: onnx.load(str(p)), ("batch=2",))
+            for p in sorted(SHIPPED.glob("ort_hqq_*.onnx"))]
 
 
 def _hqq_like(dtype: str = "float32") -> onnx.ModelProto:
