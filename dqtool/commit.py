@@ -141,8 +141,8 @@ def folder_lock(parent: Path) -> Iterator[None]:
 
 
 def refuse_non_regular(out: Path) -> None:
-    """An output that exists must be a regular file (or a link to one): a device, FIFO,
-    socket or folder is never replaced."""
+    """An output that exists must be a regular file (or a link to one) someone may write:
+    a device, FIFO, socket, folder or read-only file is never replaced."""
     try:
         st = os.stat(out)
     except FileNotFoundError:  # absent, or a dangling link (replaced like a file)
@@ -160,6 +160,11 @@ def refuse_non_regular(out: Path) -> None:
         raise UsageError(f"{out}: is {kind}, not a regular file; dqtool writes only "
                          "regular files and never replaces anything else; nothing was "
                          "written")
+    # Replacing is a rename in the folder, which a file's own mode does not stop (nor
+    # anything for root): a file nobody may write is the owner's "keep this", so honour it.
+    if not st.st_mode & 0o222:
+        raise UsageError(f"{out}: is read-only; make it writable to replace it; nothing "
+                         "was written")
 
 
 def data_name(parent: Path, out_name: str) -> str:
@@ -243,6 +248,9 @@ _NO_HARD_LINKS = {errno.EPERM, errno.EOPNOTSUPP, errno.ENOSYS, errno.EMLINK}
 
 
 def _put_model(src: Path, out: Path) -> None:
+    # A replaced model keeps its permissions (a private model stays private).
+    with contextlib.suppress(FileNotFoundError):
+        os.chmod(src, stat.S_IMODE(os.stat(out).st_mode))
     os.replace(src, out)  # the one step from the old pair to the new
 
 

@@ -79,3 +79,24 @@ def test_a_wrong_weight_fails_check_against(tmp_path):
     api.to_qdq(src, good)
     report = dqtool.check(good, against=src)
     assert report.passed and [e.max_steps for e in report.per_op] == [0, 0, 0]
+
+
+def test_unnamed_integer_operators_are_measured_alone(tmp_path):
+    # A quantizer run on a model whose nodes carry no names leaves its integer operators
+    # unnamed: each is still paired with its float operator (by op type, in graph order)
+    # and measured, so the check is not left to the tolerances.
+    m = onnx.load(MODELS / "ort_qop_per_tensor.onnx")
+    for n in m.graph.node:
+        n.name = ""
+    src = tmp_path / "unnamed.onnx"
+    onnx.save(m, src)
+    from dqtool.families.integer import api
+
+    out = tmp_path / "unnamed.qdq.onnx"
+    api.to_qdq(src, out)
+    report = dqtool.check(out, against=src)
+    integer = [n for n in m.graph.node if n.op_type.startswith(("QLinear", "QGemm"))]
+    assert len(report.per_op) == len(integer) >= 3
+    assert all(e.comparison is not None for e in report.per_op)
+    assert {e.max_steps for e in report.per_op} <= {0, 1}
+    assert report.passed

@@ -79,10 +79,13 @@ def test_no_qdq_form_and_zero_point_mismatch_are_problems():
         c = com.microsoft.MulInteger (a, az, b, bz)
     }
     """
-    (node,) = _report(text).integer_nodes
+    report = _report(text)
+    (node,) = report.integer_nodes
     codes = sorted((p.code, p.severity) for p in node.spec.problems)
     assert codes == [("DQ015", "error"), ("DQ032", "info")]
     assert not node.spec.qdq_form and "no scale" in node.spec.no_qdq_reason
+    # The node has no name: the summary still says which one, not "".
+    assert report.summary["integer_without_qdq_form"] == ["<unnamed MulInteger>"]
 
 
 def test_inspect_json_and_table(tmp_path):

@@ -144,6 +144,28 @@ def test_exact_dynamic_form_is_bit_identical_on_the_real_model(model_path, tmp_p
     assert Counter(n.op_type for n in back.graph) == _census(onnx.load(str(model_path)))
 
 
+def test_default_form_round_trips_to_the_original_operators(model_path, tmp_path):
+    """QDQ back to integer operators restores the original: the conv bias DequantizeLinear
+    (scale a_scale·w_scale) goes back into an int32 Add before the Cast, reusing the scale
+    product, so the model is the original's operators and runs bit for bit like it."""
+    out = tmp_path / "qdq.onnx"
+    api.to_qdq(model_path, out, keep_unconvertible=True)
+    back = tmp_path / "back.onnx"
+    report = api.to_qoperator(out, back)
+    assert sum("Add of the int32 bias" in c.into for c in report.changes) == 21
+    original = onnx.load(str(model_path))
+    restored = onnx.load(str(back))
+    assert _census(restored) == _census(original)
+    for n in restored.graph.node:
+        if n.op_type == "ConvInteger":
+            (add,) = [m for m in restored.graph.node if n.output[0] in m.input]
+            assert add.op_type == "Add"
+    checked = dqtool.check(back, against=model_path, shapes={"image_width": (64,)})
+    assert checked.passed
+    for c in checked.comparisons:
+        assert all(o.mismatched == 0 for o in c.outputs)
+
+
 def test_reference_evaluator_runs_the_whole_model(model_path):
     """The reference evaluator runs every node, the DynamicQuantizeLSTM included (its
     float Sigmoid nodes are onnx's reference, not MLAS's, so the output is compared with

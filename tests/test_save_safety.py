@@ -8,6 +8,7 @@ import fcntl
 import os
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import textwrap
@@ -110,6 +111,34 @@ def test_a_directory_output_is_refused(tmp_path):
     assert res.returncode == 2
     assert "is a directory" in res.stderr and len(res.stderr.strip().splitlines()) == 1
     assert list((tmp_path / "d").iterdir()) == []
+
+
+@pytest.mark.parametrize("command", [["fold"], ["upgrade", "--opset", "23"], ["pack"]])
+def test_a_read_only_model_is_not_replaced_even_in_place(tmp_path, command):
+    src = _model(tmp_path / "m.onnx")
+    other = tmp_path / "o.onnx"
+    other.write_bytes(b"kept")
+    before = src.read_bytes()
+    for path in (src, other):
+        os.chmod(path, 0o444)
+    for out, extra in ((src, ["--in-place"]), (other, ["-o", str(other)])):
+        res = _run(command[0], str(src), *command[1:], *extra)
+        assert res.returncode == 2, res.stderr
+        assert res.stderr.strip().splitlines() == [
+            f"dqtool: error: {out}: is read-only; make it writable to replace it; nothing "
+            "was written"]
+    assert src.read_bytes() == before and stat.S_IMODE(os.stat(src).st_mode) == 0o444
+    assert other.read_bytes() == b"kept"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.onnx", "o.onnx"]
+
+
+def test_a_replaced_model_keeps_its_permissions(tmp_path):
+    src = _model(tmp_path / "m.onnx")
+    os.chmod(src, 0o600)
+    res = _run("upgrade", str(src), "--opset", "23", "--in-place")
+    assert res.returncode == 0, res.stderr
+    assert stat.S_IMODE(os.stat(src).st_mode) == 0o600
+    assert onnx.load(src).opset_import[0].version == 23
 
 
 @pytest.mark.parametrize("command", [["fold"], ["upgrade", "--opset", "23"]])

@@ -51,7 +51,9 @@ def summary(nodes: Sequence[IntegerNodeReport]) -> dict[str, Any]:
         "integer_nodes": len(nodes),
         "integer_by_op": count(lambda n: f"{n.spec.domain}:{n.spec.op}"),
         "integer_by_kind": count(lambda n: n.spec.kind),
-        "integer_without_qdq_form": [n.name for n in nodes if not n.spec.qdq_form],
+        # An unnamed node is still one entry a reader can tell apart from a named "".
+        "integer_without_qdq_form": [n.name or f"<unnamed {n.spec.op}>" for n in nodes
+                                     if not n.spec.qdq_form],
     }
 
 

@@ -15,7 +15,10 @@ with the original operator's output:
   its own dynamic quantization step (``dqtool.checking.float_steps``), and in float terms.
 
 A converted operator is found by name: ``dqtool qdq`` gives the float operator the integer
-operator's name. An operator with no counterpart is not measured (listed as skipped).
+operator's name. An unnamed integer operator's float operator is named ``<OpType>/...``
+afresh; the rewrite keeps the graph's order, so the k-th unnamed operator of a type is the
+k-th such float operator (or the k-th unnamed operator of that type left unconverted). An
+operator with no counterpart is not measured (listed as skipped).
 """
 
 from __future__ import annotations
@@ -86,6 +89,7 @@ def measure(original: onnx.ModelProto, converted: onnx.ModelProto,
     orig = ir.serde.deserialize_model(original)
     conv = ir.serde.deserialize_model(converted)
     by_name = {n.name: n for n in conv.graph if n.name}
+    unnamed = _unnamed_twins(orig.graph, conv.graph)
     regions: list[_Region] = []
     results: list[LocalError] = []
     for node in list(orig.graph):
@@ -95,12 +99,12 @@ def measure(original: onnx.ModelProto, converted: onnx.ModelProto,
         op = f"{opdef.domain}:{opdef.op}"
         label = node.name or f"<unnamed {node.op_type}>"
         out = _original_output(node, opdef)
-        twin = by_name.get(node.name) if node.name else None
+        twin = by_name.get(node.name) if node.name else unnamed.get(id(node))
         if out is None or twin is None or twin.op_type != opdef.float_op:
             results.append(LocalError(label, op, "", None, "no converted counterpart "
                                       "(not rewritten, or renamed) in the checked model"))
             continue
-        nodes, region_out = _region(twin)
+        nodes, region_out = _region(twin, f"{node.name or node.op_type}/")
         regions.append(_Region(label, op, out.name, nodes, region_out))
     if not regions:
         return results
@@ -139,6 +143,25 @@ def measure(original: onnx.ModelProto, converted: onnx.ModelProto,
         results.append(LocalError(r.site_node, r.op, into,
                                   compare.compare(r.site_node, got, want, step=step)))
     return results
+
+
+def _unnamed_twins(orig: ir.Graph, conv: ir.Graph) -> dict[int, ir.Node | None]:
+    """Each unnamed integer operator of ``orig`` (by ``id``) to its float operator in
+    ``conv`` (None when it was left unconverted), paired in graph order per op type."""
+    pending: dict[tuple[str, str], list[ir.Node]] = {}
+    for node in orig:
+        opdef = ops.lookup(graph.domain_name(node.domain), node.op_type)
+        if not node.name and opdef is not None and opdef.float_op:
+            pending.setdefault((node.op_type, opdef.float_op), []).append(node)
+    twins: dict[int, ir.Node | None] = {}
+    for n in conv:
+        for (op_type, float_op), queue in pending.items():
+            left_as_is = not n.name and n.op_type == op_type
+            converted = n.op_type == float_op and (n.name or "").startswith(f"{op_type}/")
+            if queue and (left_as_is or converted):
+                twins[id(queue.pop(0))] = n if converted else None
+                break
+    return twins
 
 
 def _integer_count(m: onnx.ModelProto) -> int:
@@ -187,11 +210,11 @@ def _original_output(node: ir.Node, opdef: ops.OpDef) -> ir.Value | None:
         return None
 
 
-def _region(float_op: ir.Node) -> tuple[list[ir.Node], ir.Value]:
-    """The float operator and what ``dqtool qdq`` made around it (named after it): the
-    DequantizeLinear (and DynamicQuantizeLinear) nodes that feed it, a bias Add of a
-    DequantizeLinear after it, or the QuantizeLinear after it."""
-    prefix = f"{float_op.name}/"
+def _region(float_op: ir.Node, prefix: str) -> tuple[list[ir.Node], ir.Value]:
+    """The float operator and what ``dqtool qdq`` made around it (named ``prefix...``, the
+    integer operator's name or, unnamed, its op type): the DequantizeLinear (and
+    DynamicQuantizeLinear) nodes that feed it, a bias Add of a DequantizeLinear after it,
+    or the QuantizeLinear after it."""
 
     def own(n: ir.Node | None, op: str) -> bool:
         return n is not None and n.op_type == op and (n.name or "").startswith(prefix)

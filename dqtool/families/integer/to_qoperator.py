@@ -12,7 +12,9 @@ channel; the QuantizeLinear after the float op per-tensor):
   operator;
 * DynamicQuantizeLinear → DQ → MatMul / Conv with a constant DQ weight and no Q after ⇒
   MatMulInteger / ConvInteger → Cast → Mul by ``a_scale·w_scale``, as onnxruntime's dynamic
-  quantization writes them.
+  quantization writes them; followed by an Add of an int32 bias DQ whose scale is that
+  product, the bias is added to the accumulator before the Cast (the older quantizers'
+  form, which ``dqtool qdq`` turns into that Add).
 
 Anything else stays as it is (a fusion is an optimization, never required): a float op
 whose inputs are not all dequantized, a per-axis activation, a bias whose scale is not
@@ -304,20 +306,60 @@ def _fuse_static(node: ir.Node, a: _Dq, w: _Dq, q: ir.Node, names: Names) -> tup
     return "", f"{op}"
 
 
+def _dynamic_bias(node: ir.Node, a: _Dq, w: _Dq) -> tuple[ir.Node, _Dq, ir.Value] | None:
+    """The float op's one use an ``Add`` of DQ(int32 bias, scale ``Mul(a_scale, w_scale)``,
+    no zero point): ``dqtool qdq``'s form of a dynamic op whose int32 bias is added to the
+    accumulator before the ``Cast`` (older onnxruntime quantizers write that). Returns the
+    Add, the bias and the scale product."""
+    out = node.outputs[0]
+    uses = list(out.uses())
+    if len(uses) != 1 or out.is_graph_output():
+        return None
+    add = uses[0].node
+    other = [v for v in add.inputs if v is not out]
+    if add.op_type != "Add" or add.domain != "" or len(add.inputs) != 2 or len(other) != 1:
+        return None
+    # Per-tensor activation and weight: the product is a scalar (its shape is rarely
+    # inferred, so this is read from the Mul, not from the DequantizeLinear).
+    dq = other[0].producer()
+    if w.axis is not None or dq is None or dq.op_type != "DequantizeLinear" or \
+            dq.domain not in _QDQ_DOMAINS or len(dq.inputs) != 2 or dq.inputs[1] is None \
+            or "block_size" in dq.attributes or \
+            value_type(dq.inputs[0]) not in (None, "int32"):
+        return None
+    m = dq.inputs[1].producer()
+    if m is None or m.op_type != "Mul" or m.domain != "" or len(m.inputs) != 2 or \
+            {id(v) for v in m.inputs} != {id(a.scale), id(w.scale)}:
+        return None
+    return add, _Dq(dq, dq.inputs[0], dq.inputs[1], None, None), dq.inputs[1]
+
+
 def _fuse_dynamic(node: ir.Node, a: _Dq, w: _Dq, names: Names) -> tuple[str, str]:
     e = _Emit(node, names)
     op = "ConvInteger" if node.op_type == "Conv" else "MatMulInteger"
     attrs = list(node.attributes.values()) if node.op_type == "Conv" else []
+    with_bias = _dynamic_bias(node, a, w)
     base = _name_of(node, names)
-    scale = e.add("", "Mul", [a.scale, w.scale], name=names.fresh(f"{base}_scales_mul"))
+    if with_bias is not None:  # the scale product the bias already uses
+        scale = with_bias[2]
+    else:
+        scale = e.add("", "Mul", [a.scale, w.scale],
+                      name=names.fresh(f"{base}_scales_mul")).outputs[0]
     integer = e.add("", op, [a.x, w.x, a.zp, w.zp], attrs, name=base)
     integer.outputs[0].dtype = ir.DataType.INT32
-    cast = e.add("", "Cast", [integer.outputs[0]], [ir.AttrInt64("to", ir.DataType.FLOAT)],
+    acc = integer.outputs[0]
+    if with_bias is not None:
+        acc = e.add("", "Add", [acc, with_bias[1].x],
+                    name=names.fresh(f"{base}_bias_add")).outputs[0]
+        acc.dtype = ir.DataType.INT32
+    cast = e.add("", "Cast", [acc], [ir.AttrInt64("to", ir.DataType.FLOAT)],
                  name=names.fresh(f"{base}_cast"))
-    mul = e.add("", "Mul", [cast.outputs[0], scale.outputs[0]],
-                name=names.fresh(f"{base}_scaled"))
-    e.replace(node.outputs[0], mul.outputs[0], [node])
-    return "", f"{op} → Cast → Mul by a_scale·w_scale"
+    mul = e.add("", "Mul", [cast.outputs[0], scale], name=names.fresh(f"{base}_scaled"))
+    if with_bias is None:
+        e.replace(node.outputs[0], mul.outputs[0], [node])
+        return "", f"{op} → Cast → Mul by a_scale·w_scale"
+    e.replace(with_bias[0].outputs[0], mul.outputs[0], [with_bias[0], node])
+    return "", f"{op} → Add of the int32 bias → Cast → Mul by a_scale·w_scale"
 
 
 def _unit(d: _Dq) -> bool:
