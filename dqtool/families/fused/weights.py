@@ -97,6 +97,12 @@ def _evaluate(value: ir.Value) -> np.ndarray | None:
 
 def _counterpart(model_values: dict[str, ir.Value], node: ir.Node) -> np.ndarray | str | None:
     y = model_values.get(node.outputs[0].name)
+    if y is None:
+        # pack takes a bias Add into MatMulNBits: the packed node answers for the Add's
+        # output, so follow the original's one consumer when it is that Add.
+        uses = node.outputs[0].uses()
+        if len(uses) == 1 and uses[0].node.op_type == "Add" and node.op_type == "MatMulNBits":
+            y = model_values.get(uses[0].node.outputs[0].name)
     p = y.producer() if y is not None else None
     if p is None:
         return "not found"
@@ -114,17 +120,23 @@ def _counterpart(model_values: dict[str, ir.Value], node: ir.Node) -> np.ndarray
     return _evaluate(p.inputs[0])
 
 
+def _scope(function: ir.Function | None) -> tuple[str, str, str] | None:
+    """Value names are looked up within their scope: the graphs, or one function."""
+    return None if function is None else function.identifier()
+
+
 def compare_weights(model: ir.Model, original: ir.Model) -> list[WeightComparison]:
-    values: dict[str, ir.Value] = {}
-    for g in model.graphs():
-        for n in g:
-            for o in n.outputs:
-                values[o.name] = o
+    scopes: dict[tuple[str, str, str] | None, dict[str, ir.Value]] = {}
+    for site in graph.walk(model):
+        values = scopes.setdefault(_scope(site.function), {})
+        for o in site.node.outputs:
+            values[o.name] = o
     out: list[WeightComparison] = []
     for site in graph.walk(original):
         node = site.node
         if not read.is_fused(node):
             continue
+        values = scopes.get(_scope(site.function), {})
         name = node.name or node.outputs[0].name
         want = fused_weight(node)
         if want is None:

@@ -1,16 +1,13 @@
-"""``check --against`` on two correct conversions of MatMulNBits models whose fused weights
-it does not find yet (known gaps, kept here as executable reproducers): a MatMulNBits
-followed by a separate bias ``Add``, which ``pack`` takes into MatMulNBits' bias (the
-packed node's output is the Add's, so the original's output name is gone), and a
-MatMulNBits inside a model-local function. Both conversions are exact (the reference
-runtime's outputs are bit for bit the original's); the check still reports the weight as
-"not found". When the weight search follows them, these tests pass and lose the marker."""
+"""``check --against`` finds the fused weights of two correct conversions whose names or
+scopes move: a MatMulNBits followed by a separate bias ``Add``, which ``pack`` takes into
+MatMulNBits' bias (the packed node's output is the Add's, so the original's output name is
+gone), and a MatMulNBits inside a model-local function (its values are named within the
+function)."""
 
 from __future__ import annotations
 
 import numpy as np
 import onnx
-import pytest
 from helpers.fused import nbits_inputs, nbits_model
 from onnx import helper, numpy_helper
 
@@ -49,8 +46,6 @@ def _in_function(tmp_path):
     return src
 
 
-@pytest.mark.xfail(strict=True, reason="check --against looks the packed weight up by the "
-                   "original MatMulNBits' output name, which pack's bias fusion removes")
 def test_pack_taking_the_bias_add_keeps_its_weight_checked(tmp_path):
     src = _with_bias_add(tmp_path)
     up = tmp_path / "up.onnx"
@@ -63,8 +58,6 @@ def test_pack_taking_the_bias_add_keeps_its_weight_checked(tmp_path):
     assert report.passed
 
 
-@pytest.mark.xfail(strict=True, reason="check --against's fused weight search walks the "
-                   "graphs, not the model-local functions")
 def test_a_fused_node_in_a_function_keeps_its_weight_checked(tmp_path):
     src = _in_function(tmp_path)
     up = tmp_path / "up.onnx"
