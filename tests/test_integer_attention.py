@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 
 import numpy as np
+import onnx
 import pytest
 from helpers.integer import run_ort
 from onnx import TensorProto as TP
@@ -198,3 +199,12 @@ def test_ulp_distance():
     b = np.array([np.nextafter(np.float32(1), np.float32(2)), 0.0, np.float32(1e-45), 1.0],
                  np.float32)
     assert ort_facts.ulp_distance(a, b).tolist() == [1, 0, 1, 2**32]
+
+
+def test_check_skips_an_attribute_the_kernel_does_not_implement(tmp_path):
+    # do_rotary is refused by the kernel: check says so and skips the node (not an error)
+    path = tmp_path / "rotary.onnx"
+    onnx.save(_model(_case(3), do_rotary=1), path)
+    (node,) = dqtool.check(path).nodes
+    assert node.status == "skipped" and node.passed
+    assert "do_rotary=1: dqtool's kernel does not implement it" in node.reason

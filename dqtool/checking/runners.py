@@ -26,9 +26,13 @@ class RuntimeFailure(Exception):
     """A runtime could not load or run a model; the message is one line, ``detail`` the
     runtime's own whole message (where a caller looks for a limit it names)."""
 
-    def __init__(self, message: str, detail: str | None = None) -> None:
+    def __init__(self, message: str, detail: str | None = None,
+                 unsupported: bool = False) -> None:
         super().__init__(message)
         self.detail = message if detail is None else detail
+        # the runtime has no implementation of what the model asks (a kernel's
+        # NotImplementedError): a gap to report, not a wrong result
+        self.unsupported = unsupported
 
 
 def _first_line(e: BaseException) -> str:
@@ -36,7 +40,7 @@ def _first_line(e: BaseException) -> str:
 
 
 def _failure(e: BaseException) -> RuntimeFailure:
-    return RuntimeFailure(_first_line(e), str(e))
+    return RuntimeFailure(_first_line(e), str(e), isinstance(e, NotImplementedError))
 
 
 @dataclass(frozen=True)

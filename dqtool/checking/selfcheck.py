@@ -182,6 +182,14 @@ def _check_node(site: Site, spec: QuantSpec, ort_values: dict[str, np.ndarray],
     return judge_alone(alone, y, base, ort_values.get(y) if from_ort else None)
 
 
+def kernel_failed(base: dict[str, str], e: runners.RuntimeFailure) -> NodeCheck:
+    """A node the kernel does not implement (an attribute it refuses) is skipped with the
+    reason; any other kernel failure is an error."""
+    if e.unsupported:
+        return NodeCheck(**base, status=SKIPPED, reason=f"not compared: {e}")
+    return NodeCheck(**base, status=ERROR, reason=f"the kernel failed: {e}")
+
+
 def judge_alone(alone: onnx.ModelProto, y: str, base: dict[str, str],
                 ort_y: np.ndarray | None, integer_steps: bool = False) -> NodeCheck:
     """Run the one-node model ``alone`` on the kernel and compare it bit for bit with
@@ -191,7 +199,7 @@ def judge_alone(alone: onnx.ModelProto, y: str, base: dict[str, str],
     try:
         kernel = runners.run_reference(alone, {}, ["y"])["y"]
     except runners.RuntimeFailure as e:
-        return NodeCheck(**base, status=ERROR, reason=f"the kernel failed: {e}")
+        return kernel_failed(base, e)
     if ort_y is None:
         try:
             ort_y = runners.run_ort(alone, {}, ["y"])["y"]
@@ -262,7 +270,7 @@ def _check_in_pieces(node: ir.Node, spec: QuantSpec, base: dict[str, str],
         try:
             kernel = runners.run_reference(alone, {}, ["y"])["y"]
         except runners.RuntimeFailure as e:
-            return NodeCheck(**base, status=ERROR, reason=f"the kernel failed: {e}")
+            return kernel_failed(base, e)
         try:
             ort_y = runners.run_ort(alone, {}, ["y"])["y"]
         except runners.RuntimeFailure as e:
