@@ -50,8 +50,23 @@ P_ZP_VALUE = "DQ002"  # zero-point values: outside the type's range, non-zero fo
 P_NO_IMPORT = "DQ020"  # a domain used without an opset import
 
 
+class HasProblems:
+    """What every description derives from its ``problems``: the errors among them, and
+    whether there are none."""
+
+    problems: tuple[Problem, ...]
+
+    @property
+    def errors(self) -> tuple[Problem, ...]:
+        return tuple(p for p in self.problems if p.severity == "error")
+
+    @property
+    def valid(self) -> bool:
+        return not self.errors
+
+
 @dataclass(frozen=True)
-class QuantSpec:
+class QuantSpec(HasProblems):
     """One DequantizeLinear or QuantizeLinear node, by meaning.
 
     ``quant_type`` is the quantized type (DQ's input, Q's output); ``float_type`` is the
@@ -97,14 +112,6 @@ class QuantSpec:
         x_ok = self.x_constant or self.x_from_quantize
         zp_ok = self.zero_point == "none" or self.zero_point_constant
         return x_ok and self.scale_constant and zp_ok
-
-    @property
-    def errors(self) -> tuple[Problem, ...]:
-        return tuple(p for p in self.problems if p.severity == "error")
-
-    @property
-    def valid(self) -> bool:
-        return not self.errors
 
     def with_problems(self, *more: Problem) -> QuantSpec:
         return replace(self, problems=self.problems + tuple(more))

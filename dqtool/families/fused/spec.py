@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
-from dqtool.spec import Dim, Granularity, Problem
+from dqtool.spec import Dim, Granularity, HasProblems, Problem
 
 FusedOp = Literal["MatMulNBits", "GatherBlockQuantized"]
 DOMAIN = "com.microsoft"
@@ -35,7 +35,7 @@ P_FUSED_RUNTIME = "FU007"  # a combination onnxruntime's CPU kernel rejects
 
 
 @dataclass(frozen=True)
-class FusedSpec:
+class FusedSpec(HasProblems):
     """One MatMulNBits or GatherBlockQuantized node, by the meaning of its weight."""
 
     op: FusedOp
@@ -82,14 +82,6 @@ class FusedSpec:
         """The weight is known at load time (it can be folded or converted offline)."""
         zp_ok = self.zero_point == "none" or self.zero_point_constant
         return self.x_constant and self.scale_constant and zp_ok
-
-    @property
-    def errors(self) -> tuple[Problem, ...]:
-        return tuple(p for p in self.problems if p.severity == "error")
-
-    @property
-    def valid(self) -> bool:
-        return not self.errors
 
     @property
     def k_blocks(self) -> int | None:

@@ -14,7 +14,7 @@ import onnx_ir as ir
 
 from dqtool import graph
 from dqtool.families.integer import ops
-from dqtool.spec import P_INPUTS, P_NO_IMPORT, P_ZP, Dim, Granularity, Problem
+from dqtool.spec import P_INPUTS, P_NO_IMPORT, P_ZP, Dim, Granularity, HasProblems, Problem
 
 P_NO_QDQ = "DQ032"  # info: the operator has no faithful QDQ form
 
@@ -48,7 +48,7 @@ class Operand:
 
 
 @dataclass(frozen=True)
-class IntegerOpSpec:
+class IntegerOpSpec(HasProblems):
     op: str
     domain: str
     version: int
@@ -68,10 +68,6 @@ class IntegerOpSpec:
         return bool(weights) and all(
             o.constant and (o.scale_constant or o.scale_type is None)
             and (o.zero_point_constant or not o.has_zero_point) for o in weights)
-
-    @property
-    def errors(self) -> tuple[Problem, ...]:
-        return tuple(p for p in self.problems if p.severity == "error")
 
     def to_json(self) -> dict[str, Any]:
         return {
