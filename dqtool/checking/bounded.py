@@ -14,9 +14,9 @@ alone, as for any model.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import replace
 from typing import Any
 
+from dqtool.checking import against
 from dqtool.checking.against import RuntimeComparison
 
 ORT = "onnxruntime"
@@ -27,8 +27,7 @@ def needs_bounds(comparisons: Sequence[RuntimeComparison]) -> bool:
     """Whether onnxruntime compared and some output is beyond rtol/atol for a reason a
     bound could explain (not a shape, a dtype, a NaN or a missing output)."""
     return any(c.runtime == ORT and c.skipped is None and any(
-        not o.passed and o.failure is None and not o.nan_mismatches for o in c.outputs)
-        for c in comparisons)
+        against.explicable(o) for o in c.outputs) for c in comparisons)
 
 
 def apply(comparisons: Sequence[RuntimeComparison], weights: Sequence[Any],
@@ -65,21 +64,9 @@ def apply(comparisons: Sequence[RuntimeComparison], weights: Sequence[Any],
               "rounding bound on onnxruntime")
     if unbounded:
         reason += f" ({len(unbounded)} not bounded)"
-    out = []
-    tolerated = 0
-    for c in comparisons:
-        if c.runtime != ORT or c.skipped is not None:
-            out.append(c)
-            continue
-        outputs = []
-        for o in c.outputs:
-            if not o.passed and o.failure is None and not o.nan_mismatches:
-                o = replace(o, tolerated=reason).judge(o.rtol, o.atol)
-                tolerated += 1
-            outputs.append(o)
-        out.append(replace(c, outputs=tuple(outputs)))
+    out, tolerated = against.tolerate(comparisons, reason, runtime=ORT)
     if tolerated:
         notes.append(f"onnxruntime: {tolerated} output(s) beyond --rtol/--atol tolerated: "
                      f"{reason} (the difference is how onnxruntime rounds, not the "
                      "conversion)")
-    return tuple(out)
+    return out

@@ -15,9 +15,9 @@ own ``--check``.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import replace
 from typing import Any
 
+from dqtool.checking import against
 from dqtool.checking.against import RuntimeComparison
 
 
@@ -40,7 +40,7 @@ def apply(comparisons: Sequence[RuntimeComparison], per_op: Sequence[Any],
     unmeasured = [e for e in per_op if e.comparison is None]
     beyond = [e for e in per_op if e.comparison is not None and not within_one_step(e)]
     differing = [o for c in comparisons if c.skipped is None for o in c.outputs
-                 if not o.passed and o.failure is None and not o.nan_mismatches]
+                 if against.explicable(o)]
     if not differing:
         return tuple(comparisons)
     if unmeasured or beyond:
@@ -52,16 +52,7 @@ def apply(comparisons: Sequence[RuntimeComparison], per_op: Sequence[Any],
     reason = (f"a faithful, not exact, conversion: each of the {len(per_op)} rewritten "
               "operator(s), fed the original's inputs, is within one quantization step; the "
               "output difference is that rounding carried through the layers after it")
-    out = []
-    for c in comparisons:
-        if c.skipped is not None:
-            out.append(c)
-            continue
-        outputs = tuple(
-            replace(o, tolerated=reason).judge(o.rtol, o.atol)
-            if not o.passed and o.failure is None and not o.nan_mismatches else o
-            for o in c.outputs)
-        out.append(replace(c, outputs=outputs))
+    out, _ = against.tolerate(comparisons, reason)
     notes.append(f"{len(differing)} output comparison(s) beyond --rtol/--atol tolerated: "
                  f"{reason} (docs/integer-ops.md); their differences are reported above")
-    return tuple(out)
+    return out
