@@ -38,6 +38,9 @@ $(STAMP): pyproject.toml $(LOCK)
 	@# An editable install leaves dqtool's own bytecode to the first run, which may not write
 	@# it (PYTHONDONTWRITEBYTECODE): compiled here, every command starts ~0.1 s sooner.
 	$(BIN)/python -m compileall -q dqtool
+	@# The compiled transpose (dqtool/native) is built once here rather than by the first
+	@# test workers at once; without a C compiler dqtool runs on NumPy (same bytes).
+	$(BIN)/python -c "from dqtool.native import describe; print('native transpose', describe())"
 	@touch $(STAMP)
 
 run: $(STAMP)

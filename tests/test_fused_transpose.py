@@ -1,12 +1,23 @@
 """The word-wise transpose of packed codes (``packing.transpose_codes``) and the repacks
-built on it, against the simple form: unpack every code, transpose, pack."""
+built on it, against the simple form: unpack every code, transpose, pack. Every test runs
+twice: on the compiled kernel (``dqtool.native``) and on the NumPy path."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
+from dqtool import native
 from dqtool.families.fused import packing
+
+
+@pytest.fixture(autouse=True, params=["c", "numpy"])
+def path(request, monkeypatch) -> str:
+    if request.param == "numpy":
+        monkeypatch.setattr(native, "_state", {"fn": None, "why": "off (test)"})
+    else:
+        assert native.transpose_fn() is not None, native.describe()
+    return request.param
 
 
 def simple_transpose(p: np.ndarray, rows: int, cols: int, bits: int) -> np.ndarray:
@@ -76,3 +87,46 @@ def test_repacks_match_the_simple_form_and_invert(bits: int, k: int, n: int, blo
                                      block)
         assert np.array_equal(back, b)
     assert np.array_equal(packing.onnx_to_nbits(kn, k, n, bits, block), b)
+
+
+@pytest.mark.parametrize(("bits", "flip"), [(2, 0xAA), (4, 0x88), (8, 0x80), (4, 0x0F)])
+@pytest.mark.parametrize(("rows", "cols"), [(64, 64), (40, 24), (200, 330), (16 * 9, 16 * 17)])
+def test_transpose_codes_flips_every_source_byte(bits: int, flip: int, rows: int,
+                                                 cols: int) -> None:
+    if rows * bits % 8:
+        rows += 8
+    rng = np.random.default_rng(rows + cols + flip)
+    p = rng.integers(0, 256, (rows, -(-cols * bits // 8)), dtype=np.uint8)
+    got = packing.transpose_codes(p, rows, cols, bits, flip)
+    want = simple_transpose(p ^ np.uint8(flip), rows, cols, bits).reshape(cols, -1)
+    assert np.array_equal(got, want)
+    assert not np.array_equal(got, packing.transpose_codes(p, rows, cols, bits))
+
+
+def test_transpose_codes_of_a_strided_view() -> None:
+    # A band of B's columns (fold's CodeRows): rows far apart, not starting on a word.
+    rng = np.random.default_rng(3)
+    b = rng.integers(0, 256, (48, 203), dtype=np.uint8)
+    view = b[:, 5:37]  # 32 bytes = 64 codes of each of 48 rows
+    got = packing.transpose_codes(view, 48, 64, 4)
+    assert np.array_equal(got, simple_transpose(np.ascontiguousarray(view), 48, 64, 4)
+                          .reshape(64, -1))
+
+
+@pytest.mark.parametrize(("bits", "flip"), [(4, 0x88), (8, 0x80), (2, 0xAA)])
+def test_onnx_to_nbits_flip_offsets_signed_codes(bits: int, flip: int) -> None:
+    # pack_pass hands signed codes' stored bytes over with a flip: the codes + 2^(bits-1).
+    k, n, block = 64, 32, 32
+    rng = np.random.default_rng(bits)
+    codes = rng.integers(0, 1 << bits, (k, n), dtype=np.uint8)
+    half = np.uint8(1 << (bits - 1))
+    want = packing.onnx_to_nbits(codes ^ half, k, n, bits, block)
+    stored = packing.pack(codes, bits).reshape(-1)
+    got = packing.onnx_to_nbits(stored if bits != 8 else stored.reshape(k, n), k, n, bits,
+                                block, flip=flip)
+    assert np.array_equal(got, want)
+    # codes one a byte, and a shape off the fast path: the same flip, code by code
+    assert np.array_equal(packing.onnx_to_nbits(codes, k, n, bits, block, flip=flip), want)
+    odd = codes[:, :31]
+    assert np.array_equal(packing.onnx_to_nbits(odd, k, 31, bits, block, flip=flip),
+                          packing.onnx_to_nbits(odd ^ half, k, 31, bits, block))

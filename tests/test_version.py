@@ -29,7 +29,15 @@ def test_version_names_each_package_with_its_installed_version():
                          text=True, cwd=ROOT, timeout=120)
     assert out.returncode == 0, out.stderr
     lines = dict(line.split(" ", 1) for line in out.stdout.splitlines())
-    assert list(lines) == ["dqtool", "onnx", "onnx_ir", "onnxruntime", "numpy", "python"]
+    assert list(lines) == ["dqtool", "onnx", "onnx_ir", "onnxruntime", "numpy", "python",
+                           "native"]
+    # the compiled transpose: whether it is built (never built by --version itself; `make`
+    # builds it when it installs)
+    from dqtool import native
+
+    assert native.transpose_fn() is not None
+    path = native.describe()[len("on ("):-1]  # where this process found it
+    assert lines["native"] == f"transpose built ({path})"
     assert lines["dqtool"] == __version__
     assert lines["onnx"] == metadata.version("onnx")
     assert lines["onnx_ir"] == metadata.version("onnx-ir")

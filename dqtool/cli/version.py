@@ -49,4 +49,9 @@ def text() -> str:
         usual = PACKAGES.get(package, (dist,))[0]
         note = f" ({dist})" if dist is not None and dist != usual else ""
         lines.append(f"{package} {version or 'not installed'}{note}")
+    # (``from dqtool import native`` would ask dqtool's lazy ``__getattr__`` first, which
+    # loads every family to look for the name)
+    from dqtool.native import status
+
+    lines.append(f"native transpose {status()}")
     return "\n".join(lines)

@@ -223,10 +223,9 @@ class FusedPackPass:
                 # On the stored bytes: adding 2^(bits-1) to every signed code (mod 2^bits)
                 # flips its top bit.
                 raw = arrays.raw_bytes(_t(x))
-                if signed:
-                    raw = raw ^ np.uint8(0x88 if bits == 4 else 0x80)
+                flip = (0x88 if bits == 4 else 0x80) if signed else 0
                 return packing.onnx_to_nbits(raw if bits == 4 else raw.reshape(k, n), k, n,
-                                             bits, block)
+                                             bits, block, flip=flip)
             return packing.onnx_to_nbits(_unsigned_codes(_array(x), bits, signed), k, n, bits,
                                          block)
 

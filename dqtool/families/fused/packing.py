@@ -78,10 +78,50 @@ def _swap_stages(bits: int) -> list[tuple[np.uint64, np.uint64, int]]:
 SLAB_BYTES = 1 << 21
 
 
-def transpose_codes(p: np.ndarray, rows: int, cols: int, bits: int) -> np.ndarray:
+def transpose_codes(p: np.ndarray, rows: int, cols: int, bits: int, flip: int = 0
+                    ) -> np.ndarray:
     """The ``bits``-bit matrix ``(rows, cols)`` packed row by row in ``p`` (``rows`` rows of
     at least ``cols·bits/8`` bytes, lowest bits first), transposed and packed the same way:
     ``(cols, rows·bits/8)`` bytes. ``bits`` 2, 4 or 8; ``rows·bits`` a multiple of 8.
+    ``flip``: a byte every source byte is xor-ed with first (e.g. 0x88: each signed int4
+    code offset by 8, i.e. made unsigned).
+
+    In C where ``dqtool.native`` is built (the same words, in registers), else on NumPy
+    (``transpose_codes_numpy``); the bytes are the same."""
+    from dqtool.kernel import parallel
+    from dqtool.native import transpose_fn
+
+    assert bits in (2, 4, 8) and rows * bits % 8 == 0, (rows, bits)
+    fn = transpose_fn()
+    if fn is None:
+        p = np.asarray(p, dtype=np.uint8).reshape(rows, -1)
+        return transpose_codes_numpy(p ^ np.uint8(flip) if flip else p, rows, cols, bits)
+    e = 64 // bits
+    wide, squares = -(-cols // e), -(-rows // e)
+    p = np.asarray(p, dtype=np.uint8).reshape(rows, -1)
+    if p.shape[1] < wide * 8 or rows != squares * e or p.strides[1] != 1:
+        q = np.zeros((squares * e, wide * 8), np.uint8)
+        width = min(wide * 8, p.shape[1])
+        q[:rows, :width] = p[:, :width]
+        p = q
+    out = np.empty((wide * e, squares * 8), np.uint8)
+    per_slab = max(1, SLAB_BYTES // (e * wide * 8))
+
+    def work(chunk: tuple[int, ...]) -> None:
+        # ctypes releases the GIL for the call: slabs run on the pool's threads at once.
+        fn(p.ctypes.data, p.strides[0], out.ctypes.data, out.strides[0], wide, chunk[0],
+           chunk[1], bits, flip)
+
+    chunks = [(s, min(s + per_slab, squares), 0, 0, 0, 0)
+              for s in range(0, squares, per_slab)]
+    parallel.run(work, chunks, total=squares * e * wide * 8)
+    if out.shape != (cols, rows * bits // 8):
+        out = np.ascontiguousarray(out[:cols, : rows * bits // 8])
+    return out
+
+
+def transpose_codes_numpy(p: np.ndarray, rows: int, cols: int, bits: int) -> np.ndarray:
+    """``transpose_codes`` on NumPy (no flip).
 
     Works on 64-bit words, never on single codes. A word holds ``E = 64 / bits`` codes of a
     row, so an ``E × E`` square of codes is ``E`` words of ``E`` consecutive rows. Within
@@ -161,18 +201,26 @@ def nbits_to_onnx(b: np.ndarray, k: int, n: int, bits: int) -> np.ndarray:
 
 
 def onnx_to_nbits(codes_kn: np.ndarray, k: int, n: int, bits: int, block: int,
-                  pad_codes: np.ndarray | None = None) -> np.ndarray:
+                  pad_codes: np.ndarray | None = None, flip: int = 0) -> np.ndarray:
     """ai.onnx codes ``(K, N)`` (uint8 values) → MatMulNBits B ``(N, k_blocks, blob)``.
 
     A ragged last block is padded with ``pad_codes`` (one code per column N; default 0).
+    ``flip``: a byte every stored (packed) byte is xor-ed with first, e.g. 0x88 to offset
+    signed int4 codes by 8 (done inside the transpose where it can be).
     """
+    if flip and not (k * bits % 8 == 0 and n * bits % 8 == 0 and pad_codes is None):
+        # codes one a byte here: the same flip, code by code
+        codes_kn = np.asarray(codes_kn, np.uint8) ^ np.uint8(flip & ((1 << bits) - 1))
+        flip = 0
     kb = -(-k // block)
     blob = block * bits // 8
     if k * bits % 8 == 0 and n * bits % 8 == 0 and pad_codes is None:
         # codes_kn: the packed bytes already (1-D, k·n·bits/8 of them), or the codes
-        packed = np.ascontiguousarray(codes_kn, dtype=np.uint8).reshape(k, -1) \
-            if codes_kn.ndim == 1 else pack(codes_kn, bits)
-        t = transpose_codes(packed, k, n, bits)  # (N, K·bits/8)
+        if codes_kn.ndim == 1:
+            packed = np.ascontiguousarray(codes_kn, dtype=np.uint8).reshape(k, -1)
+        else:  # codes one a byte
+            packed = pack(codes_kn, bits)
+        t = transpose_codes(packed, k, n, bits, flip)  # (N, K·bits/8)
         if t.shape[1] == kb * blob:
             return t.reshape(n, kb, blob)
         out = np.zeros((n, kb * blob), np.uint8)  # a ragged last block: padded with 0

@@ -153,6 +153,14 @@ def matmul_nbits(node: ir.Node, spec: FusedSpec, b: Builder, unpacked: bool = Fa
     how_parts: list[str] = []
     if spec.zero_point != "float":
         def zp_codes() -> ir.TensorProtocol:
+            count = int(np.prod(s_shape))
+            if zp is None and bits < 8:  # one code everywhere: its packed byte, repeated
+                code = spec.default_zero_point
+                byte = sum(code << (bits * j) for j in range(8 // bits))
+                packed = np.full(-(-count * bits // 8), byte, np.uint8)
+                if count * bits % 8:  # the last byte's unused slots stay 0, as pack leaves them
+                    packed[-1] &= (1 << (count * bits % 8)) - 1
+                return ir.PackedTensor(packed, code_t, shape=s_shape)
             if zp is None:
                 codes = np.full(s_shape, spec.default_zero_point, np.uint8)
             else:
@@ -251,6 +259,14 @@ def gather_block_quantized(node: ir.Node, spec: FusedSpec, b: Builder
         bits = spec.bits
 
         def zp_codes() -> ir.TensorProtocol:
+            count = int(np.prod(s_shape))
+            if zp is None and bits < 8:  # one code everywhere: its packed byte, repeated
+                code = spec.default_zero_point
+                byte = sum(code << (bits * j) for j in range(8 // bits))
+                packed = np.full(-(-count * bits // 8), byte, np.uint8)
+                if count * bits % 8:  # the last byte's unused slots stay 0, as pack leaves them
+                    packed[-1] &= (1 << (count * bits % 8)) - 1
+                return ir.PackedTensor(packed, code_t, shape=s_shape)
             if zp is None:
                 codes = np.full(s_shape, spec.default_zero_point, np.uint8)
             else:
