@@ -130,3 +130,33 @@ def test_onnx_to_nbits_flip_offsets_signed_codes(bits: int, flip: int) -> None:
     odd = codes[:, :31]
     assert np.array_equal(packing.onnx_to_nbits(odd, k, 31, bits, block, flip=flip),
                           packing.onnx_to_nbits(odd ^ half, k, 31, bits, block))
+
+
+@pytest.mark.parametrize("bits", [2, 4, 8])
+@pytest.mark.parametrize(("k", "n", "block"), [(64, 48, 16), (100, 40, 32), (256, 24, 128),
+                                               (130, 72, 64), (48, 16, 16), (1, 8, 16),
+                                               (512, 96, 32)])
+def test_streamed_repacks_write_the_same_bytes(bits: int, k: int, n: int, block: int,
+                                               monkeypatch) -> None:
+    # Bands far smaller than a weight (every band boundary, a short last band, a ragged
+    # last block), and whatever is left in the scratch buffer from an earlier band.
+    import io
+
+    monkeypatch.setattr(packing, "STREAM_BYTES", 64)
+    assert n * bits % 8 == 0  # streamed only where rows are whole bytes
+    rng = np.random.default_rng(k + n + bits)
+    kb, blob = -(-k // block), block * bits // 8
+    codes = rng.integers(0, 1 << bits, (n, kb * block), dtype=np.uint8)
+    codes[:, k:] = 0
+    b = packing.pack(codes, bits).reshape(n, kb, blob)
+    f = io.BytesIO()
+    assert packing.write_nbits_as_onnx(b, k, n, bits, f) == k * n * bits // 8
+    onnx = packing.nbits_to_onnx(b, k, n, bits)
+    assert f.getvalue() == onnx.tobytes()
+    assert f.getvalue() == simple_nbits_to_onnx(b, k, n, bits).tobytes()
+    if k * bits % 8 == 0:
+        half = (0xAA, 0x88, 0x80)[(2, 4, 8).index(bits)]
+        f = io.BytesIO()
+        written = packing.write_onnx_as_nbits(onnx ^ np.uint8(half), k, n, bits, block, f,
+                                              flip=half)
+        assert written == b.nbytes and f.getvalue() == b.tobytes()

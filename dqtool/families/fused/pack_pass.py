@@ -217,20 +217,27 @@ class FusedPackPass:
         b = Builder(mm if add is None else add, self.fresh, self.in_function)
         b.base = mm.name or dq.name or "matmul"
 
+        # On the stored bytes where it can: adding 2^(bits-1) to every signed code (mod
+        # 2^bits) flips its top bit. A ragged last block is padded with code 0, as
+        # onnxruntime's quantizer does.
+        on_bytes = bits in (4, 8) and n % 2 == 0 and k % 2 == 0 and not narrowed
+        flip = (0x88 if bits == 4 else 0x80) if signed else 0
+
         def b_bytes() -> np.ndarray:
-            # A ragged last block is padded with code 0, as onnxruntime's quantizer does.
-            if bits in (4, 8) and n % 2 == 0 and k % 2 == 0 and not narrowed:
-                # On the stored bytes: adding 2^(bits-1) to every signed code (mod 2^bits)
-                # flips its top bit.
+            if on_bytes:
                 raw = arrays.raw_bytes(_t(x))
-                flip = (0x88 if bits == 4 else 0x80) if signed else 0
                 return packing.onnx_to_nbits(raw if bits == 4 else raw.reshape(k, n), k, n,
                                              bits, block, flip=flip)
             return packing.onnx_to_nbits(_unsigned_codes(_array(x), bits, signed), k, n, bits,
                                          block)
 
         s_type = types.by_name(spec.scale_type).ir_type
-        bq = b.constant("B", ir.DataType.UINT8, (n, kb, block * bits // 8), b_bytes)
+        if on_bytes:  # saved to a data file: written a band of N rows at a time
+            bq = b.streamed("B", ir.DataType.UINT8, (n, kb, block * bits // 8), b_bytes,
+                            lambda file: packing.write_onnx_as_nbits(
+                                arrays.raw_bytes(_t(x)), k, n, bits, block, file, flip=flip))
+        else:
+            bq = b.constant("B", ir.DataType.UINT8, (n, kb, block * bits // 8), b_bytes)
         s = b.constant("scales", s_type, (n, kb), scales)
         inputs: list[ir.Value | None] = [a, bq, s]
         if not omit_zp:

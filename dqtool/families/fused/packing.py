@@ -244,3 +244,77 @@ def onnx_packed_codes(packed: np.ndarray, shape: tuple[int, ...], bits: int) -> 
     count = int(np.prod(shape, dtype=np.int64))
     flat = unpack(np.asarray(packed, np.uint8).reshape(-1), bits)[:count]
     return flat.reshape(shape)
+
+
+# Output bytes one band of a streamed repack holds: the band's source columns and its
+# output stay in L2 and the output goes to write() from there (no fresh pages for a whole
+# weight, no second pass over it in memory).
+STREAM_BYTES = 1 << 19
+
+
+def _transpose_band(p: np.ndarray, rows: int, cols: int, bits: int, flip: int,
+                    buf: np.ndarray) -> np.ndarray:
+    """``transpose_codes`` of one band on the calling thread, into ``buf`` where the C
+    kernel runs and ``rows`` fills whole squares (else as ``transpose_codes`` does)."""
+    from dqtool.native import transpose_fn
+
+    fn = transpose_fn()
+    e = 64 // bits
+    if fn is None or rows % e:
+        return transpose_codes(p, rows, cols, bits, flip)
+    wide, squares = -(-cols // e), rows // e
+    if p.shape[1] < wide * 8 or p.strides[1] != 1:  # the last band of a row: padded
+        q = np.zeros((rows, wide * 8), np.uint8)
+        q[:, : min(p.shape[1], wide * 8)] = p[:, : wide * 8]
+        p = q
+    out = buf[: wide * e * squares * 8].reshape(wide * e, squares * 8)
+    fn(p.ctypes.data, p.strides[0], out.ctypes.data, out.strides[0], wide, 0, squares,
+       bits, flip)
+    return out[:cols]
+
+
+def _scratch(nbytes: int) -> np.ndarray:
+    from dqtool.kernel import parallel
+
+    return parallel.scratch(nbytes, np.dtype(np.uint8), slot=7)
+
+
+def write_nbits_as_onnx(b: np.ndarray, k: int, n: int, bits: int, file) -> int:
+    """``nbits_to_onnx(b, k, n, bits)`` written to ``file`` a band of K rows at a time
+    (``n·bits`` a multiple of 8); returns the bytes written."""
+    b = np.asarray(b, dtype=np.uint8).reshape(n, -1)
+    per = 8 // bits
+    band = max(8, STREAM_BYTES // max(n, 1) // 8 * 8)  # source bytes per row per band
+    stop = -(-k // per)
+    buf = _scratch((band * per + 64 // bits) * (n * bits // 8))  # a band's whole squares
+    written = 0
+    for lo in range(0, stop, band):
+        hi = min(stop, lo + band)
+        t = _transpose_band(b[:, lo:hi], n, (hi - lo) * per, bits, 0, buf)
+        t = t[: min(k, hi * per) - lo * per]
+        file.write(np.ascontiguousarray(t).data)
+        written += t.nbytes
+    return written
+
+
+def write_onnx_as_nbits(packed: np.ndarray, k: int, n: int, bits: int, block: int,
+                        file, flip: int = 0) -> int:
+    """``onnx_to_nbits`` of the packed bytes of codes ``(K, N)`` (``k·bits`` and ``n·bits``
+    multiples of 8) written to ``file`` a band of N rows at a time; returns the bytes."""
+    per = 8 // bits
+    packed = np.asarray(packed, dtype=np.uint8).reshape(k, -1)
+    row = -(-k // block) * block * bits // 8  # bytes of one row of B (ragged block padded)
+    band = max(8, STREAM_BYTES // max(row * per, 1) // 8 * 8)  # source bytes per row per band
+    stop = n // per
+    buf = _scratch((band * per + 64 // bits) * (k * bits // 8))  # a band's whole squares
+    written = 0
+    for lo in range(0, stop, band):
+        hi = min(stop, lo + band)
+        t = _transpose_band(packed[:, lo:hi], k, (hi - lo) * per, bits, flip, buf)
+        if t.shape[1] != row:  # a ragged last block: padded with code 0
+            padded = np.zeros((t.shape[0], row), np.uint8)
+            padded[:, : t.shape[1]] = t
+            t = padded
+        file.write(np.ascontiguousarray(t).data)
+        written += t.nbytes
+    return written

@@ -40,6 +40,24 @@ class _Lazy(ir.LazyTensor):
             file.write(data[start:start + WRITE_BYTES])
 
 
+class Streamed(_Lazy):
+    """A lazily computed constant that writes itself band by band (``write(file)``) when
+    saved to a file; as a whole (``numpy()``, an inline save) it is ``make()``. Its bands
+    are computed on the thread that writes it, so a save may write several at once."""
+
+    streams = True  # read by the data-file writer (dqtool.external_data)
+
+    def __init__(self, make: Callable[[], ir.TensorProtocol], write: Callable[[object], int],
+                 dtype: ir.DataType, shape: ir.Shape, name: str) -> None:
+        super().__init__(make, dtype=dtype, shape=shape, name=name)
+        self._write = write
+
+    def tofile(self, file) -> None:
+        written = self._write(file)
+        if written != self.nbytes:  # the reference to it already says nbytes
+            raise OSError(f"{self.name}: wrote {written} bytes, expected {self.nbytes}")
+
+
 class _Ahead:
     """One large constant computed ahead of its use.
 
@@ -96,6 +114,19 @@ class _Ahead:
         return self.make()
 
 
+def _tensor_of(make: Callable[[], ir.TensorProtocol | np.ndarray], dtype: ir.DataType,
+               shape: tuple[int, ...], name: str) -> Callable[[], ir.TensorProtocol]:
+    """``make`` giving a tensor (an array becomes one), its shape checked."""
+    def tensor() -> ir.TensorProtocol:
+        t = make()
+        if isinstance(t, np.ndarray):
+            t = ir.Tensor(np.ascontiguousarray(t), dtype=dtype, name=name)
+        assert tuple(t.shape) == shape, (name, tuple(t.shape), shape)
+        return t
+
+    return tensor
+
+
 class Builder:
     """Builds the nodes that replace ``node``; ``fresh`` names values uniquely."""
 
@@ -118,15 +149,21 @@ class Builder:
         nbytes = int(np.prod(shape, dtype=np.int64)) * ir.DataType(dtype).bitwidth // 8
         if _Ahead.MIN_BYTES <= nbytes <= _Ahead.MAX_BYTES and not self.in_function:
             make = _Ahead(make)
+        lazy = _Lazy(_tensor_of(make, dtype, shape, name), dtype=dtype, shape=ir.Shape(shape),
+                     name=name)
+        return self.value_of(lazy, name, dtype, shape)
 
-        def tensor() -> ir.TensorProtocol:
-            t = make()
-            if isinstance(t, np.ndarray):
-                t = ir.Tensor(np.ascontiguousarray(t), dtype=dtype, name=name)
-            assert tuple(t.shape) == shape, (name, tuple(t.shape), shape)
-            return t
-
-        lazy = _Lazy(tensor, dtype=dtype, shape=ir.Shape(shape), name=name)
+    def streamed(self, role: str, dtype: ir.DataType, shape: Sequence[int],
+                 make: Callable[[], ir.TensorProtocol], write: Callable[[object], int]
+                 ) -> ir.Value:
+        """A constant like ``constant``'s that a save to a data file writes in bands
+        (``write(file)`` returns the bytes written); ``make()`` gives it whole."""
+        if self.in_function:  # a Constant node holds its tensor, lazily made whole
+            return self.constant(role, dtype, shape, make)
+        name = self.fresh(f"{self.base}/{role}")
+        shape = tuple(int(d) for d in shape)
+        lazy = Streamed(_tensor_of(make, dtype, shape, name), write, dtype, ir.Shape(shape),
+                        name)
         return self.value_of(lazy, name, dtype, shape)
 
     def existing(self, tensor: ir.TensorProtocol, role: str) -> ir.Value:

@@ -139,6 +139,9 @@ def matmul_nbits(node: ir.Node, spec: FusedSpec, b: Builder, unpacked: bool = Fa
 
     if unpacked:  # codes a band of rows at a time, as the fold streams them
         x = b.existing(CodeRows(lambda: _array(bq), rows, n, bits, code_t), "x")
+    elif n * bits % 8 == 0:  # rows of whole bytes: written a band of K rows at a time
+        x = b.streamed("x", code_t, (rows, n), x_bytes, lambda file: packing.write_nbits_as_onnx(
+            _array(bq), rows, n, bits, file))
     else:
         x = b.constant("x", code_t, (rows, n), x_bytes)
     s_shape = (n,) if per_axis else (kb, n)

@@ -1,0 +1,89 @@
+"""The data-file writer (``external_data._Writer``): tensors written on several threads,
+each at its own offset, give the same file as one thread; streamed tensors are written
+band by band; an error in any tensor stops the save and nothing is left behind."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx_ir as ir
+import pytest
+
+from dqtool import io
+from dqtool.families.fused.surgery import Streamed
+
+
+def _model(tensors: list[ir.TensorProtocol]) -> ir.Model:
+    graph = ir.Graph([], [], nodes=[], name="g", opset_imports={"": 21})
+    for t in tensors:
+        graph.register_initializer(ir.Value(name=t.name, const_value=t, type=ir.TensorType(
+            t.dtype), shape=ir.Shape(t.shape)))
+    return ir.Model(graph, ir_version=10)
+
+
+def _streamed(name: str, data: np.ndarray, band: int = 1000, fail: bool = False,
+              short: bool = False) -> Streamed:
+    def write(file) -> int:
+        raw = data.tobytes()
+        for start in range(0, len(raw), band):
+            if fail and start >= len(raw) // 2:
+                raise OSError(f"{name}: the disk is full (test)")
+            file.write(raw[start:start + band])
+        return len(raw) - (1 if short else 0)
+
+    return Streamed(lambda: ir.Tensor(data, name=name), write, ir.DataType.UINT8,
+                    ir.Shape(data.shape), name)
+
+
+def _tensors(seed: int = 0) -> list[tuple[str, np.ndarray]]:
+    rng = np.random.default_rng(seed)
+    return [(f"w{i}", rng.integers(0, 256, size, dtype=np.uint8))
+            for i, size in enumerate([5000, 300, 70000, 1, 4096, 12345, 999, 65])]
+
+
+@pytest.mark.parametrize("threads", ["1", "2", "5"])
+def test_streamed_and_plain_tensors_on_any_number_of_threads(tmp_path, monkeypatch,
+                                                             threads: str) -> None:
+    monkeypatch.setenv("DQTOOL_THREADS", threads)
+    tensors = [_streamed(n, a) if i % 2 else ir.Tensor(a, name=n)
+               for i, (n, a) in enumerate(_tensors())]
+    io.save(_model(tensors), tmp_path / "m.onnx", external=True)
+    back = io.load(tmp_path / "m.onnx")
+    for name, a in _tensors():
+        assert np.array_equal(back.graph.initializers[name].const_value.numpy(), a), name
+    assert (tmp_path / "m.onnx.data").exists()
+
+
+def test_the_same_file_on_one_thread_and_on_two(tmp_path, monkeypatch) -> None:
+    files = []
+    for threads in ("1", "2"):
+        monkeypatch.setenv("DQTOOL_THREADS", threads)
+        out = tmp_path / threads / "m.onnx"
+        out.parent.mkdir()
+        io.save(_model([_streamed(n, a) for n, a in _tensors(1)]), out, external=True)
+        files.append((out.read_bytes(), out.with_name("m.onnx.data").read_bytes()))
+    assert files[0] == files[1]
+
+
+@pytest.mark.parametrize("threads", ["1", "2"])
+def test_an_error_in_one_tensor_stops_the_save(tmp_path, monkeypatch, threads: str) -> None:
+    monkeypatch.setenv("DQTOOL_THREADS", threads)
+    tensors = [_streamed(n, a, fail=(n == "w2")) for n, a in _tensors()]
+    with pytest.raises(OSError, match="the disk is full"):
+        io.save(_model(tensors), tmp_path / "m.onnx", external=True)
+    assert list(tmp_path.iterdir()) == []  # no model, no data file, no temporary folder
+
+
+def test_a_streamed_tensor_that_writes_too_little_is_an_error(tmp_path) -> None:
+    tensors = [_streamed(n, a, short=(n == "w4")) for n, a in _tensors()]
+    with pytest.raises(OSError, match="w4: wrote 4095 bytes, expected 4096"):
+        io.save(_model(tensors), tmp_path / "m.onnx", external=True)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_streamed_tensors_saved_inline(tmp_path) -> None:
+    tensors = [_streamed(n, a) for n, a in _tensors()]
+    io.save(_model(tensors), tmp_path / "m.onnx", external=False)
+    assert not (tmp_path / "m.onnx.data").exists()
+    back = io.load(tmp_path / "m.onnx")
+    for name, a in _tensors():
+        assert np.array_equal(back.graph.initializers[name].const_value.numpy(), a)
