@@ -249,7 +249,7 @@ def onnx_packed_codes(packed: np.ndarray, shape: tuple[int, ...], bits: int) -> 
 # Output bytes one band of a streamed repack holds: the band's source columns and its
 # output stay in L2 and the output goes to write() from there (no fresh pages for a whole
 # weight, no second pass over it in memory).
-STREAM_BYTES = 1 << 19
+STREAM_BYTES = 1 << 20
 
 
 def _transpose_band(p: np.ndarray, rows: int, cols: int, bits: int, flip: int,
