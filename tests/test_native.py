@@ -111,3 +111,13 @@ def test_a_cache_that_cannot_be_written_builds_in_the_temporary_folder(monkeypat
     built = native.describe()
     assert built.startswith(f"on ({tmp_path / 'tmp'}/dqtool-native-")
     _transposes_right()
+
+
+def test_a_cached_build_that_does_not_load_is_built_again(fresh) -> None:
+    path = native.library_path()
+    path.parent.mkdir(parents=True)
+    path.write_bytes(b"\x7fELF truncated")  # what a full disk can leave
+    assert native.transpose_fn() is not None
+    assert native.describe() == f"on ({path})"
+    assert path.stat().st_size > 1000
+    _transposes_right()

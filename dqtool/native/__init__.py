@@ -130,7 +130,15 @@ def _load() -> tuple[object | None, str]:
         return None, "off (big-endian machine)"
     try:
         path = _built()
-        lib = ctypes.CDLL(str(path))
+        try:
+            lib = ctypes.CDLL(str(path))
+        except OSError:
+            # A cached build that does not load (truncated by a full disk, say) is built
+            # again, once. (Not one that loads but fails the check: dlopen would hand back
+            # the loaded one.)
+            path.unlink(missing_ok=True)
+            path = _built()
+            lib = ctypes.CDLL(str(path))
         if lib.dq_native_version() != VERSION:
             return None, f"off ({path} is version {lib.dq_native_version()}, not {VERSION})"
         fn = lib.dq_transpose_codes
