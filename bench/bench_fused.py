@@ -27,7 +27,6 @@ from __future__ import annotations
 import compileall
 import json
 import os
-import resource
 import shutil
 import subprocess
 import sys
@@ -51,19 +50,8 @@ BLOCK = 128
 REPEAT = int(os.environ.get("DQTOOL_BENCH_REPEAT") or (1 if QUICK else 3))
 FOLD_REPEAT = int(os.environ.get("DQTOOL_BENCH_FOLD_REPEAT") or 1)
 
-_WRAP = """
-import resource, sys
-sys.argv = ["dqtool", *sys.argv[1:]]
-sys.path = [p for p in sys.path if p not in ("", ".")]  # the interpreter's dqtool, not cwd's
-code = 0
-try:
-    from dqtool.cli import main
-    main()
-except SystemExit as e:
-    code = e.code or 0
-print("MAXRSS", resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, file=sys.stderr)
-sys.exit(code)
-"""
+# What a user runs: the installed `dqtool` script next to this interpreter.
+DQTOOL = Path(sys.executable).with_name("dqtool")
 
 
 class DataWriter:
@@ -144,21 +132,24 @@ CPU: dict[str, float] = {}  # CPU seconds (user + system) of each command, by na
 
 
 def run(*args: str) -> tuple[float, float, str]:
-    """(wall seconds, peak RSS MB, stdout) of one dqtool command in its own process; its
-    CPU time (all threads, user + system: steadier than wall time on a shared machine)
-    goes to ``CPU``."""
+    """(wall seconds, peak RSS MB, stdout) of one ``dqtool`` command in its own process (the
+    installed script, as a user runs it); its CPU time (all threads, user + system:
+    steadier than wall time on a shared machine) goes to ``CPU``. The process's own
+    resource usage is read by ``wait4``."""
     os.sync()  # start from a quiet disk (no write-back of the previous step)
-    before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    t0 = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-c", _WRAP, *args], capture_output=True,
-                          text=True)
-    wall = time.perf_counter() - t0
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    CPU[args[0]] = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
-    rss = [line for line in proc.stderr.splitlines() if line.startswith("MAXRSS")]
-    if proc.returncode != 0 or not rss:
-        raise SystemExit(f"dqtool {' '.join(args)} failed:\n{proc.stderr[-2000:]}")
-    return wall, int(rss[-1].split()[1]) / 1024, proc.stdout
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        t0 = time.perf_counter()
+        proc = subprocess.Popen([str(DQTOOL), *args], stdout=out, stderr=err)
+        _, status, usage = os.wait4(proc.pid, 0)
+        wall = time.perf_counter() - t0
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        out.seek(0)
+        err.seek(0)
+        stdout, stderr = out.read(), err.read()
+    CPU[args[0]] = usage.ru_utime + usage.ru_stime
+    if proc.returncode != 0:
+        raise SystemExit(f"dqtool {' '.join(args)} failed:\n{stderr[-2000:]}")
+    return wall, usage.ru_maxrss / 1024, stdout
 
 
 def copy_time(src: Path, dst: Path, nbytes: int | None = None) -> float:

@@ -1,3 +1,3 @@
-from dqtool.cli import main
+from dqtool.cli import entry
 
-main()
+entry()

@@ -9,6 +9,7 @@ anything else is a bug and keeps its traceback.
 from __future__ import annotations
 
 import importlib
+import os
 import sys
 from collections.abc import Iterator, Mapping
 
@@ -160,3 +161,28 @@ def main(argv: list[str] | None = None) -> None:
         click.echo("Aborted!", err=True)
         sys.exit(1)
     sys.exit(code if isinstance(code, int) else 0)
+
+
+def entry() -> None:
+    """The ``dqtool`` command: ``main``, then out without the interpreter's teardown.
+
+    Why: a command is done once ``main`` returns (every file written, committed and closed;
+    output is flushed here), and tearing down its objects (a large model's IR, every module)
+    only costs time: ~55 ms after a 225-node conversion, measured, for a command that takes
+    ~1.2 s. Errors (exceptions other than SystemExit) leave the usual way. Library callers
+    and tests call ``main``, which never ends the process this way."""
+    try:
+        main()
+        code = 0
+    except SystemExit as e:
+        if e.code is None or isinstance(e.code, int):
+            code = e.code or 0
+        else:  # a message, as sys.exit("...") prints it
+            print(e.code, file=sys.stderr)
+            code = 1
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except OSError:  # a reader that went away: the usual teardown reports it
+            raise SystemExit(code) from None
+    os._exit(code)
