@@ -269,8 +269,8 @@ def externalized(model: ir.Model, folder: Path, data_name: str,
 
         writer = _Writer(folder / data_name, plan, callback, append=prefill is not None,
                          threads=num_threads())
-        writer.start()
         try:
+            writer.start()
             yield
             writer.finish()
             if prefill is not None:

@@ -248,3 +248,40 @@ def test_a_table_blocked_along_its_gather_axis_packs_back():
     attrs = {a.name: a.i for a in node.attribute}
     assert attrs["gather_axis"] == 0 and attrs["quantize_axis"] == 0
     assert bits_of(run_ort(packed, feeds)[0]).tolist() == bits_of(want).tolist()
+
+
+@pytest.mark.parametrize("name", ["ort_matmulnbits_4bit_sym_b32", "ort_matmulnbits_4bit_asym_b128",
+                                  "ort_matmulnbits_8bit_b32", "ort_matmulnbits_2bit_b32"])
+def test_streamed_upgrade_and_pack_in_many_bands_on_two_writers(name, tmp_path, monkeypatch):
+    # onnxruntime's quantizer's models, saved with external data as a large model is: every
+    # weight is written band by band (bands of 64 bytes here, so each weight takes many),
+    # by two writer threads; the round trip gives back the stored bytes.
+    monkeypatch.setattr(packing, "STREAM_BYTES", 64)
+    monkeypatch.setenv("DQTOOL_THREADS", "2")
+    src = f"models/{name}.onnx"
+    opset = "25" if "2bit" in name else "21"
+    up, back = tmp_path / "up.onnx", tmp_path / "back.onnx"
+    r = CliRunner().invoke(cli, ["upgrade", src, "--opset", opset, "-o", str(up),
+                                 "--external-data"])
+    assert r.exit_code == 0, r.output
+    assert (tmp_path / "up.onnx.data").stat().st_size > 0
+    r = CliRunner().invoke(cli, ["pack", str(up), "-o", str(back), "--external-data"])
+    assert r.exit_code == 0, r.output
+    original, packed = onnx.load(src), onnx.load(str(back))
+    assert _nbits_consts(packed) == _nbits_consts(original)
+    # and the upgraded codes are the stored ones, transposed
+    upgraded = onnx.load(str(up))
+    inits = {t.name: t for t in upgraded.graph.initializer}
+    for node in (n for n in original.graph.node if n.op_type == "MatMulNBits"):
+        attrs = {a.name: a.i for a in node.attribute}
+        b = onnx.numpy_helper.to_array(
+            next(t for t in original.graph.initializer if t.name == node.input[1]))
+        want = packing.nbits_to_onnx(b, attrs["K"], attrs["N"], attrs["bits"]).tobytes()
+        dq = next(n for n in upgraded.graph.node if n.op_type == "DequantizeLinear"
+                  and n.name.startswith(node.name))
+        x = inits[dq.input[0]]
+        got = onnx.numpy_helper.to_array(x)
+        stored = packing.pack(got.reshape(-1).view(np.uint8) & ((1 << attrs["bits"]) - 1),
+                              attrs["bits"]).tobytes() if attrs["bits"] < 8 \
+            else got.tobytes()
+        assert stored == want, node.name

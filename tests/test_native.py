@@ -31,15 +31,25 @@ def _transposes_right() -> None:
 def test_built_into_the_cache_on_first_use(fresh) -> None:
     assert not fresh.exists()
     assert native.transpose_fn() is not None
-    built = list(fresh.glob("codes-*.so"))
-    assert [p.name for p in built] == [native.library_path().name]
-    assert native.describe() == f"on ({built[0]})"
+    lib = native.library_path()
+    assert sorted(p.name for p in fresh.iterdir()) == [lib.with_suffix(".sha256").name,
+                                                      lib.name]
+    assert native.describe() == f"on ({lib})"
+    assert fresh.stat().st_mode & 0o777 == 0o700  # the cache folder is private
     _transposes_right()
     # a second process (a fresh loader) uses the cached build: nothing new is written
-    mtime = built[0].stat().st_mtime_ns
+    mtime = lib.stat().st_mtime_ns
     native._state.clear()
     assert native.transpose_fn() is not None
-    assert built[0].stat().st_mtime_ns == mtime and len(list(fresh.iterdir())) == 1
+    assert lib.stat().st_mtime_ns == mtime and len(list(fresh.iterdir())) == 2
+
+
+def test_builds_of_another_source_or_compiler_are_pruned(fresh) -> None:
+    fresh.mkdir()
+    (fresh / "codes-0123456789abcdef.so").write_bytes(b"an old build")
+    (fresh / "codes-0123456789abcdef.sha256").write_text("0" * 64)
+    assert native.transpose_fn() is not None
+    assert sorted(p.stem for p in fresh.iterdir()) == [native.library_path().stem] * 2
 
 
 def test_off_by_request(fresh, monkeypatch) -> None:
@@ -65,10 +75,23 @@ def test_a_missing_compiler_leaves_numpy(fresh, monkeypatch) -> None:
     _transposes_right()
 
 
-def test_the_build_depends_on_source_and_compiler(fresh, monkeypatch) -> None:
+def test_the_build_depends_on_source_and_compiler(fresh, monkeypatch, tmp_path) -> None:
     gcc = native.library_path()
     monkeypatch.setenv("CC", "cc -g")
     assert native.library_path() != gcc
+    monkeypatch.delenv("CC")
+    changed = tmp_path / "codes.c"
+    changed.write_text(native.SOURCE.read_text() + "\n/* changed */\n")
+    monkeypatch.setattr(native, "SOURCE", changed)
+    assert native.library_path() != gcc
+
+
+def test_a_compiler_command_that_cannot_be_split_is_off(fresh, monkeypatch) -> None:
+    monkeypatch.setenv("CC", 'gcc "')
+    assert native.status().startswith("off (CC='gcc \"' cannot be split")
+    assert native.transpose_fn() is None
+    assert "cannot be split" in native.describe()
+    _transposes_right()
 
 
 def test_a_build_of_another_version_is_not_used(fresh, monkeypatch) -> None:
@@ -98,26 +121,66 @@ def test_the_entry_point_refuses_other_widths(fresh) -> None:
     assert fn(buf.ctypes.data, 16, buf.ctypes.data, 16, 1, 0, 1, 3, 0) == -1
 
 
-def test_a_cache_that_cannot_be_written_builds_in_the_temporary_folder(monkeypatch,
-                                                                       tmp_path) -> None:
+def test_a_cache_that_cannot_be_written_builds_privately(monkeypatch, tmp_path) -> None:
+    # A read-only home: the library is built into a fresh private folder for this process
+    # (never a shared, guessable one another user could have filled), removed once loaded.
     monkeypatch.setattr(native, "_state", {})
     monkeypatch.delenv("DQTOOL_NATIVE_DIR", raising=False)
+    monkeypatch.delenv("DQTOOL_NATIVE", raising=False)
     blocker = tmp_path / "not-a-folder"
     blocker.write_text("a file where the cache folder would be")
     monkeypatch.setenv("XDG_CACHE_HOME", str(blocker))
-    monkeypatch.setattr("tempfile.tempdir", str(tmp_path / "tmp"))
     (tmp_path / "tmp").mkdir()
+    monkeypatch.setattr("tempfile.tempdir", str(tmp_path / "tmp"))
     assert native.transpose_fn() is not None
-    built = native.describe()
-    assert built.startswith(f"on ({tmp_path / 'tmp'}/dqtool-native-")
+    assert native.describe() == (f"on (built for this process alone: {blocker / 'dqtool'} "
+                                 "cannot be written)")
+    assert list((tmp_path / "tmp").iterdir()) == []
     _transposes_right()
 
 
-def test_a_cached_build_that_does_not_load_is_built_again(fresh) -> None:
-    path = native.library_path()
-    path.parent.mkdir(parents=True)
-    path.write_bytes(b"\x7fELF truncated")  # what a full disk can leave
+def test_a_library_others_could_have_written_is_not_loaded(fresh) -> None:
     assert native.transpose_fn() is not None
-    assert native.describe() == f"on ({path})"
-    assert path.stat().st_size > 1000
-    _transposes_right()
+    lib = native.library_path()
+    for target in (lib, fresh):
+        target.chmod(target.stat().st_mode | 0o022)
+        native._state.clear()
+        assert native.transpose_fn() is None
+        assert native.describe() == f"off ({target} is writable by others)"
+        _transposes_right()
+        target.chmod(target.stat().st_mode & ~0o022)
+
+
+@pytest.mark.parametrize("damage", ["truncated", "garbage", "no digest"])
+def test_a_damaged_cached_build_is_built_again(fresh, damage: str) -> None:
+    # A truncated library would crash a process that maps it (SIGBUS): its bytes are
+    # checked against the digest its build recorded before it is loaded. Loaded in a new
+    # process, as a later command would (this one has the library mapped already).
+    import os
+    import subprocess
+    import sys
+
+    assert native.transpose_fn() is not None
+    lib = native.library_path()
+    good = lib.read_bytes()
+    if damage == "no digest":
+        lib.with_suffix(".sha256").unlink()
+    else:
+        bad = lib.with_name("damaged")
+        bad.write_bytes(good[:5000] if damage == "truncated" else b"\x7fELF" + bytes(100))
+        os.replace(bad, lib)  # a new file: the mapped one stays as it is
+    code = ("from dqtool import native; from dqtool.families.fused import packing; "
+            "import numpy as np; print(native.describe()); "
+            "p = np.arange(48 * 40, dtype=np.uint8).reshape(48, 40); "
+            "print(packing.transpose_codes(p, 48, 80, 4).sum())")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          env={**os.environ, "DQTOOL_NATIVE_DIR": str(fresh)}, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    import numpy as np
+
+    from dqtool.families.fused import packing
+
+    p = np.arange(48 * 40, dtype=np.uint8).reshape(48, 40)
+    assert proc.stdout.splitlines() == [f"on ({lib})",
+                                        str(packing.transpose_codes(p, 48, 80, 4).sum())]
+    assert lib.read_bytes() == good  # built again, the same bytes

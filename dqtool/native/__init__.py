@@ -13,8 +13,11 @@ width before use. Without a compiler, on a big-endian machine, if the build or t
 fails, or with ``DQTOOL_NATIVE=0``, everything runs on NumPy, with the same bytes.
 ``describe()`` says which; ``status()`` (``dqtool --version``) says so without building.
 
-Where: ``$DQTOOL_NATIVE_DIR``; else ``$XDG_CACHE_HOME/dqtool`` or ``~/.cache/dqtool``,
-and where that cannot be written, ``dqtool-native-<uid>`` in the temporary folder.
+Where: ``$DQTOOL_NATIVE_DIR``; else ``$XDG_CACHE_HOME/dqtool`` or ``~/.cache/dqtool``;
+where that cannot be written, a private temporary folder, for the process alone, removed
+once the library is loaded. A cached library is loaded only if it and its folder are the
+user's own and writable by no one else (its code runs on load), and only if its bytes
+are those its build recorded (a truncated library would crash the process on load).
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ import hashlib
 import os
 import platform
 import shlex
+import stat
 import struct
 import sys
 import sysconfig
@@ -36,9 +40,20 @@ _lock = threading.Lock()
 _state: dict[str, object] = {}  # "fn": the entry point or None, "why": the reason
 
 
+class Off(OSError):
+    """Why the compiled helper is not used (the message says so)."""
+
+
+class CompileError(Off):
+    """The compiler ran and failed (no other folder will do better)."""
+
+
 def _compiler() -> list[str]:
     cc = os.environ.get("CC") or sysconfig.get_config_var("CC") or "cc"
-    return shlex.split(cc)
+    try:
+        return shlex.split(cc)
+    except ValueError as e:
+        raise Off(f"CC={cc!r} cannot be split into a command: {e}") from None
 
 
 def _flags() -> list[str]:
@@ -53,17 +68,6 @@ def cache_dir() -> Path:
     return Path(base) / "dqtool"
 
 
-def _fallback_dir() -> Path | None:
-    """Where to build when the cache cannot be written (a read-only home): a per-user
-    folder in the temporary directory; none when ``DQTOOL_NATIVE_DIR`` names the place."""
-    if os.environ.get("DQTOOL_NATIVE_DIR"):
-        return None
-    import tempfile
-
-    uid = os.getuid() if hasattr(os, "getuid") else "user"
-    return Path(tempfile.gettempdir()) / f"dqtool-native-{uid}"
-
-
 def library_path(folder: Path | None = None) -> Path:
     """Where this source's build, with this compiler, on this platform, lives (in the
     cache, or in ``folder``)."""
@@ -73,17 +77,39 @@ def library_path(folder: Path | None = None) -> Path:
     return (folder or cache_dir()) / f"codes-{h.hexdigest()[:16]}.so"
 
 
-class CompileError(OSError):
-    """The compiler ran and failed (no other folder will do better)."""
+def _digest_path(path: Path) -> Path:
+    return path.with_suffix(".sha256")
+
+
+def _digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _untrusted(path: Path) -> str:
+    """Why ``path`` (a library about to be loaded: its code runs on load) is not to be
+    trusted, or ''. It, and its folder, must be this user's and writable by no one else:
+    a library another user could have put there would run as this one."""
+    uid = os.getuid() if hasattr(os, "getuid") else None
+    for p, kind in ((path, stat.S_ISREG), (path.parent, stat.S_ISDIR)):
+        st = os.lstat(p)
+        if not kind(st.st_mode):
+            return f"{p} is not a {'file' if kind is stat.S_ISREG else 'folder'}"
+        if uid is not None and st.st_uid not in (uid, 0):
+            return f"{p} belongs to another user"
+        if st.st_mode & 0o022:
+            return f"{p} is writable by others"
+    return ""
 
 
 def _build(target: Path) -> None:
-    """Compile into a temporary file next to ``target``, then rename it into place (two
-    processes building at once each rename a complete library)."""
+    """Compile into a temporary file next to ``target``; write its SHA-256 beside it, then
+    rename it into place (two processes building at once each rename a complete library;
+    the digest lets a later load tell a damaged file, which would crash the process when
+    mapped, from a good one)."""
     import subprocess
     import tempfile
 
-    target.parent.mkdir(parents=True, exist_ok=True)
+    target.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
     os.close(fd)
     try:
@@ -95,30 +121,60 @@ def _build(target: Path) -> None:
         if proc.returncode != 0:
             raise CompileError(f"{' '.join(_compiler())} failed: "
                                + (proc.stderr.strip().splitlines() or ["no message"])[-1])
+        with open(tmp, "rb+") as f:
+            os.fsync(f.fileno())
+        os.chmod(tmp, 0o755)
+        digest = _digest_path(Path(tmp))
+        digest.write_text(_digest(Path(tmp)))
+        os.replace(digest, _digest_path(target))
         os.replace(tmp, target)
     finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+        for leftover in (tmp, str(_digest_path(Path(tmp)))):
+            if os.path.exists(leftover):
+                os.unlink(leftover)
+    _prune(target)
 
 
-def _built() -> Path:
-    """The library, built if it is not there yet: in the cache, else the fallback."""
+def _prune(keep: Path) -> None:
+    """Remove the cache's builds of other sources or compilers (each process builds what it
+    needs again; one already loaded keeps its mapping)."""
+    import contextlib
+
+    for old in keep.parent.glob("codes-*"):
+        if old.stem != keep.stem:
+            with contextlib.suppress(OSError):
+                old.unlink()
+
+
+def _intact(path: Path) -> bool:
+    """The library is whole: its bytes are the ones its build recorded."""
+    try:
+        return _digest_path(path).read_text().strip() == _digest(path)
+    except OSError:
+        return False
+
+
+def _built() -> tuple[Path, bool]:
+    """(the library, whether it is this process's private build). Built in the cache if it
+    is not there or not whole; where the cache cannot be written, into a private
+    temporary folder for this process alone (never a shared, guessable one)."""
     path = library_path()
-    if path.exists():
-        return path
+    if path.exists() and _intact(path):
+        return path, False
     try:
         _build(path)
-        return path
+        return path, False
     except CompileError:
         raise
-    except OSError:  # the cache cannot be written: the fallback folder, if any
-        other = _fallback_dir()
-        if other is None:
+    except OSError:  # the cache cannot be written
+        if os.environ.get("DQTOOL_NATIVE_DIR"):
             raise
-        path = library_path(other)
-        if not path.exists():
-            _build(path)
-        return path
+        import tempfile
+
+        private = Path(tempfile.mkdtemp(prefix="dqtool-native-"))
+        path = library_path(private)
+        _build(path)
+        return path, True
 
 
 def _load() -> tuple[object | None, str]:
@@ -128,30 +184,33 @@ def _load() -> tuple[object | None, str]:
         return None, "off (DQTOOL_NATIVE=0)"
     if sys.byteorder != "little":
         return None, "off (big-endian machine)"
+    private = False
     try:
-        path = _built()
-        try:
-            lib = ctypes.CDLL(str(path))
-        except OSError:
-            # A cached build that does not load (truncated by a full disk, say) is built
-            # again, once. (Not one that loads but fails the check: dlopen would hand back
-            # the loaded one.)
-            path.unlink(missing_ok=True)
-            path = _built()
-            lib = ctypes.CDLL(str(path))
+        path, private = _built()
+        why = _untrusted(path)
+        if why:
+            return None, f"off ({why})"
+        lib = ctypes.CDLL(str(path))
         if lib.dq_native_version() != VERSION:
             return None, f"off ({path} is version {lib.dq_native_version()}, not {VERSION})"
         fn = lib.dq_transpose_codes
     except (OSError, AttributeError) as e:
         return None, f"off ({e})"
+    finally:
+        if private:  # loaded (or not): the private folder is not needed any more
+            import shutil
+
+            shutil.rmtree(path.parent, ignore_errors=True)
     i64 = ctypes.c_int64
     fn.argtypes = [ctypes.c_void_p, i64, ctypes.c_void_p, i64, i64, i64, i64,
                    ctypes.c_int, ctypes.c_int]
     fn.restype = ctypes.c_int
     bad = _self_check(fn)
+    where = f"built for this process alone: {cache_dir()} cannot be written" if private \
+        else str(path)
     if bad:
-        return None, f"off ({path} disagrees with NumPy: {bad})"
-    return fn, f"on ({path})"
+        return None, f"off ({where} disagrees with the obvious transpose: {bad})"
+    return fn, f"on ({where})"
 
 
 def _reference(p, rows: int, cols: int, bits: int):
@@ -170,20 +229,22 @@ def _reference(p, rows: int, cols: int, bits: int):
 
 def _self_check(fn: object) -> str:
     """'' if the build transposes like the obvious way on every width (with and without a
-    flip of every byte), else what differed."""
+    flip of every byte), else what differed. 9 x 17 squares, in two slabs (0-8, 8-9):
+    whole 8 x 8 tiles and partial ones, the lone-square path, a slab that does not start
+    at 0 (each a branch a miscompile could break alone)."""
     import numpy as np
 
     rng = np.random.default_rng(7)
     for bits in (2, 4, 8):
         e = 64 // bits
-        rows, cols = 3 * e, 2 * e
+        rows, cols = 9 * e, 17 * e
         src = rng.integers(0, 256, (rows, cols * bits // 8 + 5), dtype=np.uint8)
         for flip in (0, 0x88 if bits == 4 else 0x80 if bits == 8 else 0xAA):
             want = _reference(src ^ np.uint8(flip), rows, cols, bits)
-            got = np.empty_like(want)
-            rc = fn(src.ctypes.data, src.strides[0], got.ctypes.data, got.strides[0],
-                    cols // e, 0, rows // e, bits, flip)
-            if rc != 0 or not np.array_equal(got, want):
+            got = np.zeros_like(want)
+            rc = [fn(src.ctypes.data, src.strides[0], got.ctypes.data, got.strides[0],
+                     cols // e, s0, s1, bits, flip) for s0, s1 in ((0, 8), (8, 9))]
+            if rc != [0, 0] or not np.array_equal(got, want):
                 return f"{bits}-bit transpose"
     return ""
 
@@ -213,10 +274,8 @@ def status() -> str:
         return str(_state["why"])
     try:
         path = library_path()
-        other = _fallback_dir()
-        for built in (path, library_path(other) if other is not None else None):
-            if built is not None and built.exists():
-                return f"built ({built})"
     except OSError as e:
         return f"off ({e})"
+    if path.exists():
+        return f"built ({path})"
     return f"not built yet (compiled on first use into {path.parent})"
