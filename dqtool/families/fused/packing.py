@@ -78,6 +78,20 @@ def _swap_stages(bits: int) -> list[tuple[np.uint64, np.uint64, int]]:
 SLAB_BYTES = 1 << 21
 
 
+def _in_slabs(work, out: np.ndarray, squares: int, per_slab: int, rows: int, cols: int,
+              bits: int) -> np.ndarray:
+    """Run ``work`` on slabs of ``per_slab`` squares down, on the kernel's thread pool; the
+    output ``(cols, rows·bits/8)`` of ``out`` (whole squares)."""
+    from dqtool.kernel import parallel
+
+    chunks = [(s, min(s + per_slab, squares), 0, 0, 0, 0)
+              for s in range(0, squares, per_slab)]
+    parallel.run(work, chunks, total=out.nbytes)
+    if out.shape != (cols, rows * bits // 8):
+        out = np.ascontiguousarray(out[:cols, : rows * bits // 8])
+    return out
+
+
 def transpose_codes(p: np.ndarray, rows: int, cols: int, bits: int, flip: int = 0
                     ) -> np.ndarray:
     """The ``bits``-bit matrix ``(rows, cols)`` packed row by row in ``p`` (``rows`` rows of
@@ -88,7 +102,6 @@ def transpose_codes(p: np.ndarray, rows: int, cols: int, bits: int, flip: int = 
 
     In C where ``dqtool.native`` is built (the same words, in registers), else on NumPy
     (``transpose_codes_numpy``); the bytes are the same."""
-    from dqtool.kernel import parallel
     from dqtool.native import transpose_fn
 
     assert bits in (2, 4, 8) and rows * bits % 8 == 0, (rows, bits)
@@ -112,12 +125,7 @@ def transpose_codes(p: np.ndarray, rows: int, cols: int, bits: int, flip: int = 
         fn(p.ctypes.data, p.strides[0], out.ctypes.data, out.strides[0], wide, chunk[0],
            chunk[1], bits, flip)
 
-    chunks = [(s, min(s + per_slab, squares), 0, 0, 0, 0)
-              for s in range(0, squares, per_slab)]
-    parallel.run(work, chunks, total=squares * e * wide * 8)
-    if out.shape != (cols, rows * bits // 8):
-        out = np.ascontiguousarray(out[:cols, : rows * bits // 8])
-    return out
+    return _in_slabs(work, out, squares, per_slab, rows, cols, bits)
 
 
 def transpose_codes_numpy(p: np.ndarray, rows: int, cols: int, bits: int) -> np.ndarray:
@@ -131,7 +139,6 @@ def transpose_codes_numpy(p: np.ndarray, rows: int, cols: int, bits: int) -> np.
     (one strided copy). Slabs of rows run on the kernel's thread pool (NumPy releases the
     GIL in every one of these calls).
     """
-    from dqtool.kernel import parallel
 
     assert bits in (2, 4, 8) and rows * bits % 8 == 0, (rows, bits)
     e = 64 // bits
@@ -170,12 +177,7 @@ def transpose_codes_numpy(p: np.ndarray, rows: int, cols: int, bits: int) -> np.
             lo ^= tv
         o[:, :, s0:s1] = a.transpose(2, 0, 1)  # square (s, c) → square (c, s)
 
-    chunks = [(s, min(s + per_slab, squares), 0, 0, 0, 0)
-              for s in range(0, squares, per_slab)]
-    parallel.run(work, chunks, total=squares * e * wide * 8)
-    if out.shape != (cols, rows * bits // 8):
-        out = np.ascontiguousarray(out[:cols, : rows * bits // 8])
-    return out
+    return _in_slabs(work, out, squares, per_slab, rows, cols, bits)
 
 
 def nbits_to_onnx(b: np.ndarray, k: int, n: int, bits: int) -> np.ndarray:

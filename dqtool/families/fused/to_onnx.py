@@ -51,6 +51,18 @@ def _array(v: ir.Value) -> np.ndarray:
     return arrays.value_array(v)
 
 
+def _default_zero_points(code: int, bits: int, shape: tuple[int, ...],
+                         dtype: ir.DataType) -> ir.PackedTensor:
+    """``code`` everywhere in a packed 2/4-bit tensor: its packed byte, repeated (the bytes
+    ``packing.pack`` gives; the last byte's unused slots stay 0)."""
+    count = int(np.prod(shape))
+    byte = sum(code << (bits * j) for j in range(8 // bits))
+    packed = np.full(-(-count * bits // 8), byte, np.uint8)
+    if count * bits % 8:
+        packed[-1] &= (1 << (count * bits % 8)) - 1
+    return ir.PackedTensor(packed, dtype, shape=shape)
+
+
 def check(spec: FusedSpec, target: int) -> None:
     """Raise ``Refusal`` when ``spec`` has no exact ai.onnx form at opset ``target``."""
     if spec.errors:
@@ -156,14 +168,8 @@ def matmul_nbits(node: ir.Node, spec: FusedSpec, b: Builder, unpacked: bool = Fa
     how_parts: list[str] = []
     if spec.zero_point != "float":
         def zp_codes() -> ir.TensorProtocol:
-            count = int(np.prod(s_shape))
-            if zp is None and bits < 8:  # one code everywhere: its packed byte, repeated
-                code = spec.default_zero_point
-                byte = sum(code << (bits * j) for j in range(8 // bits))
-                packed = np.full(-(-count * bits // 8), byte, np.uint8)
-                if count * bits % 8:  # the last byte's unused slots stay 0, as pack leaves them
-                    packed[-1] &= (1 << (count * bits % 8)) - 1
-                return ir.PackedTensor(packed, code_t, shape=s_shape)
+            if zp is None and bits < 8:
+                return _default_zero_points(spec.default_zero_point, bits, s_shape, code_t)
             if zp is None:
                 codes = np.full(s_shape, spec.default_zero_point, np.uint8)
             else:
@@ -262,14 +268,8 @@ def gather_block_quantized(node: ir.Node, spec: FusedSpec, b: Builder
         bits = spec.bits
 
         def zp_codes() -> ir.TensorProtocol:
-            count = int(np.prod(s_shape))
-            if zp is None and bits < 8:  # one code everywhere: its packed byte, repeated
-                code = spec.default_zero_point
-                byte = sum(code << (bits * j) for j in range(8 // bits))
-                packed = np.full(-(-count * bits // 8), byte, np.uint8)
-                if count * bits % 8:  # the last byte's unused slots stay 0, as pack leaves them
-                    packed[-1] &= (1 << (count * bits % 8)) - 1
-                return ir.PackedTensor(packed, code_t, shape=s_shape)
+            if zp is None and bits < 8:
+                return _default_zero_points(spec.default_zero_point, bits, s_shape, code_t)
             if zp is None:
                 codes = np.full(s_shape, spec.default_zero_point, np.uint8)
             else:
