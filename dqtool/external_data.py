@@ -80,7 +80,7 @@ class _TakingTurns:
     """A file whose ``write`` calls take turns with other threads' (``lock``); its
     position is its own (each thread opens the file itself)."""
 
-    def __init__(self, f, lock: threading.Lock) -> None:
+    def __init__(self, f, lock: threading.RLock) -> None:
         self._f, self._lock = f, lock
 
     def write(self, data) -> int:
@@ -98,8 +98,8 @@ class _Writer:
     Why several: a tensor that streams itself (a fused weight repacked band by band)
     costs CPU for its bands and for write()'s copy into the page cache, on the thread
     that writes it; with two threads one computes a band while the other writes one.
-    The writes themselves take turns (``_io``): the kernel lets one write() into a file
-    at a time anyway, and a thread waiting on it in the kernel spins (measured: 10% of
+    The writes themselves take turns (``_io``; an unchanged tensor's copy in the kernel is
+    one write): the kernel lets one write() into a file at a time anyway, and a thread waiting on it in the kernel spins (measured: 10% of
     a ``pack``'s CPU), where one waiting here sleeps. Tensors that do not stream are
     computed one at a time (under ``_compute``): their ``make`` may read a tensor through
     onnx_ir, whose loading of an external tensor is not thread-safe."""
@@ -112,7 +112,7 @@ class _Writer:
         self._todo = iter(enumerate(plan))
         self._lock = threading.Lock()  # the queue, the callback and the error
         self._compute = threading.Lock()
-        self._io = threading.Lock()
+        self._io = threading.RLock()  # reentrant: a copy through user space writes too
         if not append:  # append: past a prefill's bytes, the file exists
             with open(path, "wb"):
                 pass
@@ -143,8 +143,11 @@ class _Writer:
                 f = _TakingTurns(raw, self._io)
                 while (item := self._next()) is not None:
                     t, offset, length = item[1]
-                    streams = isinstance(t, ir.ExternalTensor) or getattr(t, "streams", False)
-                    with nullcontext() if streams else self._compute:
+                    if isinstance(t, ir.ExternalTensor):  # a copy in the kernel: one write
+                        turn = self._io
+                    else:  # a tensor that streams writes in turns; others compute alone
+                        turn = nullcontext() if getattr(t, "streams", False) else self._compute
+                    with turn:
                         written = _write(t, f, offset)
                     if written != length:  # the reference already says `length`
                         raise OSError(f"{t.name}: wrote {written} bytes, expected {length}")
