@@ -99,10 +99,11 @@ class _Writer:
     costs CPU for its bands and for write()'s copy into the page cache, on the thread
     that writes it; with two threads one computes a band while the other writes one.
     The writes themselves take turns (``_io``; an unchanged tensor's copy in the kernel is
-    one write): the kernel lets one write() into a file at a time anyway, and a thread waiting on it in the kernel spins (measured: 10% of
-    a ``pack``'s CPU), where one waiting here sleeps. Tensors that do not stream are
-    computed one at a time (under ``_compute``): their ``make`` may read a tensor through
-    onnx_ir, whose loading of an external tensor is not thread-safe."""
+    one write): the kernel lets one write() into a file at a time anyway, and a thread
+    waiting on it in the kernel spins (measured: 10% of a ``pack``'s CPU), where one
+    waiting here sleeps. Tensors that do not stream are computed one at a time (under
+    ``_compute``): their ``make`` may read a tensor through onnx_ir, whose loading of an
+    external tensor is not thread-safe."""
 
     def __init__(self, path: Path, plan: list[tuple[ir.TensorProtocol, int, int]],
                  callback: Callable | None, append: bool = False, threads: int = 1) -> None:
