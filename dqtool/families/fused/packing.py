@@ -78,6 +78,16 @@ def _swap_stages(bits: int) -> list[tuple[np.uint64, np.uint64, int]]:
 SLAB_BYTES = 1 << 21
 
 
+def _whole_squares(p: np.ndarray, rows: int, width: int) -> np.ndarray:
+    """``p`` as the C kernel reads it: ``rows`` rows of at least ``width`` bytes, bytes
+    contiguous within a row; a zero-padded copy where it is not."""
+    if p.shape[0] == rows and p.shape[1] >= width and p.strides[1] == 1:
+        return p
+    q = np.zeros((rows, width), np.uint8)
+    q[: p.shape[0], : min(width, p.shape[1])] = p[:, :width]
+    return q
+
+
 def _in_slabs(work, out: np.ndarray, squares: int, per_slab: int, rows: int, cols: int,
               bits: int) -> np.ndarray:
     """Run ``work`` on slabs of ``per_slab`` squares down, on the kernel's thread pool; the
@@ -111,12 +121,8 @@ def transpose_codes(p: np.ndarray, rows: int, cols: int, bits: int, flip: int = 
         return transpose_codes_numpy(p ^ np.uint8(flip) if flip else p, rows, cols, bits)
     e = 64 // bits
     wide, squares = -(-cols // e), -(-rows // e)
-    p = np.asarray(p, dtype=np.uint8).reshape(rows, -1)
-    if p.shape[1] < wide * 8 or rows != squares * e or p.strides[1] != 1:
-        q = np.zeros((squares * e, wide * 8), np.uint8)
-        width = min(wide * 8, p.shape[1])
-        q[:rows, :width] = p[:, :width]
-        p = q
+    p = _whole_squares(np.asarray(p, dtype=np.uint8).reshape(rows, -1), squares * e,
+                       wide * 8)
     out = np.empty((wide * e, squares * 8), np.uint8)
     per_slab = max(1, SLAB_BYTES // (e * wide * 8))
 
@@ -265,10 +271,7 @@ def _transpose_band(p: np.ndarray, rows: int, cols: int, bits: int, flip: int,
     if fn is None or rows % e:
         return transpose_codes(p, rows, cols, bits, flip)
     wide, squares = -(-cols // e), rows // e
-    if p.shape[1] < wide * 8 or p.strides[1] != 1:  # the last band of a row: padded
-        q = np.zeros((rows, wide * 8), np.uint8)
-        q[:, : min(p.shape[1], wide * 8)] = p[:, : wide * 8]
-        p = q
+    p = _whole_squares(p, rows, wide * 8)  # the last band of a row is padded
     out = buf[: wide * e * squares * 8].reshape(wide * e, squares * 8)
     fn(p.ctypes.data, p.strides[0], out.ctypes.data, out.strides[0], wide, 0, squares,
        bits, flip)
