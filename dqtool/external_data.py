@@ -9,6 +9,7 @@ tensor streams itself, as fold's lazily computed tensors do).
 
 from __future__ import annotations
 
+import errno
 import os
 import threading
 from collections.abc import Callable, Iterator
@@ -76,12 +77,26 @@ def _initializers(model: ir.Model) -> list[ir.Value]:
             if v.const_value is not None]
 
 
+def _reserve(f, path: Path, length: int) -> None:
+    """Reserve the file's ``length`` bytes on disk where the compiled helper can
+    (``dq_reserve``: the writes then cost less, and a full disk shows before any byte is
+    written); a disk too full or a file too large for it is an error now."""
+    from dqtool.native import reserve
+
+    err = reserve(f.fileno(), length) if length else 0
+    if err in (errno.ENOSPC, errno.EFBIG):
+        raise OSError(err, f"{os.strerror(err)}: {path} would take {length} bytes")
+
+
 class _TakingTurns:
     """A file whose ``write`` calls take turns with other threads' (``lock``); its
-    position is its own (each thread opens the file itself)."""
+    position is its own (each thread opens the file itself). ``native_turn``: the handle
+    of the lock when it is the compiled helper's (``dqtool.native.Turn``), which a weight
+    streamed in C takes around its own writes; else None."""
 
-    def __init__(self, f, lock: threading.RLock) -> None:
+    def __init__(self, f, lock) -> None:
         self._f, self._lock = f, lock
+        self.native_turn = getattr(lock, "handle", None)
 
     def write(self, data) -> int:
         with self._lock:
@@ -113,10 +128,14 @@ class _Writer:
         self._todo = iter(enumerate(plan))
         self._lock = threading.Lock()  # the queue, the callback and the error
         self._compute = threading.Lock()
-        self._io = threading.RLock()  # reentrant: a copy through user space writes too
+        # reentrant: a copy through user space writes too; the compiled helper's where it
+        # is on, so that weights streamed in C take the same turns
+        from dqtool.native import new_turn
+
+        self._io = new_turn() or threading.RLock()
         if not append:  # append: past a prefill's bytes, the file exists
-            with open(path, "wb"):
-                pass
+            with open(path, "wb") as f:
+                _reserve(f, path, max((o + n for _, o, n in plan), default=0))
         count = max(1, min(threads, len(plan)))
         self._threads = [threading.Thread(target=self._run, daemon=True,
                                           name=f"dqtool-external-data-{i}")

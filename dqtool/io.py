@@ -61,10 +61,39 @@ def _number(info: dict[str, str], key: str, path: Path, name: str) -> int | None
 SOURCES = "dqtool.sources"  # model.meta key: the files a loaded model reads
 
 
+def _data_file(path: Path, base: Path, loc: str, name: str) -> tuple[Path, int]:
+    """(the file, its size) an external-data ``location`` names, checked: inside the
+    model's folder, a regular file, not hard-linked."""
+    if os.path.isabs(loc) or Path(loc).drive:
+        raise InputError(f"{path}: tensor '{name}' has an absolute external-data location "
+                         f"'{loc}'; only paths inside the model's folder are read")
+    lexical = Path(os.path.normpath(base / loc))
+    if not lexical.is_relative_to(base):
+        raise InputError(f"{path}: tensor '{name}' has external-data location '{loc}', "
+                         "which escapes the model's folder")
+    target = lexical.resolve()
+    # onnx_ir refuses these two when it reads the data; say so now, in one line.
+    if not target.is_relative_to(base):
+        raise InputError(f"{path}: external data '{loc}' is a symbolic link to {target}, "
+                         "outside the model's folder; only files inside it are read "
+                         "(copy the data next to the model)")
+    if not target.is_file():
+        raise InputError(f"{path}: external data '{loc}' of tensor '{name}' is missing")
+    st = target.stat()
+    if st.st_nlink > 1:
+        raise InputError(f"{path}: external data '{loc}' has {st.st_nlink} "
+                         "hard links; hard-linked data is refused (a hard link can "
+                         "bring in any file); copy it instead")
+    return target, st.st_size
+
+
 def _check_external(path: Path, model: onnx.ModelProto) -> set[Path]:
     """Check every external-data reference; return the data files the model reads."""
     base = path.parent.resolve()
     files: set[Path] = set()
+    # A model's thousands of tensors name one or two files: each is checked once (its
+    # path resolved, its status read: system calls per path component).
+    checked: dict[str, tuple[Path, int]] = {}
     for t in _iter_tensor_protos(model):
         if t.data_location != onnx.TensorProto.EXTERNAL:
             continue
@@ -88,26 +117,9 @@ def _check_external(path: Path, model: onnx.ModelProto) -> set[Path]:
         if length is not None and expected is not None and length != expected:
             raise InputError(f"{path}: tensor '{name}' has external-data length {length}; "
                              f"its dims {list(t.dims)} and type need {expected} bytes")
-        if os.path.isabs(loc) or Path(loc).drive:
-            raise InputError(f"{path}: tensor '{name}' has an absolute external-data location "
-                             f"'{loc}'; only paths inside the model's folder are read")
-        lexical = Path(os.path.normpath(base / loc))
-        if not lexical.is_relative_to(base):
-            raise InputError(f"{path}: tensor '{name}' has external-data location '{loc}', "
-                             "which escapes the model's folder")
-        target = lexical.resolve()
-        # onnx_ir refuses these two when it reads the data; say so now, in one line.
-        if not target.is_relative_to(base):
-            raise InputError(f"{path}: external data '{loc}' is a symbolic link to {target}, "
-                             "outside the model's folder; only files inside it are read "
-                             "(copy the data next to the model)")
-        if not target.is_file():
-            raise InputError(f"{path}: external data '{loc}' of tensor '{name}' is missing")
-        if target.stat().st_nlink > 1:
-            raise InputError(f"{path}: external data '{loc}' has {target.stat().st_nlink} "
-                             "hard links; hard-linked data is refused (a hard link can "
-                             "bring in any file); copy it instead")
-        size = target.stat().st_size
+        if loc not in checked:
+            checked[loc] = _data_file(path, base, loc, name)
+        target, size = checked[loc]
         need = length if length is not None else expected
         if need is not None and offset + need > size:
             raise InputError(f"{path}: external data '{loc}' is truncated: tensor '{name}' "

@@ -87,3 +87,42 @@ def test_streamed_tensors_saved_inline(tmp_path) -> None:
     back = io.load(tmp_path / "m.onnx")
     for name, a in _tensors():
         assert np.array_equal(back.graph.initializers[name].const_value.numpy(), a)
+
+
+def test_a_full_disk_is_known_before_any_byte_is_written(tmp_path, monkeypatch) -> None:
+    # The data file's bytes are reserved first (dq_reserve): a disk that cannot hold
+    # them fails the save at once, in one line, and leaves nothing behind.
+    import errno
+
+    from dqtool import native
+
+    calls = []
+
+    def no_space(fd: int, length: int) -> int:
+        calls.append(length)
+        return errno.ENOSPC
+
+    monkeypatch.setattr(native, "reserve", no_space)
+    tensors = [_streamed(n, a) for n, a in _tensors()]
+    with pytest.raises(OSError, match=r"No space left on device: .*m\.onnx\.data would "
+                                      r"take \d+ bytes") as raised:
+        io.save(_model(tensors), tmp_path / "m.onnx", external=True)
+    assert raised.value.errno == errno.ENOSPC
+    assert calls and calls[0] >= sum(a.nbytes for _, a in _tensors())
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("answer", ["ok", "unsupported"])
+def test_a_reservation_changes_no_byte(tmp_path, monkeypatch, answer: str) -> None:
+    # Reserved or not (a file system without fallocate), the same files.
+    import errno
+
+    from dqtool import native
+
+    if answer == "unsupported":
+        monkeypatch.setattr(native, "reserve", lambda fd, length: errno.EOPNOTSUPP)
+    io.save(_model([_streamed(n, a) for n, a in _tensors(2)]), tmp_path / "m.onnx",
+            external=True)
+    back = io.load(tmp_path / "m.onnx")
+    for name, a in _tensors(2):
+        assert np.array_equal(back.graph.initializers[name].const_value.numpy(), a)

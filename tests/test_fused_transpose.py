@@ -4,6 +4,7 @@ twice: on the compiled kernel (``dqtool.native``) and on the NumPy path."""
 
 from __future__ import annotations
 
+import errno
 import os
 
 import numpy as np
@@ -134,14 +135,41 @@ def test_onnx_to_nbits_flip_offsets_signed_codes(bits: int, flip: int) -> None:
                           packing.onnx_to_nbits(odd ^ half, k, 31, bits, block))
 
 
+class _FileSink:
+    """A real file, entered 13 bytes in (an offset no band is aligned to), read back."""
+
+    def __init__(self, folder) -> None:
+        self.f = open(folder / "sink.bin", "w+b")  # noqa: SIM115 - closed by getvalue()
+        self.f.write(b"p" * 13)
+
+    def write(self, data) -> int:
+        return self.f.write(data)
+
+    def __getattr__(self, name: str):  # fileno, flush, tell, seek
+        return getattr(self.f, name)
+
+    def getvalue(self) -> bytes:
+        self.f.write(b"end")  # the position was left right after the weight
+        self.f.seek(0)
+        data = self.f.read()
+        self.f.close()
+        assert data[:13] == b"p" * 13 and data[-3:] == b"end", data[:16]
+        return data[13:-3]
+
+
+@pytest.mark.parametrize("sink", ["bytes", "file"])
 @pytest.mark.parametrize("bits", [2, 4, 8])
 @pytest.mark.parametrize(("k", "n", "block"), [(64, 48, 16), (100, 40, 32), (256, 24, 128),
                                                (130, 72, 64), (48, 16, 16), (1, 8, 16),
-                                               (512, 96, 32)])
+                                               (512, 96, 32), (48, 64, 16), (40, 64, 16),
+                                               (600, 128, 128)])
 def test_streamed_repacks_write_the_same_bytes(bits: int, k: int, n: int, block: int,
+                                               sink: str, path: str, tmp_path,
                                                monkeypatch) -> None:
     # Bands far smaller than a weight (every band boundary, a short last band, a ragged
-    # last block), and whatever is left in the scratch buffer from an earlier band.
+    # last block), and whatever is left in the scratch buffer from an earlier band. Into
+    # a file (on the compiled path: transposed and written in C where rows fill whole
+    # squares, a last partial word of B's rows in NumPy), or a BytesIO (NumPy).
     import io
 
     monkeypatch.setattr(packing, "STREAM_BYTES", 64)
@@ -151,14 +179,38 @@ def test_streamed_repacks_write_the_same_bytes(bits: int, k: int, n: int, block:
     codes = rng.integers(0, 1 << bits, (n, kb * block), dtype=np.uint8)
     codes[:, k:] = 0
     b = packing.pack(codes, bits).reshape(n, kb, blob)
-    f = io.BytesIO()
+
+    def new_sink():
+        return io.BytesIO() if sink == "bytes" else _FileSink(tmp_path)
+
+    # (the "c" path runs on NumPy too where DQTOOL_NATIVE=0 was asked for)
+    in_c = native.transpose_fn() is not None and sink == "file" and n % (64 // bits) == 0
+    assert (packing._native_stream(new_sink(), n, bits) is not None) == in_c
+    f = new_sink()
     assert packing.write_nbits_as_onnx(b, k, n, bits, f) == k * n * bits // 8
     onnx = packing.nbits_to_onnx(b, k, n, bits)
-    assert f.getvalue() == onnx.tobytes()
-    assert f.getvalue() == simple_nbits_to_onnx(b, k, n, bits).tobytes()
+    got = f.getvalue()
+    assert got == onnx.tobytes()
+    assert got == simple_nbits_to_onnx(b, k, n, bits).tobytes()
     if k * bits % 8 == 0:
         half = (0xAA, 0x88, 0x80)[(2, 4, 8).index(bits)]
-        f = io.BytesIO()
+        f = new_sink()
         written = packing.write_onnx_as_nbits(onnx ^ np.uint8(half), k, n, bits, block, f,
                                               flip=half)
         assert written == b.nbytes and f.getvalue() == b.tobytes()
+
+
+def test_streamed_repack_write_errors_are_raised(path: str, tmp_path) -> None:
+    # A file opened for reading only: the C path's pwrite fails (EBADF) and says so, as
+    # the NumPy path's write does.
+    import io
+
+    b = np.arange(64 * 32, dtype=np.uint8).reshape(64, 2, 16)
+    target = tmp_path / "ro.bin"
+    target.write_bytes(b"")
+    with open(target, "rb") as f, pytest.raises(OSError) as raised:
+        packing.write_nbits_as_onnx(b, 64, 64, 4, f)
+    if native.transpose_fn() is not None:  # pwrite's own error
+        assert raised.value.errno == errno.EBADF, raised.value
+    else:
+        assert isinstance(raised.value, io.UnsupportedOperation)

@@ -184,3 +184,45 @@ def test_a_damaged_cached_build_is_built_again(fresh, damage: str) -> None:
     assert proc.stdout.splitlines() == [f"on ({lib})",
                                         str(packing.transpose_codes(p, 48, 80, 4).sum())]
     assert lib.read_bytes() == good  # built again, the same bytes
+
+
+def test_a_turn_is_reentrant_and_excludes_other_threads(fresh) -> None:
+    # The writers' lock in C (dq_turn_*): held twice by one thread, another waits for it.
+    import threading
+
+    turn = native.new_turn()
+    assert turn is not None and turn.handle, native.describe()
+    taken = threading.Event()
+
+    def other() -> None:
+        with turn:
+            taken.set()
+
+    with turn:
+        with turn:  # a copy through user space writes within its own turn
+            t = threading.Thread(target=other)
+            t.start()
+            assert not taken.wait(0.2)
+        assert not taken.wait(0.1)  # still held once
+    assert taken.wait(30)
+    t.join()
+
+
+def test_reserve_allocates_the_bytes_or_says_why(fresh, tmp_path, monkeypatch) -> None:
+    import errno
+
+    path = tmp_path / "reserved.bin"
+    with open(path, "wb") as f:
+        err = native.reserve(f.fileno(), 3 << 20)
+    if err == 0:  # a file system with fallocate: the size is there, read as zeros
+        assert path.stat().st_size == 3 << 20
+        assert path.read_bytes() == bytes(3 << 20)
+    else:
+        assert err == errno.EOPNOTSUPP and path.stat().st_size == 0
+    with open(path, "rb") as f:  # a descriptor open for reading only: EBADF, nothing else
+        assert native.reserve(f.fileno(), 1 << 20) == errno.EBADF
+    monkeypatch.setenv("DQTOOL_NATIVE", "0")  # off: nothing is reserved, no C lock
+    native._state.clear()
+    with open(path, "r+b") as f:
+        assert native.reserve(f.fileno(), 1 << 20) == errno.EOPNOTSUPP
+    assert native.new_turn() is None

@@ -22,6 +22,7 @@ are those its build recorded (a truncated library would crash the process on loa
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
 import platform
@@ -34,7 +35,7 @@ import threading
 from pathlib import Path
 
 SOURCE = Path(__file__).with_name("codes.c")
-VERSION = 1  # dq_native_version() of a build that means what this loader expects
+VERSION = 2  # dq_native_version() of a build that means what this loader expects
 
 _lock = threading.Lock()
 _state: dict[str, object] = {}  # "fn": the entry point or None, "why": the reason
@@ -57,7 +58,7 @@ def _compiler() -> list[str]:
 
 
 def _flags() -> list[str]:
-    return ["-O3", "-std=c99", "-shared", "-fPIC", "-fno-strict-aliasing"]
+    return ["-O3", "-std=c99", "-shared", "-fPIC", "-fno-strict-aliasing", "-pthread"]
 
 
 def cache_dir() -> Path:
@@ -201,10 +202,20 @@ def _load() -> tuple[object | None, str]:
             import shutil
 
             shutil.rmtree(path.parent, ignore_errors=True)
-    i64 = ctypes.c_int64
-    fn.argtypes = [ctypes.c_void_p, i64, ctypes.c_void_p, i64, i64, i64, i64,
-                   ctypes.c_int, ctypes.c_int]
-    fn.restype = ctypes.c_int
+    i64, ptr, c_int = ctypes.c_int64, ctypes.c_void_p, ctypes.c_int
+    fn.argtypes = [ptr, i64, ptr, i64, i64, i64, i64, c_int, c_int]
+    fn.restype = c_int
+    stream = lib.dq_write_transposed
+    stream.argtypes = [ptr, i64, i64, i64, i64, c_int, c_int, ptr, i64, i64, c_int, i64, ptr]
+    stream.restype = i64
+    lib.dq_reserve.argtypes = [c_int, i64]
+    lib.dq_reserve.restype = c_int
+    lib.dq_turn_new.restype = ptr
+    lib.dq_turn_new.argtypes = []
+    for name in ("dq_turn_take", "dq_turn_give", "dq_turn_free"):
+        getattr(lib, name).argtypes = [ptr]
+        getattr(lib, name).restype = None
+    _state["lib"] = lib
     bad = _self_check(fn)
     where = f"built for this process alone: {cache_dir()} cannot be written" if private \
         else str(path)
@@ -258,6 +269,55 @@ def transpose_fn() -> object | None:
         if "fn" not in _state:
             _state["fn"], _state["why"] = _load()
         return _state["fn"]
+
+
+def stream_fn() -> object | None:
+    """``dq_write_transposed`` (see ``codes.c``): a weight's transpose written band by band
+    to a file descriptor without the GIL; None where the compiled helper is off."""
+    return _state["lib"].dq_write_transposed if transpose_fn() is not None else None
+
+
+def reserve(fd: int, length: int) -> int:
+    """``dq_reserve`` (see ``codes.c``): 0 when the file's first ``length`` bytes are
+    reserved on disk, else the errno why not (EOPNOTSUPP where the system or the file
+    system cannot, or the compiled helper is off)."""
+    if transpose_fn() is None:
+        return errno.EOPNOTSUPP
+    return -int(_state["lib"].dq_reserve(fd, length))
+
+
+class Turn:
+    """A turn for writes into one file (``threading.RLock``'s ``with`` and ``acquire`` /
+    ``release``), that ``dq_write_transposed`` takes too: Python's writes and the C ones
+    into the same file then take turns on one lock. Waiting for it releases the GIL."""
+
+    def __init__(self, lib: object) -> None:
+        self._lib = lib
+        self.handle = lib.dq_turn_new()
+        if not self.handle:
+            raise MemoryError("dq_turn_new")
+
+    def acquire(self) -> bool:
+        self._lib.dq_turn_take(self.handle)
+        return True
+
+    def release(self) -> None:
+        self._lib.dq_turn_give(self.handle)
+
+    __enter__ = acquire
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+    def __del__(self) -> None:
+        handle, self.handle = getattr(self, "handle", None), None
+        if handle:
+            self._lib.dq_turn_free(handle)
+
+
+def new_turn() -> Turn | None:
+    """A ``Turn`` where the compiled helper is on, else None (use ``threading.RLock``)."""
+    return Turn(_state["lib"]) if transpose_fn() is not None else None
 
 
 def describe() -> str:

@@ -11,6 +11,7 @@ odd shapes whose rows do not start on a byte go through unpack → transpose →
 
 from __future__ import annotations
 
+import os
 import sys
 
 import numpy as np
@@ -284,6 +285,40 @@ def _scratch(nbytes: int) -> np.ndarray:
     return parallel.scratch(nbytes, np.dtype(np.uint8), slot=7)
 
 
+def _native_stream(file, rows: int, bits: int) -> tuple[object, int, object] | None:
+    """(``dq_write_transposed``, the file's descriptor, its writers' turn handle or None)
+    where a streamed repack can run in C: the helper is on, the file is an OS file, and
+    ``rows`` fills whole squares; else None (the NumPy path)."""
+    from dqtool.native import stream_fn
+
+    fn = stream_fn()
+    if fn is None or rows % (64 // bits):
+        return None
+    try:
+        fd = file.fileno()
+    except (AttributeError, OSError, ValueError):  # e.g. BytesIO
+        return None
+    return fn, fd, getattr(file, "native_turn", None)
+
+
+def _stream_c(native: tuple[object, int, object], file, src: np.ndarray, rows: int,
+              words: int, band_words: int, bits: int, flip: int, out_row: int,
+              out_rows: int) -> int:
+    """``dq_write_transposed`` of ``words`` source words a row of ``src`` at the file's
+    position (left after the bytes written); returns the bytes written."""
+    fn, fd, turn = native
+    e = 64 // bits
+    buf = _scratch(band_words * e * out_row)
+    file.flush()  # anything buffered goes first
+    at = file.tell()
+    n = fn(src.ctypes.data, src.strides[0], rows // e, words, band_words, bits, flip,
+           buf.ctypes.data, out_row, out_rows, fd, at, turn)
+    if n < 0:
+        raise OSError(-n, f"writing a repacked weight: {os.strerror(-n)}")
+    file.seek(at + n)
+    return n
+
+
 def write_nbits_as_onnx(b: np.ndarray, k: int, n: int, bits: int, file) -> int:
     """``nbits_to_onnx(b, k, n, bits)`` written to ``file`` a band of K rows at a time
     (``n·bits`` a multiple of 8); returns the bytes written."""
@@ -291,9 +326,18 @@ def write_nbits_as_onnx(b: np.ndarray, k: int, n: int, bits: int, file) -> int:
     per = 8 // bits
     band = max(8, STREAM_BYTES // max(n, 1) // 8 * 8)  # source bytes per row per band
     stop = -(-k // per)
+    written, start = 0, 0
+    native = _native_stream(file, n, bits)
+    if native is not None and b.strides[1] == 1:
+        # the whole words of every row in C; a last partial word (rows of B that are not
+        # whole words) below
+        words = stop // 8
+        if words:
+            written = _stream_c(native, file, b, n, words, band // 8, bits, 0,
+                                n * bits // 8, min(k, words * 64 // bits))
+            start = words * 8
     buf = _scratch((band * per + 64 // bits) * (n * bits // 8))  # a band's whole squares
-    written = 0
-    for lo in range(0, stop, band):
+    for lo in range(start, stop, band):
         hi = min(stop, lo + band)
         t = _transpose_band(b[:, lo:hi], n, (hi - lo) * per, bits, 0, buf)
         t = t[: min(k, hi * per) - lo * per]
@@ -311,9 +355,16 @@ def write_onnx_as_nbits(packed: np.ndarray, k: int, n: int, bits: int, block: in
     row = -(-k // block) * block * bits // 8  # bytes of one row of B (ragged block padded)
     band = max(8, STREAM_BYTES // max(row * per, 1) // 8 * 8)  # source bytes per row per band
     stop = n // per
+    written, start = 0, 0
+    native = _native_stream(file, k, bits)
+    if native is not None and packed.strides[1] == 1:
+        words = stop // 8  # whole words of every row in C, a last partial one below
+        if words:
+            written = _stream_c(native, file, packed, k, words, band // 8, bits, flip, row,
+                                words * 64 // bits)
+            start = words * 8
     buf = _scratch((band * per + 64 // bits) * (k * bits // 8))  # a band's whole squares
-    written = 0
-    for lo in range(0, stop, band):
+    for lo in range(start, stop, band):
         hi = min(stop, lo + band)
         t = _transpose_band(packed[:, lo:hi], k, (hi - lo) * per, bits, flip, buf)
         if t.shape[1] != row:  # a ragged last block: padded with code 0
