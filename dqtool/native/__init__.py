@@ -9,15 +9,21 @@ allocation included (measured on this project's machine, median of 10).
 It is optional. The source is compiled on first use with the machine's C compiler
 (``$CC``, else Python's own, else ``cc``) into a per-user cache, keyed by the source, the
 compiler command and the platform, and checked against the obvious transpose on every
-width before use. Without a compiler, on a big-endian machine, if the build or that check
-fails, or with ``DQTOOL_NATIVE=0``, everything runs on NumPy, with the same bytes.
-``describe()`` says which; ``status()`` (``dqtool --version``) says so without building.
+width when it is built (a build that fails the check is not kept). Without a compiler, on
+a big-endian machine, if the build or that check fails, or with ``DQTOOL_NATIVE=0``,
+everything runs on NumPy, with the same bytes. ``describe()`` says which; ``status()``
+(``dqtool --version``) says so without building.
+
+Besides the transpose: ``dq_write_transposed`` streams a weight's transpose to a file
+band by band (no interpreter between bands), ``dq_turn_*`` is the lock writers into one
+file take turns on, ``dq_reserve`` reserves a data file's bytes on disk.
 
 Where: ``$DQTOOL_NATIVE_DIR``; else ``$XDG_CACHE_HOME/dqtool`` or ``~/.cache/dqtool``;
 where that cannot be written, a private temporary folder, for the process alone, removed
 once the library is loaded. A cached library is loaded only if it and its folder are the
 user's own and writable by no one else (its code runs on load), and only if its bytes
-are those its build recorded (a truncated library would crash the process on load).
+are those its build recorded (a truncated library would crash the process on load; the
+record also says the bytes passed the check, which a load then skips: ~7 ms a command).
 """
 
 from __future__ import annotations
@@ -75,6 +81,9 @@ def library_path(folder: Path | None = None) -> Path:
     h = hashlib.sha256(SOURCE.read_bytes())
     h.update(" ".join([*_compiler(), *_flags()]).encode())
     h.update(f"{sys.platform}-{platform.machine()}-{struct.calcsize('P')}".encode())
+    # builds whose digest means "passed the check" (the check moved into the build): a
+    # library an older loader recorded without checking it is not taken for one
+    h.update(b"checked when built")
     return (folder or cache_dir()) / f"codes-{h.hexdigest()[:16]}.so"
 
 
@@ -103,10 +112,12 @@ def _untrusted(path: Path) -> str:
 
 
 def _build(target: Path) -> None:
-    """Compile into a temporary file next to ``target``; write its SHA-256 beside it, then
-    rename it into place (two processes building at once each rename a complete library;
-    the digest lets a later load tell a damaged file, which would crash the process when
-    mapped, from a good one)."""
+    """Compile into a temporary file next to ``target`` and check it against the obvious
+    transpose (``_self_check``); write its SHA-256 beside it, then rename it into place
+    (two processes building at once each rename a complete library; the digest lets a
+    later load tell a damaged file, which would crash the process when mapped, from a
+    good one, and says the library passed the check: a later load skips it)."""
+    import ctypes
     import subprocess
     import tempfile
 
@@ -125,6 +136,14 @@ def _build(target: Path) -> None:
         with open(tmp, "rb+") as f:
             os.fsync(f.fileno())
         os.chmod(tmp, 0o755)
+        try:
+            bad = _self_check(_bind(ctypes.CDLL(tmp)))
+        except (OSError, AttributeError) as e:
+            raise CompileError(f"{' '.join(_compiler())} built a library that does not "
+                               f"load: {e}") from None
+        if bad:
+            raise CompileError(f"{' '.join(_compiler())} built a library that disagrees "
+                               f"with the obvious transpose: {bad}")
         digest = _digest_path(Path(tmp))
         digest.write_text(_digest(Path(tmp)))
         os.replace(digest, _digest_path(target))
@@ -194,7 +213,8 @@ def _load() -> tuple[object | None, str]:
         lib = ctypes.CDLL(str(path))
         if lib.dq_native_version() != VERSION:
             return None, f"off ({path} is version {lib.dq_native_version()}, not {VERSION})"
-        fn = lib.dq_transpose_codes
+        # (checked against the obvious transpose when it was built: its digest says so)
+        fn = _bind(lib)
     except (OSError, AttributeError) as e:
         return None, f"off ({e})"
     finally:
@@ -202,7 +222,18 @@ def _load() -> tuple[object | None, str]:
             import shutil
 
             shutil.rmtree(path.parent, ignore_errors=True)
+    _state["lib"] = lib
+    where = f"built for this process alone: {cache_dir()} cannot be written" if private \
+        else str(path)
+    return fn, f"on ({where})"
+
+
+def _bind(lib: object) -> object:
+    """Declare the library's entry points' C types; returns ``dq_transpose_codes``."""
+    import ctypes
+
     i64, ptr, c_int = ctypes.c_int64, ctypes.c_void_p, ctypes.c_int
+    fn = lib.dq_transpose_codes
     fn.argtypes = [ptr, i64, ptr, i64, i64, i64, i64, c_int, c_int]
     fn.restype = c_int
     stream = lib.dq_write_transposed
@@ -215,13 +246,7 @@ def _load() -> tuple[object | None, str]:
     for name in ("dq_turn_take", "dq_turn_give", "dq_turn_free"):
         getattr(lib, name).argtypes = [ptr]
         getattr(lib, name).restype = None
-    _state["lib"] = lib
-    bad = _self_check(fn)
-    where = f"built for this process alone: {cache_dir()} cannot be written" if private \
-        else str(path)
-    if bad:
-        return None, f"off ({where} disagrees with the obvious transpose: {bad})"
-    return fn, f"on ({where})"
+    return fn
 
 
 def _reference(p, rows: int, cols: int, bits: int):
