@@ -347,7 +347,7 @@ def save(
     shard_size: int | None = None,
     callback: Callable | None = None,
     verify: Callable[[Path], None] | None = None,
-    prefill: external_data.Prefill | None = None,
+    prefill: external_data.Prefill | external_data.Eager | None = None,
 ) -> list[Path]:
     """Write ``model`` to ``out`` atomically; returns the files written.
 
@@ -360,7 +360,8 @@ def save(
     folder beside ``out`` and committed with the model file renamed last (see
     ``commit``): a failure or a crash leaves the old output whole, or the new one.
     ``prefill`` (from ``start_prefill``, before the model was changed) is that folder with
-    the input's data already being copied in.
+    the input's data already being copied in; or (from ``start_eager``) with the tensors
+    the conversion made already being written.
     """
     out = output_path(out)
     external = external_choice(model, external)
@@ -484,7 +485,24 @@ def start_prefill(model: ir.Model, out: str | os.PathLike) -> external_data.Pref
     return prefill
 
 
-def discard_prefill(prefill: external_data.Prefill | None) -> None:
+def start_eager(model: ir.Model, out: str | os.PathLike) -> external_data.Eager:
+    """Start the writers of ``save(model, out)``'s data file before the model is converted
+    (see ``external_data.Eager``). The caller converts the model inside
+    ``external_data.writing_early(eager)`` and passes the result to ``save`` as its
+    ``prefill``, or calls ``discard_prefill`` if it will not save."""
+    out = output_path(out)
+    parent = _output_folder(model, out)
+    temp = _temp(parent, out)
+    try:
+        eager = external_data.Eager(temp.path, commit.data_name(parent, out.name))
+        eager.temp = temp
+    except BaseException:
+        temp.remove()
+        raise
+    return eager
+
+
+def discard_prefill(prefill: external_data.Prefill | external_data.Eager | None) -> None:
     if prefill is not None:
         prefill.finish(cancel=True)
         prefill.temp.remove()

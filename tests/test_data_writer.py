@@ -98,8 +98,8 @@ def test_a_full_disk_is_known_before_any_byte_is_written(tmp_path, monkeypatch) 
 
     calls = []
 
-    def no_space(fd: int, length: int) -> int:
-        calls.append(length)
+    def no_space(fd: int, offset: int, length: int) -> int:
+        calls.append(offset + length)
         return errno.ENOSPC
 
     monkeypatch.setattr(native, "reserve", no_space)
@@ -120,9 +120,81 @@ def test_a_reservation_changes_no_byte(tmp_path, monkeypatch, answer: str) -> No
     from dqtool import native
 
     if answer == "unsupported":
-        monkeypatch.setattr(native, "reserve", lambda fd, length: errno.EOPNOTSUPP)
+        monkeypatch.setattr(native, "reserve", lambda fd, offset, length: errno.EOPNOTSUPP)
     io.save(_model([_streamed(n, a) for n, a in _tensors(2)]), tmp_path / "m.onnx",
             external=True)
     back = io.load(tmp_path / "m.onnx")
     for name, a in _tensors(2):
         assert np.array_equal(back.graph.initializers[name].const_value.numpy(), a)
+
+
+def _early(tmp_path, out_name: str = "m.onnx"):
+    """An ``Eager`` for a save to ``tmp_path / out_name`` (as ``io.start_eager`` makes it)."""
+    from dqtool import external_data
+
+    model = _model([])
+    return io.start_eager(model, tmp_path / out_name), external_data
+
+
+def test_tensors_written_early_come_first_and_read_back(tmp_path) -> None:
+    # Streamed tensors made while a save writes early go to the data file at once, in the
+    # order they are made; the save puts the others after them.
+    eager, external_data = _early(tmp_path)
+    data = _tensors(3)
+    with external_data.writing_early(eager):
+        early = [_streamed(n, a, band=777) for n, a in data[:4]]
+    late = [ir.Tensor(a, name=n) for n, a in data[4:]]
+    assert next(iter(eager.placed.values()))[0] == 0 and eager.end > 0
+    model = _model([*late, *early])  # the model's own order differs
+    io.save(model, tmp_path / "m.onnx", external=True, prefill=eager)
+    back = io.load(tmp_path / "m.onnx")
+    for name, a in data:
+        assert np.array_equal(back.graph.initializers[name].const_value.numpy(), a), name
+    offsets = {v.name: v.const_value.offset for v in back.graph.initializers.values()
+               if isinstance(v.const_value, ir.ExternalTensor)}
+    assert max(offsets[n] for n, a in data[:4] if a.nbytes > 256) \
+        < min(offsets[n] for n, a in data[4:] if a.nbytes > 256)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.onnx", "m.onnx.data"]
+
+
+def test_a_tensor_written_early_but_not_saved_starts_the_file_over(tmp_path) -> None:
+    # A tensor written early that the saved model does not hold would leave dead bytes:
+    # the save writes the file again, compactly (the same file as with no early writes).
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    eager, external_data = _early(tmp_path / "a")
+    data = _tensors(4)
+    with external_data.writing_early(eager):
+        kept = [_streamed(n, a) for n, a in data]
+        _streamed("dropped", np.arange(9000, dtype=np.uint8) % 251)
+    io.save(_model(kept), tmp_path / "a" / "m.onnx", external=True, prefill=eager)
+    io.save(_model([_streamed(n, a) for n, a in data]), tmp_path / "b" / "m.onnx",
+            external=True)
+    assert (tmp_path / "a" / "m.onnx.data").read_bytes() == \
+        (tmp_path / "b" / "m.onnx.data").read_bytes()
+
+
+def test_an_error_while_writing_early_stops_the_save(tmp_path) -> None:
+    eager, external_data = _early(tmp_path)
+    with external_data.writing_early(eager):
+        tensors = [_streamed(n, a, fail=(n == "w2")) for n, a in _tensors()]
+    with pytest.raises(OSError, match="the disk is full"):
+        io.save(_model(tensors), tmp_path / "m.onnx", external=True, prefill=eager)
+    assert list(tmp_path.iterdir()) == []  # no model, no data file, no temporary folder
+
+
+def test_writing_early_discarded_leaves_nothing(tmp_path) -> None:
+    eager, external_data = _early(tmp_path)
+    with external_data.writing_early(eager):
+        [_streamed(n, a) for n, a in _tensors()]
+    io.discard_prefill(eager)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_nothing_is_written_early_outside_a_save_that_asks(tmp_path) -> None:
+    eager, external_data = _early(tmp_path)
+    _streamed("w", np.zeros(5000, np.uint8))  # not within writing_early
+    with external_data.writing_early(eager):
+        pass
+    assert eager.placed == {}
+    io.discard_prefill(eager)

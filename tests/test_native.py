@@ -213,25 +213,25 @@ def test_reserve_allocates_the_bytes_or_says_why(fresh, tmp_path, monkeypatch) -
 
     path = tmp_path / "reserved.bin"
     with open(path, "wb") as f:
-        err = native.reserve(f.fileno(), 3 << 20)
+        err = native.reserve(f.fileno(), 0, 3 << 20)
     if err == 0:  # a file system with fallocate: the size is there, read as zeros
         assert path.stat().st_size == 3 << 20
         assert path.read_bytes() == bytes(3 << 20)
     else:
         assert err == errno.EOPNOTSUPP and path.stat().st_size == 0
     with open(path, "rb") as f:  # a descriptor open for reading only: EBADF, nothing else
-        assert native.reserve(f.fileno(), 1 << 20) == errno.EBADF
+        assert native.reserve(f.fileno(), 0, 1 << 20) == errno.EBADF
     monkeypatch.setenv("DQTOOL_NATIVE", "0")  # off: nothing is reserved, no C lock
     native._state.clear()
     with open(path, "r+b") as f:
-        assert native.reserve(f.fileno(), 1 << 20) == errno.EOPNOTSUPP
+        assert native.reserve(f.fileno(), 0, 1 << 20) == errno.EOPNOTSUPP
     assert native.new_turn() is None
 
 
 def test_a_build_that_fails_the_check_is_not_kept(fresh, monkeypatch) -> None:
     # The check runs once, when the library is built; a build that fails it is neither
     # used nor cached (a later process would build and check it again).
-    monkeypatch.setattr(native, "_self_check", lambda fn: "4-bit transpose")
+    monkeypatch.setattr(native, "_self_check", lambda fn, stream=None: "4-bit transpose")
     assert native.transpose_fn() is None
     assert "disagrees with the obvious transpose: 4-bit transpose" in native.describe()
     assert not list(fresh.glob("codes-*")) and not list(fresh.glob("*.sha256"))
@@ -241,7 +241,7 @@ def test_a_build_that_fails_the_check_is_not_kept(fresh, monkeypatch) -> None:
 def test_a_cached_build_is_loaded_without_checking_again(fresh, monkeypatch) -> None:
     assert native.transpose_fn() is not None  # built and checked
     native._state.clear()
-    monkeypatch.setattr(native, "_self_check", lambda fn: pytest.fail("checked again"))
+    monkeypatch.setattr(native, "_self_check", lambda *a: pytest.fail("checked again"))
     assert native.transpose_fn() is not None
     assert native.describe() == f"on ({native.library_path()})"
     _transposes_right()

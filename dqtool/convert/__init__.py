@@ -89,7 +89,7 @@ def _convert(model_or_path: ModelArg, opset: int, out, direction: Literal["upgra
              options: Options, check: bool, in_place: bool,
              registry: Registry | None = None, writing: Writing = Writing()
              ) -> ConvertReport:
-    from dqtool import io
+    from dqtool import external_data, io
     from dqtool.convert import pipeline
 
     if check:  # (imported for --check only: ~5 ms of a command's start-up)
@@ -124,13 +124,19 @@ def _convert(model_or_path: ModelArg, opset: int, out, direction: Literal["upgra
     # (Not when sharding: the copy is one data file.)
     # (Nor when a family's nodes, which the conversion rewrites, hold most of the bytes:
     # the copy would be dropped.)
-    prefill = io.start_prefill(model, out) \
-        if out is not None and not check and writing.shard_size is None \
-        and not _rewrites_most(model, options) else None
+    # (When they do, the data file is written as the conversion makes the new weights.)
+    prefill: external_data.Prefill | external_data.Eager | None = None
+    if out is not None and not check and writing.shard_size is None:
+        if not _rewrites_most(model, options):
+            prefill = io.start_prefill(model, out)
+        elif input_external and writing.external_data is not False:
+            prefill = io.start_eager(model, out)
     try:
         # A model loaded here has no other reference: converted in place, dropped on refusal.
-        report = pipeline.run(model, opset, direction, options, registry, path=path,
-                              copy=not is_path)
+        with external_data.writing_early(prefill if isinstance(prefill, external_data.Eager)
+                                         else None):
+            report = pipeline.run(model, opset, direction, options, registry, path=path,
+                                  copy=not is_path)
     except BaseException:
         io.discard_prefill(prefill)
         raise

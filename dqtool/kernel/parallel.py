@@ -137,12 +137,22 @@ def ufunc_bufsize(run: int) -> int | None:
     return None
 
 
+# Where every scratch buffer starts: a page. NumPy's large arrays start 16 bytes into one,
+# so every 64-byte store into a row of one straddled two cache lines (measured: the C
+# transpose into a band 8-10% slower, 16 bytes off).
+SCRATCH_ALIGN = 4096
+
+
 def scratch(n: int, dtype: np.dtype, slot: int = 0) -> np.ndarray:
-    """A per-thread reusable buffer of ``n`` elements (no page faults per chunk)."""
+    """A per-thread reusable buffer of ``n`` elements (no page faults per chunk), starting
+    on a page (``SCRATCH_ALIGN``)."""
     key = f"buf{slot}"
     buf: np.ndarray | None = getattr(_local, key, None)
     nbytes = n * np.dtype(dtype).itemsize
     if buf is None or buf.nbytes < nbytes:
-        buf = np.empty(max(nbytes, CHUNK * 4), np.uint8)
+        size = max(nbytes, CHUNK * 4)
+        raw = np.empty(size + SCRATCH_ALIGN, np.uint8)
+        skip = -raw.ctypes.data % SCRATCH_ALIGN
+        buf = raw[skip: skip + size]  # (a view: keeps ``raw`` alive)
         setattr(_local, key, buf)
     return buf[:nbytes].view(dtype)

@@ -137,7 +137,8 @@ def _build(target: Path) -> None:
             os.fsync(f.fileno())
         os.chmod(tmp, 0o755)
         try:
-            bad = _self_check(_bind(ctypes.CDLL(tmp)))
+            lib = ctypes.CDLL(tmp)
+            bad = _self_check(_bind(lib), lib.dq_write_transposed)
         except (OSError, AttributeError) as e:
             raise CompileError(f"{' '.join(_compiler())} built a library that does not "
                                f"load: {e}") from None
@@ -239,7 +240,7 @@ def _bind(lib: object) -> object:
     stream = lib.dq_write_transposed
     stream.argtypes = [ptr, i64, i64, i64, i64, c_int, c_int, ptr, i64, i64, c_int, i64, ptr]
     stream.restype = i64
-    lib.dq_reserve.argtypes = [c_int, i64]
+    lib.dq_reserve.argtypes = [c_int, i64, i64]
     lib.dq_reserve.restype = c_int
     lib.dq_turn_new.restype = ptr
     lib.dq_turn_new.argtypes = []
@@ -250,9 +251,13 @@ def _bind(lib: object) -> object:
 
 
 def _reference(p, rows: int, cols: int, bits: int):
-    """The transpose the slow, obvious way (every code unpacked, transposed, packed)."""
+    """The transpose the slow, obvious way (every code unpacked, transposed, packed; wider
+    codes as the unsigned integers they are)."""
     import numpy as np
 
+    if bits >= 8:
+        codes = np.ascontiguousarray(p[:rows, : cols * bits // 8]).view(f"<u{bits // 8}")
+        return np.ascontiguousarray(codes.T).view(np.uint8)
     per, mask = 8 // bits, (1 << bits) - 1
     codes = np.stack([(p >> (bits * j)) & mask for j in range(per)], axis=-1)
     codes = codes.reshape(rows, -1)[:, :cols].T  # (cols, rows)
@@ -263,26 +268,53 @@ def _reference(p, rows: int, cols: int, bits: int):
     return out
 
 
-def _self_check(fn: object) -> str:
+WIDTHS = (2, 4, 8, 16, 32)  # packed codes; float16 / float32 elements
+
+
+def _self_check(fn: object, stream: object | None = None) -> str:
     """'' if the build transposes like the obvious way on every width (with and without a
     flip of every byte), else what differed. 9 x 17 squares, in two slabs (0-8, 8-9):
     whole 8 x 8 tiles and partial ones, the lone-square path, a slab that does not start
-    at 0 (each a branch a miscompile could break alone)."""
+    at 0 (each a branch a miscompile could break alone). With ``stream``
+    (``dq_write_transposed``), also its bands written to a file: padded rows, a last row
+    dropped, at an offset."""
     import numpy as np
 
     rng = np.random.default_rng(7)
-    for bits in (2, 4, 8):
+    for bits in WIDTHS:
         e = 64 // bits
         rows, cols = 9 * e, 17 * e
         src = rng.integers(0, 256, (rows, cols * bits // 8 + 5), dtype=np.uint8)
-        for flip in (0, 0x88 if bits == 4 else 0x80 if bits == 8 else 0xAA):
+        for flip in (0, {2: 0xAA, 4: 0x88}.get(bits, 0x80)):
             want = _reference(src ^ np.uint8(flip), rows, cols, bits)
             got = np.zeros_like(want)
             rc = [fn(src.ctypes.data, src.strides[0], got.ctypes.data, got.strides[0],
                      cols // e, s0, s1, bits, flip) for s0, s1 in ((0, 8), (8, 9))]
             if rc != [0, 0] or not np.array_equal(got, want):
                 return f"{bits}-bit transpose"
+        if stream is not None and not _streams_right(stream, src, rows, cols, bits):
+            return f"{bits}-bit streamed transpose"
     return ""
+
+
+def _streams_right(stream: object, src, rows: int, cols: int, bits: int) -> bool:
+    """``dq_write_transposed`` of ``src`` in bands of 3 words, into rows padded by 8 zero
+    bytes, the last output row dropped, 3 bytes into a file: as ``_reference`` says."""
+    import tempfile
+
+    import numpy as np
+
+    e = 64 // bits
+    row = rows * bits // 8 + 8
+    want = np.zeros((cols - 1, row), np.uint8)
+    want[:, : row - 8] = _reference(src, rows, cols, bits)[: cols - 1]
+    buf = np.full(3 * e * row, 0x5A, np.uint8)  # whatever an earlier band left
+    with tempfile.TemporaryFile() as f:
+        f.write(b"abc")
+        n = stream(src.ctypes.data, src.strides[0], rows // e, cols // e, 3, bits, 0,
+                   buf.ctypes.data, row, cols - 1, f.fileno(), 3, None)
+        f.seek(0)
+        return n == want.nbytes and f.read() == b"abc" + want.tobytes()
 
 
 def transpose_fn() -> object | None:
@@ -302,13 +334,13 @@ def stream_fn() -> object | None:
     return _state["lib"].dq_write_transposed if transpose_fn() is not None else None
 
 
-def reserve(fd: int, length: int) -> int:
-    """``dq_reserve`` (see ``codes.c``): 0 when the file's first ``length`` bytes are
-    reserved on disk, else the errno why not (EOPNOTSUPP where the system or the file
-    system cannot, or the compiled helper is off)."""
+def reserve(fd: int, offset: int, length: int) -> int:
+    """``dq_reserve`` (see ``codes.c``): 0 when the file's bytes ``offset`` .. ``offset +
+    length`` are reserved on disk, else the errno why not (EOPNOTSUPP where the system or
+    the file system cannot, or the compiled helper is off)."""
     if transpose_fn() is None:
         return errno.EOPNOTSUPP
-    return -int(_state["lib"].dq_reserve(fd, length))
+    return -int(_state["lib"].dq_reserve(fd, offset, length))
 
 
 class Turn:

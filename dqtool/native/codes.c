@@ -142,7 +142,8 @@ static inline __attribute__((always_inline)) void run(
     }
 }
 
-/* The entry point: returns 0, or -1 for a width other than 2, 4 or 8. */
+/* The entry point: returns 0, or -1 for a width other than 2, 4, 8 (packed codes), 16 or
+ * 32 (float16 / float32 elements, one a code). */
 int dq_transpose_codes(const uint8_t *src, int64_t src_stride, uint8_t *dst,
                        int64_t dst_stride, int64_t wide, int64_t s0, int64_t s1, int bits,
                        int flip) {
@@ -150,6 +151,8 @@ int dq_transpose_codes(const uint8_t *src, int64_t src_stride, uint8_t *dst,
     case 2: run(src, src_stride, dst, dst_stride, wide, s0, s1, (uint8_t)flip, 2); return 0;
     case 4: run(src, src_stride, dst, dst_stride, wide, s0, s1, (uint8_t)flip, 4); return 0;
     case 8: run(src, src_stride, dst, dst_stride, wide, s0, s1, (uint8_t)flip, 8); return 0;
+    case 16: run(src, src_stride, dst, dst_stride, wide, s0, s1, (uint8_t)flip, 16); return 0;
+    case 32: run(src, src_stride, dst, dst_stride, wide, s0, s1, (uint8_t)flip, 32); return 0;
     default: return -1;
     }
 }
@@ -200,8 +203,9 @@ static int64_t write_all(int fd, const uint8_t *buf, int64_t n, int64_t offset, 
  * apart: the first squares * 8 bytes are codes, the rest zeros) and written with one
  * pwrite in `turn` (NULL: none). Only the first `out_rows` output rows are written (a
  * ragged tail of padding codes is dropped). `buf` holds band_words * E * out_row bytes.
- * Every source byte is xor-ed with `flip` first. Returns the bytes written, or -errno
- * (-EINVAL for a width other than 2, 4 or 8).
+ * Every source byte is xor-ed with `flip` first. BITS 2, 4, 8 (packed codes) or 16, 32
+ * (float16 / float32 scales, one element a code). Returns the bytes written, or -errno
+ * (-EINVAL for another width).
  *
  * Why in C: the loop over bands, in Python, cost ~40 us a band in the interpreter and
  * the GIL (measured: 0.12 s of CPU over the 1,800 bands of a 1.8 GB model). */
@@ -209,7 +213,7 @@ int64_t dq_write_transposed(const uint8_t *src, int64_t src_stride, int64_t squa
                             int64_t words, int64_t band_words, int bits, int flip,
                             uint8_t *buf, int64_t out_row, int64_t out_rows, int fd,
                             int64_t offset, void *turn) {
-    if (bits != 2 && bits != 4 && bits != 8) return -EINVAL;
+    if (bits != 2 && bits != 4 && bits != 8 && bits != 16 && bits != 32) return -EINVAL;
     const int e = 64 / bits;
     if (out_row > squares * 8)  /* the padding bytes of every row of a band: zeros */
         for (int64_t r = 0; r < band_words * e; r++)
@@ -217,11 +221,7 @@ int64_t dq_write_transposed(const uint8_t *src, int64_t src_stride, int64_t squa
     int64_t written = 0, rows_done = 0;
     for (int64_t w0 = 0; w0 < words && rows_done < out_rows; w0 += band_words) {
         const int64_t nw = words - w0 < band_words ? words - w0 : band_words;
-        switch (bits) {
-        case 2: run(src + w0 * 8, src_stride, buf, out_row, nw, 0, squares, (uint8_t)flip, 2); break;
-        case 4: run(src + w0 * 8, src_stride, buf, out_row, nw, 0, squares, (uint8_t)flip, 4); break;
-        default: run(src + w0 * 8, src_stride, buf, out_row, nw, 0, squares, (uint8_t)flip, 8); break;
-        }
+        dq_transpose_codes(src + w0 * 8, src_stride, buf, out_row, nw, 0, squares, bits, flip);
         int64_t rows = nw * e;
         if (rows > out_rows - rows_done) rows = out_rows - rows_done;
         const int64_t rc = write_all(fd, buf, rows * out_row, offset + written, turn);
@@ -232,19 +232,20 @@ int64_t dq_write_transposed(const uint8_t *src, int64_t src_stride, int64_t squa
     return written;
 }
 
-/* Reserves the first `length` bytes of fd's file on disk (Linux fallocate, which keeps
- * the file's bytes as they are and reads unwritten ones as zeros): 0, or -errno
+/* Reserves bytes offset .. offset + length of fd's file on disk (Linux fallocate, which
+ * keeps the file's bytes as they are and reads unwritten ones as zeros): 0, or -errno
  * (-EOPNOTSUPP where the file system or the system has no such call; nothing changed).
  * Why: a data file's writes then only fill blocks already allocated (measured: ~15%
  * less of write()'s CPU for 1.8 GB on ext4), and a full disk is known before any byte
  * is written. Not posix_fallocate: where the file system cannot, glibc writes a byte
  * into every block instead, which is slower than not reserving. */
-int dq_reserve(int fd, int64_t length) {
+int dq_reserve(int fd, int64_t offset, int64_t length) {
 #ifdef __linux__
-    if (fallocate(fd, 0, 0, (off_t)length) == 0) return 0;
+    if (fallocate(fd, 0, (off_t)offset, (off_t)length) == 0) return 0;
     return -errno;
 #else
     (void)fd;
+    (void)offset;
     (void)length;
     return -EOPNOTSUPP;
 #endif

@@ -29,6 +29,7 @@ def pack(model_or_path: ir.Model | str | os.PathLike, out: str | os.PathLike | N
     ``shard_size``, ``progress``: how the output is written, as for every writer
     (``dqtool.io.save``'s ``external``, ``shard_size``, ``callback``). ``report.model`` is
     the result."""
+    from dqtool import external_data as external_data_writer
     from dqtool import io
 
     if accuracy_level not in (0, 1, 2, 3, 4):
@@ -47,11 +48,21 @@ def pack(model_or_path: ir.Model | str | os.PathLike, out: str | os.PathLike | N
         model = io.load(src)
     if in_place and src is None:
         raise UsageError("in_place needs a path")
-    report = FusedPackPass(accuracy_level, zero_points, gather)(model)
-    model.ir_version = io.lowest_ir_version(model)
-    report.model = model
-    if out is not None and src is not None:
-        external = True if shard_size is not None else external_data
-        report.written = [str(p) for p in io.save(model, out, external=external,
-                                                  shard_size=shard_size, callback=progress)]
+    # The data file is written as the pass makes the packed weights (``Eager``).
+    eager = io.start_eager(model, out) if out is not None and src is not None \
+        and shard_size is None and external_data is not False \
+        and io.uses_external_data(model) else None
+    try:
+        with external_data_writer.writing_early(eager):
+            report = FusedPackPass(accuracy_level, zero_points, gather)(model)
+        model.ir_version = io.lowest_ir_version(model)
+        report.model = model
+        if out is not None and src is not None:
+            external = True if shard_size is not None else external_data
+            report.written = [str(p) for p in io.save(
+                model, out, external=external, shard_size=shard_size, callback=progress,
+                prefill=eager)]
+            eager = None  # the save took it
+    finally:
+        io.discard_prefill(eager)
     return report

@@ -346,6 +346,32 @@ def write_nbits_as_onnx(b: np.ndarray, k: int, n: int, bits: int, file) -> int:
     return written
 
 
+def write_transposed(a: np.ndarray, file) -> int:
+    """``np.ascontiguousarray(a.T)`` of a 2-D array of 1-, 2- or 4-byte elements (e.g. a
+    MatMulNBits' scales, ``(N, k_blocks)`` → ``(k_blocks, N)``) written to ``file``, in C
+    where it can (``dq_write_transposed``: NumPy's own transpose of float16 ``(3072, 24)``
+    runs at ~0.8 GB/s); returns the bytes written."""
+    a = np.asarray(a)
+    rows, cols = a.shape
+    size = a.dtype.itemsize
+    written, start = 0, 0
+    native = _native_stream(file, rows, size * 8) if size in (1, 2, 4) else None
+    if native is not None and a.flags.c_contiguous:
+        per_word = 8 // size  # elements a 64-bit word holds
+        words = cols // per_word
+        if words:
+            band_words = max(1, STREAM_BYTES // (rows * 8))  # ~STREAM_BYTES out a band
+            written = _stream_c(native, file, a.view(np.uint8).reshape(rows, -1), rows,
+                                words, band_words, size * 8, 0, rows * size,
+                                words * per_word)
+            start = words * per_word
+    if start < cols:  # no C, or the last columns that do not fill a word
+        rest = np.ascontiguousarray(a[:, start:].T)
+        file.write(rest.data)
+        written += rest.nbytes
+    return written
+
+
 def write_onnx_as_nbits(packed: np.ndarray, k: int, n: int, bits: int, block: int,
                         file, flip: int = 0) -> int:
     """``onnx_to_nbits`` of the packed bytes of codes ``(K, N)`` (``k·bits`` and ``n·bits``

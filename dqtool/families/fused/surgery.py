@@ -51,6 +51,9 @@ class Streamed(_Lazy):
                  dtype: ir.DataType, shape: ir.Shape, name: str) -> None:
         super().__init__(make, dtype=dtype, shape=shape, name=name)
         self._write = write
+        from dqtool import external_data
+
+        external_data.submit(self)  # written at once where a save writes early
 
     def tofile(self, file) -> None:
         written = self._write(file)

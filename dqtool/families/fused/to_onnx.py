@@ -182,7 +182,9 @@ def matmul_nbits(node: ir.Node, spec: FusedSpec, b: Builder, unpacked: bool = Fa
             return ir.PackedTensor(packing.pack(codes.reshape(-1), bits), code_t,
                                    shape=s_shape)
 
-        s = b.constant("scale", s_type, s_shape, scale_kn())
+        # written transposed a band at a time, in C where it can
+        s = b.streamed("scale", s_type, s_shape, scale_kn(), lambda file: (
+            packing.write_transposed(_array(scales).reshape(n, kb), file)))
         z = b.constant("zero_point", code_t, s_shape, zp_codes)
         w = b.op("DequantizeLinear", [x, s, z], "dequantize", dq_attrs, s_type, (k, n))
         how_parts.append(f"DequantizeLinear ({spec.quant_type} ({k}, {n}), "
