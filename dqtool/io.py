@@ -348,6 +348,7 @@ def save(
     callback: Callable | None = None,
     verify: Callable[[Path], None] | None = None,
     prefill: external_data.Prefill | external_data.Eager | None = None,
+    while_writing: Callable[[], None] | None = None,
 ) -> list[Path]:
     """Write ``model`` to ``out`` atomically; returns the files written.
 
@@ -361,7 +362,9 @@ def save(
     ``commit``): a failure or a crash leaves the old output whole, or the new one.
     ``prefill`` (from ``start_prefill``, before the model was changed) is that folder with
     the input's data already being copied in; or (from ``start_eager``) with the tensors
-    the conversion made already being written.
+    the conversion made already being written. ``while_writing()`` is called once the
+    model file is written, while its external data may still be (a command prints its
+    summary meanwhile); nothing is in place yet.
     """
     out = output_path(out)
     external = external_choice(model, external)
@@ -381,12 +384,17 @@ def save(
         if external and shard_size is None:
             with external_data.externalized(model, tmp, data, callback, prefill):
                 ir.save(model, tmp / out.name)
-        elif external:
-            ir.save(model, tmp / out.name, external_data=data,
-                    max_shard_size_bytes=shard_size, callback=callback,
-                    max_workers=2)
+                if while_writing is not None:  # the data's writers are still at work
+                    while_writing()
         else:
-            _write_inline(model, tmp / out.name, out)
+            if external:
+                ir.save(model, tmp / out.name, external_data=data,
+                        max_shard_size_bytes=shard_size, callback=callback,
+                        max_workers=2)
+            else:
+                _write_inline(model, tmp / out.name, out)
+            if while_writing is not None:
+                while_writing()
         if verify is not None:
             verify(tmp / out.name)
         _refuse_overwriting_sources(model, out, [parent / out.name])

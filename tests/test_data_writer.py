@@ -198,3 +198,33 @@ def test_nothing_is_written_early_outside_a_save_that_asks(tmp_path) -> None:
         pass
     assert eager.placed == {}
     io.discard_prefill(eager)
+
+
+@pytest.mark.parametrize("external", [True, False])
+def test_while_writing_runs_before_anything_is_in_place(tmp_path, external: bool) -> None:
+    # A command prints its summary while the data is written: the callback runs once the
+    # model file is written, while a writer is still at work (external data: the weight
+    # below waits for the callback), and before the output is in place.
+    import threading
+
+    told = threading.Event()
+    data = np.arange(70000, dtype=np.uint8) % 253
+
+    def write(file) -> int:
+        if external and not told.wait(30):
+            raise OSError("the callback did not run while the data was written")
+        file.write(data.tobytes())
+        return data.nbytes
+
+    weight = Streamed(lambda: ir.Tensor(data, name="w"), write, ir.DataType.UINT8,
+                      ir.Shape(data.shape), "w")
+    out = tmp_path / "m.onnx"
+
+    def while_writing() -> None:
+        assert not out.exists()
+        told.set()
+
+    io.save(_model([weight]), out, external=external, while_writing=while_writing)
+    assert told.is_set()
+    back = io.load(out)
+    assert np.array_equal(back.graph.initializers["w"].const_value.numpy(), data)

@@ -18,10 +18,29 @@ from dqtool.cli.options import parse_size, progress_bar, writer_options
 from dqtool.families import ConvertStep
 
 
-def render(app: App, report, as_json: bool) -> None:
+def render(app: App, report, as_json: bool, head: str | None = None) -> None:
+    """The report; ``head``: its summary already rendered (``summary``), printed as is."""
     if as_json:
         app.print_json(report.to_json())
         return
+    if head is None:
+        _render_head(app, report)
+    else:
+        app.out.file.write(head)
+    for path in report.files:
+        app.out.print(f"wrote {path}")
+
+
+def summary(app: App, report) -> str:
+    """The report's table and lines but the files written, rendered as ``render`` prints
+    them. Why apart: a save calls this while its data is still being written (the model's
+    table costs ~20 ms, which then overlap the writes)."""
+    with app.out.capture() as captured:
+        _render_head(app, report)
+    return captured.get()
+
+
+def _render_head(app: App, report) -> None:
     from rich.table import Table
 
     rows = _grouped([
@@ -47,8 +66,6 @@ def render(app: App, report, as_json: bool) -> None:
         app.out.print("check (bit-identical outputs on random inputs):", markup=False)
         for line in report.check.describe():
             app.out.print(f"  {line}", markup=False, overflow="fold")
-    for path in report.files:
-        app.out.print(f"wrote {path}")
 
 
 # Names listed in a row that stands for several nodes rewritten alike.
@@ -109,16 +126,18 @@ def _convert(app: App, direction: str, model: str, opset: int, out: str | None,
         run = getattr(importlib.import_module(step.module), step.attr)
         source = run(app, source, out, in_place, as_json)
         out = model if in_place else out
+    heads: list[str] = []  # the summary, rendered while the data is written
     try:
         with progress_bar(app, model, progress) as bar:
             report = fn(source, opset, None if in_place and not first else out, progress=bar,
-                        **kwargs)
+                        while_writing=None if as_json else
+                        lambda r: heads.append(summary(app, r)), **kwargs)
     except (convert.ConversionRefused, convert.CheckFailed) as e:
         render(app, e.report, as_json)
         app.abort(str(e), 1)
     for w in report.warnings:
         app.warn(w)
-    render(app, report, as_json)
+    render(app, report, as_json, heads[-1] if heads else None)
 
 
 def _steps(direction: str, kwargs: dict[str, Any]) -> list[ConvertStep]:

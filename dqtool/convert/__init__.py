@@ -45,36 +45,41 @@ class Writing:
     """How the output is written, as ``fold`` writes it: ``external_data`` True forces
     external data, None (default) uses it when the input did or the output would pass
     ~1.8 GB; ``shard_size`` splits it into files of at most that many bytes;
-    ``progress(tensor, info)`` is called per tensor written as external data."""
+    ``progress(tensor, info)`` is called per tensor written as external data;
+    ``while_writing(report)`` once the model file is written, while its data may still be
+    (``report.files`` is not set yet)."""
 
     external_data: bool | None = None
     shard_size: int | None = None
     progress: Callable | None = None
+    while_writing: Callable[[ConvertReport], None] | None = None
 
 
 def upgrade(model_or_path: ModelArg, opset: int, out: str | os.PathLike | None = None, *,
             per_axis: bool = False, check: bool = False, in_place: bool = False,
             registry: Registry | None = None, external_data: bool | None = None,
             shard_size: int | None = None, progress: Callable | None = None,
-            keep_contrib: bool = False) -> ConvertReport:
+            keep_contrib: bool = False,
+            while_writing: Callable[[ConvertReport], None] | None = None) -> ConvertReport:
     """Move the model's ai.onnx opset up to ``opset``; com.microsoft / opmx Q/DQ become
     ai.onnx where ``opset`` expresses them; invalid Q/DQ that ``opset`` accepts are repaired.
     ``per_axis`` also rewrites every blocked DequantizeLinear to per-axis. com.microsoft
     MatMulNBits / GatherBlockQuantized become DequantizeLinear + MatMul / Gather (exact),
     unless ``keep_contrib``. ``registry``: the adapters to use (default: every registered
-    family's). ``external_data``, ``shard_size``, ``progress``: how the output is written
-    (``Writing``)."""
+    family's). ``external_data``, ``shard_size``, ``progress``, ``while_writing``: how the
+    output is written (``Writing``)."""
     return _convert(model_or_path, opset, out, "upgrade",
                     Options(per_axis=per_axis, keep_contrib=keep_contrib),
                     check, in_place, registry,
-                    Writing(external_data, shard_size, progress))
+                    Writing(external_data, shard_size, progress, while_writing))
 
 
 def downgrade(model_or_path: ModelArg, opset: int, out: str | os.PathLike | None = None, *,
               per_axis: bool = False, allow_decompose: bool = False, check: bool = False,
               in_place: bool = False, registry: Registry | None = None,
               external_data: bool | None = None, shard_size: int | None = None,
-              progress: Callable | None = None, keep_contrib: bool = False
+              progress: Callable | None = None, keep_contrib: bool = False,
+              while_writing: Callable[[ConvertReport], None] | None = None
               ) -> ConvertReport:
     """Lower the model to ``opset`` by exact rewrites, or refuse with the reason;
     ``allow_decompose`` turns a DequantizeLinear no version at ``opset`` expresses into
@@ -82,7 +87,8 @@ def downgrade(model_or_path: ModelArg, opset: int, out: str | os.PathLike | None
     return _convert(model_or_path, opset, out, "downgrade",
                     Options(per_axis=per_axis, allow_decompose=allow_decompose,
                             keep_contrib=keep_contrib), check,
-                    in_place, registry, Writing(external_data, shard_size, progress))
+                    in_place, registry,
+                    Writing(external_data, shard_size, progress, while_writing))
 
 
 def _convert(model_or_path: ModelArg, opset: int, out, direction: Literal["upgrade", "downgrade"],
@@ -154,8 +160,10 @@ def _convert(model_or_path: ModelArg, opset: int, out, direction: Literal["upgra
     if out is not None:
         external = True if writing.shard_size is not None else writing.external_data
         report.external_data = io.external_choice(report.model, external)
+        tell = writing.while_writing
         written = io.save(report.model, out, external=external,
                           shard_size=writing.shard_size, callback=writing.progress,
-                          verify=run_check if from_files else None, prefill=prefill)
+                          verify=run_check if from_files else None, prefill=prefill,
+                          while_writing=None if tell is None else lambda: tell(report))
         report.files = [str(p) for p in written]
     return report

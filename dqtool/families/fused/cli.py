@@ -34,11 +34,19 @@ def pack_cmd(app: App, model: str, out: str | None, accuracy_level: int, zero_po
 
     if out is not None and in_place:
         app.abort("give either --output or --in-place, not both", 2)
+    heads: list[str] = []  # the summary, rendered while the data is written
+
+    def summary(report) -> None:
+        with app.out.capture() as captured:
+            _summary(app, report)
+        heads.append(captured.get())
+
     with progress_bar(app, model, progress) as bar:
         report = pack(model, out, accuracy_level=accuracy_level, zero_points=zero_points,
                       gather=not no_gather, in_place=in_place,
                       external_data=external_data or None,
-                      shard_size=parse_size(shard_size), progress=bar)
+                      shard_size=parse_size(shard_size), progress=bar,
+                      while_writing=None if as_json else summary)
     if as_json:
         app.print_json({
             "input": model, "files": report.written,
@@ -46,11 +54,20 @@ def pack_cmd(app: App, model: str, out: str | None, accuracy_level: int, zero_po
             "skipped": [vars(s) for s in report.skipped],
         })
         return
+    if heads:
+        app.out.file.write(heads[-1])
+    else:
+        _summary(app, report)
+    for path in report.written:
+        app.out.print(f"wrote {path}")
+
+
+def _summary(app: App, report) -> None:
+    """A line per packed or left node, and the counts (printed while the data is still
+    written where the save allows: ~25 ms of an LLM's 225 lines then overlap it)."""
     for p in report.packed:
         app.out.print(f"{p.node} [{p.graph}]: {p.how}", markup=False, soft_wrap=True)
     for s in report.skipped:
         app.out.print(f"{s.node} [{s.graph}]: left as it is: {s.why}", markup=False,
                       soft_wrap=True)
     app.out.print(f"{len(report.packed)} packed, {len(report.skipped)} left")
-    for path in report.written:
-        app.out.print(f"wrote {path}")

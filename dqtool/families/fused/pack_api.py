@@ -4,6 +4,7 @@ GatherBlockQuantized (see ``pack_pass``), loading and writing models of any size
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -21,14 +22,16 @@ def default_output(src: str | os.PathLike) -> Path:
 def pack(model_or_path: ir.Model | str | os.PathLike, out: str | os.PathLike | None = None, *,
          accuracy_level: int = 0, zero_points: str = "auto", gather: bool = True,
          in_place: bool = False, external_data: bool | None = None,
-         shard_size: int | None = None, progress: Any = None) -> PackReport:
+         shard_size: int | None = None, progress: Any = None,
+         while_writing: Callable[[PackReport], None] | None = None) -> PackReport:
     """Rewrite every DequantizeLinear(constant) → MatMul into MatMulNBits and every
     DequantizeLinear(constant table) → Gather into GatherBlockQuantized, with bit-identical
     weights. A model object is rewritten in place; a path is written to ``out`` (default
     ``<stem>.packed.onnx``; ``in_place`` writes it back, atomically). ``external_data``,
     ``shard_size``, ``progress``: how the output is written, as for every writer
-    (``dqtool.io.save``'s ``external``, ``shard_size``, ``callback``). ``report.model`` is
-    the result."""
+    (``dqtool.io.save``'s ``external``, ``shard_size``, ``callback``); ``while_writing``
+    is called with the report while the data is written (``report.written`` not yet
+    set). ``report.model`` is the result."""
     from dqtool import external_data as external_data_writer
     from dqtool import io
 
@@ -61,7 +64,8 @@ def pack(model_or_path: ir.Model | str | os.PathLike, out: str | os.PathLike | N
             external = True if shard_size is not None else external_data
             report.written = [str(p) for p in io.save(
                 model, out, external=external, shard_size=shard_size, callback=progress,
-                prefill=eager)]
+                prefill=eager,
+                while_writing=None if while_writing is None else lambda: while_writing(report))]
             eager = None  # the save took it
     finally:
         io.discard_prefill(eager)
