@@ -154,6 +154,11 @@ def test_tensors_written_early_come_first_and_read_back(tmp_path) -> None:
                if isinstance(v.const_value, ir.ExternalTensor)}
     assert max(offsets[n] for n, a in data[:4] if a.nbytes > 256) \
         < min(offsets[n] for n, a in data[4:] if a.nbytes > 256)
+    # the bytes reserved ahead of the early writes are cut back: the file ends with its
+    # last tensor
+    ends = [v.const_value.offset + v.const_value.nbytes for v in back.graph.initializers.values()
+            if isinstance(v.const_value, ir.ExternalTensor)]
+    assert (tmp_path / "m.onnx.data").stat().st_size == max(ends)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["m.onnx", "m.onnx.data"]
 
 
