@@ -17,6 +17,7 @@ from dqtool import graph, types
 from dqtool.codecs import base
 from dqtool.codecs.base import Schema
 from dqtool.codecs.granularity import classify
+from dqtool.schemas import since_versions as versions
 from dqtool.spec import P_PRECISION, P_TYPE, Problem, QuantSpec
 
 OPS = ("DequantizeLinear", "QuantizeLinear")
@@ -61,22 +62,6 @@ def schema_facts(op: str, since_version: int) -> Schema:
 def since_at(op: str, opset: int) -> int | None:
     """The since-version of ai.onnx ``op`` in force at ``opset`` (None before it exists)."""
     return max((v for v in versions(op) if v <= opset), default=None)
-
-
-@cache
-def versions(op: str) -> tuple[int, ...]:
-    """The since-versions of an op in the installed onnx, oldest first. Walked back one
-    schema at a time: listing every schema's history costs ~45 ms at each start-up."""
-    found: list[int] = []
-    opset = onnx.defs.onnx_opset_version()
-    while opset > 0:
-        try:
-            schema = onnx.defs.get_schema(op, opset, "")
-        except onnx.defs.SchemaError:
-            break
-        found.append(schema.since_version)
-        opset = schema.since_version - 1
-    return tuple(sorted(found))
 
 
 def _exact_in(diff_bits: int, float_type: str | None) -> bool:

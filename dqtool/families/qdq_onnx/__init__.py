@@ -19,22 +19,10 @@ OPS = ("DequantizeLinear", "QuantizeLinear")
 
 def _since_versions() -> list[tuple[str, str, int]]:
     """Every since-version the installed onnx has (read from onnx, not from the codecs:
-    the codecs are built from this registry). Walked down from the newest opset one
-    schema at a time: every command imports this, and listing all of onnx's schemas with
-    their history cost 14 ms of its start-up."""
-    import onnx
+    the codecs are built from this registry)."""
+    from dqtool.schemas import since_versions
 
-    found = set()
-    for op in OPS:
-        version = onnx.defs.onnx_opset_version()
-        while version > 0:
-            try:
-                schema = onnx.defs.get_schema(op, version, "")
-            except onnx.defs.SchemaError:
-                break
-            found.add(("ai.onnx", op, schema.since_version))
-            version = schema.since_version - 1
-    return sorted(found)
+    return sorted(("ai.onnx", op, v) for op in OPS for v in since_versions(op))
 
 
 def _codecs() -> list[Any]:
