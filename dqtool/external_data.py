@@ -9,6 +9,7 @@ tensor streams itself, as fold's lazily computed tensors do).
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import errno
 import os
@@ -28,6 +29,8 @@ def _copy_range(src: str, offset: int, length: int, dst, dst_offset: int) -> Non
     with open(src, "rb") as fin:
         done = 0
         try:
+            if not hasattr(os, "copy_file_range"):  # not Linux
+                raise OSError(errno.ENOSYS, "no copy_file_range")
             while done < length:
                 n = os.copy_file_range(fin.fileno(), dst.fileno(), length - done,
                                        offset + done, dst_offset + done)
@@ -95,6 +98,8 @@ class _TakingTurns:
     of the lock when it is the compiled helper's (``dqtool.native.Turn``), which a weight
     streamed in C takes around its own writes; else None."""
 
+    streams_to_fd = True  # an OS file underneath: C may pwrite to its descriptor
+
     def __init__(self, f, lock) -> None:
         self._f, self._lock = f, lock
         self.native_turn = getattr(lock, "handle", None)
@@ -157,19 +162,33 @@ class _Writer:
     # the file back to its last tensor when it is done.
     RESERVE_AHEAD = 64 << 20
 
-    def add(self, items: list[tuple[ir.TensorProtocol, int, int]]) -> None:
-        """More tensors to write (an open-ended writer), their bytes reserved first."""
+    def add(self, items: list[tuple[ir.TensorProtocol, int, int]], last: bool = False
+            ) -> None:
+        """More tensors to write (an open-ended writer), their bytes reserved first;
+        ``last``: no more will come (nothing is reserved ahead)."""
         if not items:
             return
         end = max(o + n for _, o, n in items)
         if end > self._reserved:
             if self._reserving is None:
                 self._reserving = open(self.path, "r+b")  # noqa: SIM115 - closed by finish()
-            ahead = max(end, self._reserved + self.RESERVE_AHEAD)
-            _reserve(self._reserving, self.path, self._reserved, ahead - self._reserved)
-            self._reserved = ahead
+            # What the tensors need, surely (a full disk is an error); the bytes ahead if
+            # the disk has them (a save that fits must not fail on them).
+            _reserve(self._reserving, self.path, self._reserved, end - self._reserved)
+            self._reserved = end
+            if not last:
+                with contextlib.suppress(OSError):
+                    _reserve(self._reserving, self.path, end, self.RESERVE_AHEAD)
+                    self._reserved = end + self.RESERVE_AHEAD
         with self._lock:
             self.plan.extend(items)
+            self._lock.notify_all()
+
+    def fail(self, error: BaseException) -> None:
+        """Stop the threads with ``error`` (raised by ``finish``), found by their caller."""
+        with self._lock:
+            if self.error is None:
+                self.error = error
             self._lock.notify_all()
 
     def close(self) -> None:
@@ -289,7 +308,8 @@ class Eager:
     The bytes of each tensor are those a save after the conversion would write; only
     their order in the file differs (early ones first)."""
 
-    def __init__(self, folder: Path, data_name: str) -> None:
+    def __init__(self, folder: Path, data_name: str, callback: Callable | None = None
+                 ) -> None:
         from dqtool.kernel.parallel import num_threads
 
         self.path = folder / data_name
@@ -297,7 +317,8 @@ class Eager:
         self.placed: dict[int, tuple[int, int]] = {}  # id(tensor) → (offset, length)
         self.end = 0  # where the next tensor goes
         self._tensors: list[ir.TensorProtocol] = []  # alive: their ids stay theirs
-        self.writer = _Writer(self.path, [], None, threads=num_threads(), open_ended=True)
+        self.writer = _Writer(self.path, [], callback, threads=num_threads(),
+                              open_ended=True)
         try:
             self.writer.start()
         except BaseException:
@@ -308,10 +329,17 @@ class Eager:
         length = _length(tensor)
         if length <= SIZE_THRESHOLD or id(tensor) in self.placed:
             return  # (small ones stay in the protobuf)
-        offset, self.end = self.end, _align(self.end + length)
+        if self.writer.error is not None:
+            return  # the save raises it
+        offset = self.end
+        try:
+            self.writer.add([(tensor, offset, length)])
+        except OSError as e:  # e.g. a full disk: the save raises it, as its own
+            self.writer.fail(e)
+            return
+        self.end = _align(offset + length)
         self.placed[id(tensor)] = (offset, length)
         self._tensors.append(tensor)
-        self.writer.add([(tensor, offset, length)])
 
     def finish(self, cancel: bool = False) -> None:
         self.writer.finish(cancel)
@@ -337,6 +365,27 @@ def submit(tensor: ir.TensorProtocol) -> None:
     eager = _EAGER.get()
     if eager is not None:
         eager.submit(tensor)
+
+
+class Placed(ir.ExternalTensor):
+    """The reference a save gives a tensor in its data file (serialized as that), which
+    reads as the tensor it stands for, ``source``, until the save is done.
+
+    Why: a save repoints every initializer of the model at the data file before writing
+    it, and tensors computed while it writes (a repacked weight, a folded one) read other
+    initializers of the same model, e.g. a weight shared with a node left as it is (a tied
+    LM head). Read through the file, those bytes may not be written yet; read through the
+    source, they are the input's. ``graph.constant_tensor`` gives the source."""
+
+    def __init__(self, source: ir.TensorProtocol, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.placed_source = source
+
+    def numpy(self):
+        return self.placed_source.numpy()
+
+    def tobytes(self) -> bytes:
+        return self.placed_source.tobytes()
 
 
 class Resolver(dict):
@@ -374,7 +423,9 @@ def externalized(model: ir.Model, folder: Path, data_name: str,
         # Small tensors stay in the protobuf. Those read from a file or computed on demand
         # are materialized now, before the writer starts: a lazy tensor may read the same
         # input tensor as one the writer computes, and onnx_ir's loading of an external
-        # tensor is not thread-safe ("The array should be loaded only once").
+        # tensor is not thread-safe ("The array should be loaded only once"). (Writers
+        # started early, ``Eager``, only write tensors that stream themselves; those read
+        # their inputs through ``fused.arrays``, never through onnx_ir's loading.)
         for v in values:
             t = v.const_value
             if t.nbytes <= SIZE_THRESHOLD and isinstance(t, (ir.ExternalTensor,
@@ -410,8 +461,8 @@ def externalized(model: ir.Model, folder: Path, data_name: str,
                 place = offset
                 plan.append((t, offset, length))
                 offset = _align(offset + length)
-            v.const_value = ir.ExternalTensor(
-                data_name, place, length, t.dtype, shape=t.shape, name=t.name,
+            v.const_value = Placed(
+                t, data_name, place, length, t.dtype, shape=t.shape, name=t.name,
                 doc_string=t.doc_string, base_dir=folder)
         from dqtool.kernel.parallel import num_threads
 
@@ -423,7 +474,7 @@ def externalized(model: ir.Model, folder: Path, data_name: str,
                              threads=num_threads())
         try:
             if eager is not None:
-                writer.add(plan)
+                writer.add(plan, last=True)
                 writer.close()
             else:
                 writer.start()

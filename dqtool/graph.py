@@ -121,7 +121,9 @@ def constant_tensor(value: ir.Value | None) -> ir.TensorProtocol | None:
     if value is None:
         return None
     if value.const_value is not None and not value.is_graph_input():
-        return value.const_value
+        # while a save writes the model: the tensor its data-file reference stands for
+        # (``external_data.Placed``), whose bytes may not be in that file yet
+        return getattr(value.const_value, "placed_source", value.const_value)
     producer = value.producer()
     if (producer is not None and producer.op_type == "Constant"
             and producer.domain in DEFAULT_DOMAINS):

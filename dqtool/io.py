@@ -493,16 +493,18 @@ def start_prefill(model: ir.Model, out: str | os.PathLike) -> external_data.Pref
     return prefill
 
 
-def start_eager(model: ir.Model, out: str | os.PathLike) -> external_data.Eager:
+def start_eager(model: ir.Model, out: str | os.PathLike, callback: Callable | None = None
+                ) -> external_data.Eager:
     """Start the writers of ``save(model, out)``'s data file before the model is converted
     (see ``external_data.Eager``). The caller converts the model inside
     ``external_data.writing_early(eager)`` and passes the result to ``save`` as its
-    ``prefill``, or calls ``discard_prefill`` if it will not save."""
+    ``prefill``, or calls ``discard_prefill`` if it will not save. ``callback``: the
+    save's progress callback (called from the first tensor on)."""
     out = output_path(out)
     parent = _output_folder(model, out)
     temp = _temp(parent, out)
     try:
-        eager = external_data.Eager(temp.path, commit.data_name(parent, out.name))
+        eager = external_data.Eager(temp.path, commit.data_name(parent, out.name), callback)
         eager.temp = temp
     except BaseException:
         temp.remove()

@@ -245,3 +245,19 @@ def test_a_cached_build_is_loaded_without_checking_again(fresh, monkeypatch) -> 
     assert native.transpose_fn() is not None
     assert native.describe() == f"on ({native.library_path()})"
     _transposes_right()
+
+
+def test_the_streamed_transpose_refuses_what_would_overrun(fresh, tmp_path) -> None:
+    # Rows narrower than a band's codes would overrun the buffer; no words a band would
+    # never end: both refused (-EINVAL) before anything is touched or written.
+    import errno
+
+    assert native.transpose_fn() is not None, native.describe()
+    stream = native.stream_fn()
+    src = np.zeros((32, 16), np.uint8)
+    buf = np.zeros(4096, np.uint8)
+    with open(tmp_path / "out.bin", "wb") as f:
+        for out_row, band in ((15, 1), (16, 0)):  # 2 squares of 4-bit: rows of 16 bytes
+            assert stream(src.ctypes.data, 16, 2, 2, band, 4, 0, buf.ctypes.data, out_row,
+                          32, f.fileno(), 0, None) == -errno.EINVAL
+    assert (tmp_path / "out.bin").stat().st_size == 0 and not buf.any()

@@ -136,7 +136,7 @@ def _convert(model_or_path: ModelArg, opset: int, out, direction: Literal["upgra
         if not _rewrites_most(model, options):
             prefill = io.start_prefill(model, out)
         elif input_external and writing.external_data is not False:
-            prefill = io.start_eager(model, out)
+            prefill = io.start_eager(model, out, writing.progress)
     try:
         # A model loaded here has no other reference: converted in place, dropped on refusal.
         with external_data.writing_early(prefill if isinstance(prefill, external_data.Eager)

@@ -9,9 +9,9 @@
  *
  * Plain C99 (and POSIX pwrite and mutexes) with no Python API: ctypes releases the GIL
  * around the call, so slabs of squares run on several threads at once, and a streamed
- * weight (dq_write_transposed) is transposed and written band by band without it. Every load and store goes through memcpy (no
- * alignment is assumed) and words are taken as little-endian (the loader refuses a
- * big-endian machine).
+ * weight (dq_write_transposed) is transposed and written band by band without it. Every
+ * load and store goes through memcpy (no alignment is assumed) and words are taken as
+ * little-endian (the loader refuses a big-endian machine).
  */
 #ifdef __linux__
 #define _GNU_SOURCE /* fallocate */
@@ -217,7 +217,7 @@ static int64_t write_all(int fd, const uint8_t *buf, int64_t n, int64_t offset, 
  * ragged tail of padding codes is dropped). `buf` holds band_words * E * out_row bytes.
  * Every source byte is xor-ed with `flip` first. BITS 2, 4, 8 (packed codes) or 16, 32
  * (float16 / float32 scales, one element a code). Returns the bytes written, or -errno
- * (-EINVAL for another width).
+ * (-EINVAL for another width, rows narrower than squares * 8 bytes, or no words a band).
  *
  * Why in C: the loop over bands, in Python, cost ~40 us a band in the interpreter and
  * the GIL (measured: 0.12 s of CPU over the 1,800 bands of a 1.8 GB model). */
@@ -226,6 +226,8 @@ int64_t dq_write_transposed(const uint8_t *src, int64_t src_stride, int64_t squa
                             uint8_t *buf, int64_t out_row, int64_t out_rows, int fd,
                             int64_t offset, void *turn) {
     if (bits != 2 && bits != 4 && bits != 8 && bits != 16 && bits != 32) return -EINVAL;
+    /* rows narrower than a band's codes would overrun buf; no words a band, no end */
+    if (out_row < squares * 8 || band_words <= 0 || squares < 0 || words < 0) return -EINVAL;
     const int e = 64 / bits;
     if (out_row > squares * 8)  /* the padding bytes of every row of a band: zeros */
         for (int64_t r = 0; r < band_words * e; r++)

@@ -52,7 +52,7 @@ def pack(model_or_path: ir.Model | str | os.PathLike, out: str | os.PathLike | N
     if in_place and src is None:
         raise UsageError("in_place needs a path")
     # The data file is written as the pass makes the packed weights (``Eager``).
-    eager = io.start_eager(model, out) if out is not None and src is not None \
+    eager = io.start_eager(model, out, progress) if out is not None and src is not None \
         and shard_size is None and external_data is not False \
         and io.uses_external_data(model) else None
     try:

@@ -11,6 +11,7 @@ odd shapes whose rows do not start on a byte go through unpack → transpose →
 
 from __future__ import annotations
 
+import io
 import os
 import sys
 
@@ -294,9 +295,14 @@ def _native_stream(file, rows: int, bits: int) -> tuple[object, int, object] | N
     fn = stream_fn()
     if fn is None or rows % (64 // bits):
         return None
+    # Only a plain OS file (or the data-file writer's wrapper of one): C writes to its
+    # descriptor at its position, which for, say, a GzipFile is not where bytes go.
+    if not (isinstance(file, (io.FileIO, io.BufferedWriter, io.BufferedRandom))
+            or getattr(type(file), "streams_to_fd", False)):
+        return None
     try:
         fd = file.fileno()
-    except (AttributeError, OSError, ValueError):  # e.g. BytesIO
+    except (AttributeError, OSError, ValueError):
         return None
     return fn, fd, getattr(file, "native_turn", None)
 
@@ -367,7 +373,7 @@ def write_transposed(a: np.ndarray, file) -> int:
             start = words * per_word
     if start < cols:  # no C, or the last columns that do not fill a word
         rest = np.ascontiguousarray(a[:, start:].T)
-        file.write(rest.data)
+        file.write(rest.reshape(-1).view(np.uint8).data)  # (bfloat16 has no buffer format)
         written += rest.nbytes
     return written
 
