@@ -222,3 +222,25 @@ def test_streamed_repack_write_errors_are_raised(path: str, tmp_path) -> None:
         assert raised.value.errno == errno.EBADF, raised.value
     else:
         assert isinstance(raised.value, io.UnsupportedOperation)
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float32", "bfloat16", "uint8"])
+@pytest.mark.parametrize(("rows", "cols"), [(0, 8), (4, 3), (64, 24), (48, 64), (8, 1),
+                                            (128, 13)])
+def test_write_transposed_writes_the_transpose(dtype: str, rows: int, cols: int, path: str,
+                                               tmp_path) -> None:
+    # Scales (N, k_blocks) written as (k_blocks, N): whole words of every row in C where
+    # rows fill whole squares, the rest (and every width without C) in NumPy.
+    import ml_dtypes
+
+    np_type = ml_dtypes.bfloat16 if dtype == "bfloat16" else np.dtype(dtype)
+    a = (np.arange(rows * cols) % 251 + 1).astype(np.float32).astype(np_type)
+    a = a.reshape(rows, cols)
+    with open(tmp_path / "t.bin", "w+b") as f:
+        f.write(b"xyz")
+        assert packing.write_transposed(a, f) == a.nbytes
+        f.write(b"!")
+        f.seek(0)
+        data = f.read()
+    want = np.ascontiguousarray(a.T).reshape(-1).view(np.uint8).tobytes()
+    assert data == b"xyz" + want + b"!"

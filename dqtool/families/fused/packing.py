@@ -362,11 +362,11 @@ def write_transposed(a: np.ndarray, file) -> int:
     size = a.dtype.itemsize
     written, start = 0, 0
     native = _native_stream(file, rows, size * 8) if size in (1, 2, 4) else None
-    if native is not None and a.flags.c_contiguous:
+    if native is not None and a.flags.c_contiguous and rows:
         per_word = 8 // size  # elements a 64-bit word holds
         words = cols // per_word
         if words:
-            band_words = max(1, STREAM_BYTES // (rows * 8))  # ~STREAM_BYTES out a band
+            band_words = max(1, STREAM_BYTES // max(rows * 8, 1))  # ~STREAM_BYTES a band
             written = _stream_c(native, file, a.view(np.uint8).reshape(rows, -1), rows,
                                 words, band_words, size * 8, 0, rows * size,
                                 words * per_word)
