@@ -14,14 +14,18 @@ from dqtool import native
 from dqtool.families.fused import packing
 
 
-@pytest.fixture(autouse=True, params=["c", "numpy"])
+@pytest.fixture(autouse=True, params=["c", "c-portable", "numpy"])
 def path(request, monkeypatch) -> str:
+    """Where the transposes run: the compiled helper with its AVX-512 tiles where the CPU
+    has them ("c"), the compiled helper's portable loop alone ("c-portable"), NumPy."""
     if request.param == "numpy":
         monkeypatch.setattr(native, "_state", {"fn": None, "why": "off (test)"})
     elif os.environ.get("DQTOOL_NATIVE") == "0":  # asked for: the loader must honour it
         assert native.transpose_fn() is None
     else:  # `make` builds it; on a machine with no C compiler run with DQTOOL_NATIVE=0
         assert native.transpose_fn() is not None, native.describe()
+        native.set_wide(request.param == "c")
+        request.addfinalizer(lambda: native.set_wide(True))
     return request.param
 
 
@@ -193,6 +197,30 @@ def test_streamed_repacks_write_the_same_bytes(bits: int, k: int, n: int, block:
         written = packing.write_onnx_as_nbits(onnx ^ np.uint8(half), k, n, bits, block, to,
                                               flip=half)
         assert written == b.nbytes and f.getvalue() == b.tobytes()
+
+
+@pytest.mark.parametrize("bits", [2, 4, 8])
+@pytest.mark.parametrize("skew", [0, 8, 24, 56, 3])
+@pytest.mark.parametrize(("k", "per_band"), [(2048, 200), (2048, 130), (1000, 260)])
+def test_streamed_bands_cut_to_whole_lines_write_the_same_bytes(
+        bits: int, skew: int, k: int, per_band: int, path: str, tmp_path,
+        monkeypatch) -> None:
+    # Bands of 16 words or more are cut to whole 64-byte lines of the source, the first
+    # one short where the weight does not start on a line (C): a weight at every skew
+    # from a line (3: not even on a word), rows a multiple of 64 bytes apart (k 2048) or
+    # not (1000), bands of 25 and 16 words (cut to 24 and 16) and 32, rows enough for
+    # whole tiles of squares at every width: the same bytes.
+    n = 256
+    monkeypatch.setattr(packing, "STREAM_BYTES", n * per_band)
+    rng = np.random.default_rng(skew + k + bits)
+    row = k * bits // 8
+    room = np.zeros(n * row + 128, np.uint8)
+    start = -room.ctypes.data % 64 + skew
+    b = room[start:start + n * row].reshape(n, row)
+    b[:] = rng.integers(0, 256, b.shape, dtype=np.uint8)
+    f = _FileSink(tmp_path)
+    assert packing.write_nbits_as_onnx(b, k, n, bits, f.f) == k * n * bits // 8
+    assert f.getvalue() == simple_nbits_to_onnx(b, k, n, bits).tobytes()
 
 
 def test_a_file_like_that_is_not_an_os_file_is_written_in_numpy(tmp_path) -> None:

@@ -231,7 +231,7 @@ def test_reserve_allocates_the_bytes_or_says_why(fresh, tmp_path, monkeypatch) -
 def test_a_build_that_fails_the_check_is_not_kept(fresh, monkeypatch) -> None:
     # The check runs once, when the library is built; a build that fails it is neither
     # used nor cached (a later process would build and check it again).
-    monkeypatch.setattr(native, "_self_check", lambda fn, stream=None: "4-bit transpose")
+    monkeypatch.setattr(native, "_self_check", lambda *a: "4-bit transpose")
     assert native.transpose_fn() is None
     assert "disagrees with the obvious transpose: 4-bit transpose" in native.describe()
     assert not list(fresh.glob("codes-*")) and not list(fresh.glob("*.sha256"))
@@ -261,3 +261,50 @@ def test_the_streamed_transpose_refuses_what_would_overrun(fresh, tmp_path) -> N
             assert stream(src.ctypes.data, 16, 2, 2, band, 4, 0, buf.ctypes.data, out_row,
                           32, f.fileno(), 0, None) == -errno.EINVAL
     assert (tmp_path / "out.bin").stat().st_size == 0 and not buf.any()
+
+
+def test_the_avx512_tiles_are_on_where_the_cpu_has_them(fresh) -> None:
+    # The wide tile loop is taken where the CPU has AVX-512F, and can be turned off (the
+    # tests of the transposes run both); off, the portable loop gives the same bytes.
+    import platform
+
+    assert native.transpose_fn() is not None, native.describe()
+    has = False
+    if platform.system() == "Linux" and platform.machine() == "x86_64":
+        with open("/proc/cpuinfo") as f:
+            has = "avx512f" in f.read().split()
+    try:
+        assert native.set_wide(False) is False
+        _transposes_right()
+        assert native.set_wide(True) is has
+        _transposes_right()
+    finally:
+        native.set_wide(True)
+
+
+def test_the_build_check_runs_both_tile_loops(fresh) -> None:
+    # A library built on a CPU with AVX-512 may be loaded from a shared cache by one
+    # without it: the check at build time runs the portable loop too, and says which
+    # loop disagreed.
+    assert native.transpose_fn() is not None
+    lib = native._state["lib"]
+    fn = lib.dq_transpose_codes
+    modes: list[int] = []
+    on = {"now": 1}
+
+    def set_wide(mode: int) -> int:
+        modes.append(mode)
+        on["now"] = lib.dq_set_wide(mode)
+        return on["now"]
+
+    has = bool(lib.dq_set_wide(1))
+    assert native._self_check(fn, lib.dq_write_transposed, set_wide) == ""
+    # asked (and turned on), the portable loop, the wide one, back on as loaded
+    assert modes == ([1, 0, 1, 1] if has else [1, 1])
+    assert lib.dq_set_wide(1) == has
+
+    def wrong_when_wide(*args: object) -> int:
+        return -1 if on["now"] else fn(*args)
+
+    bad = native._self_check(wrong_when_wide, None, set_wide)
+    assert bad == ("2-bit transpose (AVX-512 tiles)" if has else "")

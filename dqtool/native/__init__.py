@@ -41,7 +41,7 @@ import threading
 from pathlib import Path
 
 SOURCE = Path(__file__).with_name("codes.c")
-VERSION = 2  # dq_native_version() of a build that means what this loader expects
+VERSION = 3  # dq_native_version() of a build that means what this loader expects
 
 _lock = threading.Lock()
 _state: dict[str, object] = {}  # "fn": the entry point or None, "why": the reason
@@ -138,7 +138,7 @@ def _build(target: Path) -> None:
         os.chmod(tmp, 0o755)
         try:
             lib = ctypes.CDLL(tmp)
-            bad = _self_check(_bind(lib), lib.dq_write_transposed)
+            bad = _self_check(_bind(lib), lib.dq_write_transposed, lib.dq_set_wide)
         except (OSError, AttributeError) as e:
             raise CompileError(f"{' '.join(_compiler())} built a library that does not "
                                f"load: {e}") from None
@@ -216,6 +216,7 @@ def _load() -> tuple[object | None, str]:
             return None, f"off ({path} is version {lib.dq_native_version()}, not {VERSION})"
         # (checked against the obvious transpose when it was built: its digest says so)
         fn = _bind(lib)
+        lib.dq_set_wide(1)  # the AVX-512 tiles where the CPU has them, decided once here
     except (OSError, AttributeError) as e:
         return None, f"off ({e})"
     finally:
@@ -242,6 +243,8 @@ def _bind(lib: object) -> object:
     stream.restype = i64
     lib.dq_reserve.argtypes = [c_int, i64, i64]
     lib.dq_reserve.restype = c_int
+    lib.dq_set_wide.argtypes = [c_int]
+    lib.dq_set_wide.restype = c_int
     lib.dq_turn_new.restype = ptr
     lib.dq_turn_new.argtypes = []
     for name in ("dq_turn_take", "dq_turn_give", "dq_turn_free"):
@@ -271,13 +274,31 @@ def _reference(p, rows: int, cols: int, bits: int):
 WIDTHS = (2, 4, 8, 16, 32)  # packed codes; float16 / float32 elements
 
 
-def _self_check(fn: object, stream: object | None = None) -> str:
+def _self_check(fn: object, stream: object | None = None,
+                set_wide: object | None = None) -> str:
     """'' if the build transposes like the obvious way on every width (with and without a
     flip of every byte), else what differed. 9 x 17 squares, in two slabs (0-8, 8-9):
     whole 8 x 8 tiles and partial ones, the lone-square path, a slab that does not start
     at 0 (each a branch a miscompile could break alone). With ``stream``
     (``dq_write_transposed``), also its bands written to a file: padded rows, a last row
-    dropped, at an offset."""
+    dropped, at an offset, and bands cut to whole lines. With ``set_wide``
+    (``dq_set_wide``), both tile loops where the CPU has the wide one (AVX-512): a cache
+    shared by machines may load this build on a CPU without it."""
+    modes = [0, 1] if set_wide is not None and set_wide(1) else [None]
+    try:
+        for mode in modes:
+            if mode is not None:
+                set_wide(mode)
+            bad = _check_widths(fn, stream)
+            if bad:
+                return bad + (" (AVX-512 tiles)" if mode else "")
+        return ""
+    finally:
+        if set_wide is not None:
+            set_wide(1)
+
+
+def _check_widths(fn: object, stream: object | None) -> str:
     import numpy as np
 
     rng = np.random.default_rng(7)
@@ -292,13 +313,30 @@ def _self_check(fn: object, stream: object | None = None) -> str:
                      cols // e, s0, s1, bits, flip) for s0, s1 in ((0, 8), (8, 9))]
             if rc != [0, 0] or not np.array_equal(got, want):
                 return f"{bits}-bit transpose"
-        if stream is not None and not _streams_right(stream, src, rows, cols, bits):
+        if stream is not None and not (_streams_right(stream, src, rows, cols, bits, 3)
+                                       and _streams_right(stream, _on_line(src, 8), rows,
+                                                          cols, bits, 17)):
             return f"{bits}-bit streamed transpose"
     return ""
 
 
-def _streams_right(stream: object, src, rows: int, cols: int, bits: int) -> bool:
-    """``dq_write_transposed`` of ``src`` in bands of 3 words, into rows padded by 8 zero
+def _on_line(src, skew: int):
+    """``src``'s bytes in rows 64 bytes apart whose first starts ``skew`` bytes after a
+    64-byte line: where ``dq_write_transposed`` cuts its bands to whole lines."""
+    import numpy as np
+
+    rows, width = src.shape
+    stride = -(-width // 64) * 64
+    room = np.zeros(rows * stride + 128, np.uint8)
+    start = -room.ctypes.data % 64 + skew
+    out = room[start:start + rows * stride].reshape(rows, stride)[:, :width]
+    out[:] = src
+    return out
+
+
+def _streams_right(stream: object, src, rows: int, cols: int, bits: int,
+                   band: int) -> bool:
+    """``dq_write_transposed`` of ``src`` in bands of ``band`` words, into rows padded by 8 zero
     bytes, the last output row dropped, 3 bytes into a file: as ``_reference`` says."""
     import tempfile
 
@@ -308,10 +346,10 @@ def _streams_right(stream: object, src, rows: int, cols: int, bits: int) -> bool
     row = rows * bits // 8 + 8
     want = np.zeros((cols - 1, row), np.uint8)
     want[:, : row - 8] = _reference(src, rows, cols, bits)[: cols - 1]
-    buf = np.full(3 * e * row, 0x5A, np.uint8)  # whatever an earlier band left
+    buf = np.full(band * e * row, 0x5A, np.uint8)  # whatever an earlier band left
     with tempfile.TemporaryFile() as f:
         f.write(b"abc")
-        n = stream(src.ctypes.data, src.strides[0], rows // e, cols // e, 3, bits, 0,
+        n = stream(src.ctypes.data, src.strides[0], rows // e, cols // e, band, bits, 0,
                    buf.ctypes.data, row, cols - 1, f.fileno(), 3, None)
         f.seek(0)
         return n == want.nbytes and f.read() == b"abc" + want.tobytes()
@@ -370,6 +408,14 @@ class Turn:
         handle, self.handle = getattr(self, "handle", None), None
         if handle:
             self._lib.dq_turn_free(handle)
+
+
+def set_wide(on: bool) -> bool:
+    """Turn the AVX-512 tile loop on (where the CPU has it) or off; returns whether it is
+    on. Both write the same bytes: tests run each. False where the helper is off."""
+    if transpose_fn() is None:
+        return False
+    return bool(_state["lib"].dq_set_wide(1 if on else 0))
 
 
 def new_turn() -> Turn | None:
