@@ -13,6 +13,7 @@ import contextlib
 import contextvars
 import errno
 import os
+import sys
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext
@@ -112,6 +113,38 @@ class _TakingTurns:
         return getattr(self._f, name)
 
 
+class _QuickSwitches:
+    """While writer threads run, the interpreter hands the GIL on after 0.5 ms rather than
+    Python's 5 ms: a writer back from a weight's C call (its bands transposed and
+    written without the GIL) needs the GIL for a few lines before the next, and waited up
+    to the whole interval while the main thread converted or serialized. Measured, on
+    the 1.8 GB bench model: `upgrade` 3% quicker (0.85 s against 0.88 s, interleaved).
+    Counted, so that overlapping writers restore the interval once, the last one out."""
+
+    INTERVAL = 0.0005
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._users = 0
+        self._saved = 0.0
+
+    def enter(self) -> None:
+        with self._lock:
+            if self._users == 0:
+                self._saved = sys.getswitchinterval()
+                sys.setswitchinterval(min(self._saved, self.INTERVAL))
+            self._users += 1
+
+    def leave(self) -> None:
+        with self._lock:
+            self._users -= 1
+            if self._users == 0:
+                sys.setswitchinterval(self._saved)
+
+
+_QUICK_SWITCHES = _QuickSwitches()
+
+
 class _Writer:
     """Writes the planned tensors, each at its own offset, on ``threads`` threads that take
     the next tensor in order; the first error, if any, is raised by ``finish``.
@@ -140,6 +173,7 @@ class _Writer:
         self._reserving = None  # the file, open for ``add``'s reservations
         self._lock = threading.Condition()  # the queue, the callback and the error
         self._compute = threading.Lock()
+        self._switching = False  # holds the quick GIL switches (from start to finish)
         # reentrant: a copy through user space writes too; the compiled helper's where it
         # is on, so that weights streamed in C take the same turns
         from dqtool.native import new_turn
@@ -154,6 +188,8 @@ class _Writer:
                          for i in range(count)]
 
     def start(self) -> None:
+        _QUICK_SWITCHES.enter()
+        self._switching = True
         for t in self._threads:
             t.start()
 
@@ -243,6 +279,9 @@ class _Writer:
         for t in self._threads:
             if t.ident is not None:
                 t.join()
+        if self._switching:
+            self._switching = False
+            _QUICK_SWITCHES.leave()
         if self._reserving is not None:
             with self._reserving as f:  # the reserved bytes past the last tensor go
                 end = max((o + n for _, o, n in self.plan), default=0)

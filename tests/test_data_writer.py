@@ -233,3 +233,43 @@ def test_while_writing_runs_before_anything_is_in_place(tmp_path, external: bool
     assert told.is_set()
     back = io.load(out)
     assert np.array_equal(back.graph.initializers["w"].const_value.numpy(), data)
+
+
+@pytest.mark.parametrize("fail", [False, True])
+def test_the_gil_is_handed_on_quickly_while_writers_run(tmp_path, fail: bool) -> None:
+    # While writers run, the interpreter's switch interval is 0.5 ms (a writer back from
+    # C waits less for the GIL); after the save, failed or not, it is what it was. Two
+    # writers at once (a save while another writes early) restore it once, at the end.
+    import sys
+
+    from dqtool import external_data
+
+    seen: list[float] = []
+    data = np.arange(5000, dtype=np.uint8)
+
+    def write(file) -> int:
+        seen.append(sys.getswitchinterval())
+        if fail:
+            raise OSError("the disk is full (test)")
+        file.write(data.tobytes())
+        return data.nbytes
+
+    before = sys.getswitchinterval()
+    sys.setswitchinterval(0.004)
+    try:
+        (tmp_path / "early").mkdir()
+        eager, _ = _early(tmp_path / "early")
+        assert sys.getswitchinterval() == external_data._QuickSwitches.INTERVAL
+        weight = Streamed(lambda: ir.Tensor(data, name="w"), write, ir.DataType.UINT8,
+                          ir.Shape(data.shape), "w")
+        if fail:
+            with pytest.raises(OSError, match="the disk is full"):
+                io.save(_model([weight]), tmp_path / "m.onnx", external=True)
+        else:
+            io.save(_model([weight]), tmp_path / "m.onnx", external=True)
+        assert seen == [external_data._QuickSwitches.INTERVAL]
+        assert sys.getswitchinterval() == external_data._QuickSwitches.INTERVAL  # eager's
+        io.discard_prefill(eager)
+        assert sys.getswitchinterval() == 0.004
+    finally:
+        sys.setswitchinterval(before)
