@@ -172,7 +172,8 @@ __attribute__((target("avx512f"), noinline)) static void tile_wide(
     }
 }
 
-/* 1 where the CPU has AVX-512F (and dq_set_wide did not turn it off), else 0. */
+/* 1 where the CPU has AVX-512F (and dq_set_wide did not turn it off), else 0; -1 until
+ * asked (the loader sets it once, when it loads the library). */
 static int wide_on = -1;
 static int wide_supported(void) { return __builtin_cpu_supports("avx512f") ? 1 : 0; }
 #else
@@ -365,7 +366,8 @@ int64_t dq_write_transposed(const uint8_t *src, int64_t src_stride, int64_t squa
         band_words -= band_words % 8;
         first = band_words;
         const uintptr_t at = (uintptr_t)src % 64;
-        if (src_stride % 64 == 0 && at % 8 == 0 && at != 0) first = band_words - (int64_t)at / 8;
+        if (src_stride % 64 == 0 && at % 8 == 0 && at != 0)
+            first = band_words - (int64_t)at / 8;
     }
     int64_t written = 0, rows_done = 0;
     for (int64_t w0 = 0; w0 < words && rows_done < out_rows;
