@@ -56,3 +56,49 @@ def test_usage_errors_are_one_line(args, message):
     assert r.returncode == 2
     assert r.stderr == f"dqtool: error: {message}\n"
     assert r.stdout == ""
+
+
+@pytest.mark.parametrize("held", [True, False])
+def test_imports_run_without_the_collector_until_a_command_starts(held: bool) -> None:
+    # The `dqtool` script turns the cyclic collector off while it imports; the command's
+    # body freezes what the imports made and turns it back on. Without the script's
+    # request (a library caller, a test), a command leaves the collector alone.
+    import gc
+    from pathlib import Path
+
+    from dqtool.cli import app
+
+    model = Path(__file__).resolve().parents[1] / "models" / "ort_qdq_contrib.onnx"
+    frozen = gc.get_freeze_count()
+    try:
+        if held:
+            app.imports_without_gc()
+            assert not gc.isenabled()
+        result = CliRunner().invoke(cli, ["inspect", str(model), "--json"])
+        assert result.exit_code == 0, result.output
+        assert gc.isenabled()
+        assert (gc.get_freeze_count() > frozen) is held
+        assert not app._GC_HELD
+    finally:
+        gc.unfreeze()
+        gc.enable()
+        app._GC_HELD = False
+
+
+def test_the_script_leaves_the_collector_on_for_its_command() -> None:
+    # End to end, through `entry` in a process of its own: the command's work (here the
+    # inspection) runs with the collector on and the imported objects frozen.
+    from pathlib import Path
+
+    code = ("import gc, sys; import dqtool.inspection as i; real = i.inspect\n"
+            "def spy(*a, **k):\n"
+            "    print('gc', gc.isenabled(), gc.get_freeze_count() > 1000, file=sys.stderr)\n"
+            "    return real(*a, **k)\n"
+            "i.inspect = spy\n"
+            "from dqtool.cli import entry\n"
+            "sys.argv = ['dqtool', 'inspect', sys.argv[1], '--json']; entry()")
+    model = Path(__file__).resolve().parents[1] / "models" / "ort_qdq_contrib.onnx"
+    proc = subprocess.run([sys.executable, "-c", code, str(model)], capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "gc True True" in proc.stderr

@@ -170,7 +170,11 @@ def entry() -> None:
     output is flushed here), and tearing down its objects (a large model's IR, every module)
     only costs time: ~55 ms after a 225-node conversion, measured, for a command that takes
     ~1.2 s. Errors (exceptions other than SystemExit) leave the usual way. Library callers
-    and tests call ``main``, which never ends the process this way."""
+    and tests call ``main``, which never ends the process this way. Imports run without the
+    garbage collector (``app.imports_without_gc``)."""
+    from dqtool.cli.app import imports_without_gc
+
+    imports_without_gc()
     try:
         main()
         code = 0
