@@ -358,8 +358,9 @@ int64_t dq_write_transposed(const uint8_t *src, int64_t src_stride, int64_t squa
             memset(buf + r * out_row + squares * 8, 0, (size_t)(out_row - squares * 8));
     /* Bands of whole 64-byte lines of the source where a band is a few lines wide: a line
      * split between two bands is read from memory twice, as the first band's cached lines
-     * are gone by the next (measured: 5% of the transposes of the bench model, and 25%
-     * for 8192-row weights, whose 1 MiB bands were 15.75 words). The first band is cut
+     * are gone by the next (measured on the bench model, one core: its transposes 5%
+     * quicker with the 42-word bands of its 3072-row weights cut to 40; bands of 15 words
+     * for its 8192-row weights instead of 16 made them 30% slower). The first band is cut
      * short so that the others start on a line, where rows do (stride a multiple of 64). */
     int64_t first = band_words;
     if (band_words >= 16) {
