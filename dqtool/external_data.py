@@ -21,6 +21,8 @@ from pathlib import Path
 
 import onnx_ir as ir
 
+from dqtool.pieces import WRITE_PIECE, write_in_pieces, write_tensor
+
 # onnx_ir's default: smaller tensors stay in the protobuf.
 SIZE_THRESHOLD = 256
 ALIGNMENT = 64  # keeps every tensor's data aligned for memory-mapped NumPy views
@@ -60,10 +62,8 @@ def _write(tensor: ir.TensorProtocol, f, offset: int) -> int:
     if isinstance(tensor, ir.ExternalTensor):
         length = tensor.length if tensor.length is not None else tensor.nbytes
         _copy_range(tensor.path, tensor.offset or 0, length, f, offset)
-    elif hasattr(tensor, "tofile"):
-        tensor.tofile(f)
     else:
-        f.write(tensor.tobytes())
+        write_tensor(tensor, f)  # in pieces (dqtool.pieces)
     return f.tell() - offset
 
 
@@ -100,14 +100,33 @@ class _TakingTurns:
     streamed in C takes around its own writes; else None."""
 
     streams_to_fd = True  # an OS file underneath: C may pwrite to its descriptor
+    writes_in_pieces = True  # (dqtool.pieces) hand it whole buffers
 
     def __init__(self, f, lock) -> None:
         self._f, self._lock = f, lock
         self.native_turn = getattr(lock, "handle", None)
 
     def write(self, data) -> int:
+        """In pieces (dqtool.pieces), each in its own turn (a C writer may go between
+        them): a large buffer in one call of the compiled helper where its turn is the
+        lock (no GIL, no interpreter per piece), else piece by piece here."""
+        from dqtool import native
+
+        try:
+            view = memoryview(data).cast("B")
+        except TypeError:
+            view = None
+        if view is not None and len(view) > WRITE_PIECE and self.native_turn is not None:
+            self._f.flush()
+            at = self._f.tell()
+            if native.write_at(self._f.fileno(), view, at, self._lock):
+                self._f.seek(at + len(view))
+                return len(view)
+        return write_in_pieces(self._write, data)
+
+    def _write(self, piece) -> None:
         with self._lock:
-            return self._f.write(data)
+            self._f.write(piece)
 
     def __getattr__(self, name: str):  # seek, tell, fileno, flush, ...
         return getattr(self._f, name)

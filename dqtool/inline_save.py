@@ -30,6 +30,8 @@ import onnx
 import onnx_ir as ir
 from onnx_ir import _core
 
+from dqtool.pieces import WRITE_PIECE, Pieces, write_tensor
+
 # Tensors of at least this many bytes are streamed; smaller ones are serialized in place
 # (their bytes are cheaper than the bookkeeping).
 STREAM_MIN_BYTES = 64 << 10
@@ -37,7 +39,6 @@ STREAM_MIN_BYTES = 64 << 10
 # payload is that long only for a handful of elements, never this many bytes of marker).
 _MARK = b"\x00dqtool-payload:"
 _MARK_LEN = len(_MARK) + 8
-_WRITE_BUFFER = 1 << 20
 
 # Where a graph's initializers can sit, per message: the fields worth descending into.
 _DESCEND = {
@@ -257,9 +258,11 @@ def write(model: ir.Model, path: str | os.PathLike,
 
     from dqtool.kernel.parallel import num_threads
 
+    # Every write goes to the file in pieces (dqtool.pieces), small ones gathered up to one.
     with open(Path(path), "r+b" if prefilled is not None else "wb",
-              buffering=_WRITE_BUFFER) as f, \
+              buffering=WRITE_PIECE) as raw, \
             ThreadPoolExecutor(num_threads(), thread_name_prefix="dqtool-copy") as pool:
+        f = Pieces(raw)
         copies = []
         try:
             for i, (offset, part) in enumerate(placed):
@@ -352,7 +355,7 @@ def _copy(src: str, src_offset: int, length: int, dst_fd: int, dst_offset: int) 
                     raise OSError(f"{src}: ended before {length} bytes") from None
                 view = memoryview(block)
                 while view:
-                    n = os.pwrite(dst_fd, view, dst_offset + done)
+                    n = os.pwrite(dst_fd, view[:WRITE_PIECE], dst_offset + done)
                     view, done = view[n:], done + n
 
 
@@ -360,7 +363,4 @@ _NO_KERNEL_COPY = {errno.EXDEV, errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP, er
 
 
 def _write_payload(t: ir.TensorProtocol, f) -> None:
-    if hasattr(t, "tofile"):
-        t.tofile(f)
-    else:
-        f.write(t.tobytes())
+    write_tensor(t, f)  # in pieces (dqtool.pieces)

@@ -53,9 +53,10 @@ def test_a_lazy_constant_writes_the_bytes_of_its_tensor_in_pieces(kind, monkeypa
     import numpy as np
     import onnx_ir as ir
 
+    from dqtool import pieces
     from dqtool.families.fused import surgery
 
-    monkeypatch.setattr(surgery, "WRITE_BYTES", 7)
+    monkeypatch.setattr(pieces, "WRITE_PIECE", 7)
     rng = np.random.default_rng(0)
     tensor = {
         "packed": lambda: ir.PackedTensor(rng.integers(0, 256, 50, np.uint8),
@@ -68,10 +69,17 @@ def test_a_lazy_constant_writes_the_bytes_of_its_tensor_in_pieces(kind, monkeypa
     }[kind]()
     lazy = surgery._Lazy(lambda: tensor, dtype=tensor.dtype, shape=tensor.shape)
     path = tmp_path / "t.bin"
+    sizes: list[int] = []
     with open(path, "wb") as f:
-        lazy.tofile(f)
+        class Recording:  # the file, with the size of each write noted
+            def write(self, data) -> int:
+                sizes.append(memoryview(data).nbytes)
+                return f.write(data)
+
+        lazy.tofile(Recording())
     assert path.read_bytes() == tensor.tobytes()
     assert len(tensor.tobytes()) > 7
+    assert max(sizes) <= 7  # in pieces (dqtool.pieces), whatever the kind
 
 
 def test_a_weight_that_is_gone_is_not_kept_alive() -> None:

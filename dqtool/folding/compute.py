@@ -30,6 +30,7 @@ import numpy as np
 import onnx_ir as ir
 
 from dqtool import families, inline_load, types
+from dqtool.pieces import piecewise
 
 # Output elements per chunk when streaming: large enough to amortize the kernel's setup and
 # its two threads, small enough that a few chunks in flight stay far below 1 GB. 2 Mi
@@ -38,9 +39,6 @@ from dqtool import families, inline_load, types
 # kernel ran 1.8 Gelem/s on 2 Mi chunks and 1.0 on 8 Mi, and a 512 MB fold took 0.25 s of
 # CPU instead of 0.32 (1 Mi and 4 Mi were no better).
 CHUNK_ELEMENTS = 1 << 21
-# Bytes per write: measured on a shared 2-core ext4 machine, 200 MB written in pieces of up
-# to 1 MiB took 0.04-0.09 s, in pieces of 2 MiB or more 0.5-0.9 s.
-WRITE_BYTES = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -189,10 +187,8 @@ class Folding:
                     chunk = pending.result()
                     pending = ahead.submit(compute, *spans[i + 1]) if i + 1 < len(spans) \
                         else None
-                data = memoryview(chunk.reshape(-1).view(np.uint8))
-                for start in range(0, len(data), WRITE_BYTES):
-                    sink(data[start:start + WRITE_BYTES])
-                del chunk, data  # two chunks alive at most: this one and the next
+                sink(chunk.reshape(-1).view(np.uint8))  # in pieces: see Folding.tofile
+                del chunk  # two chunks alive at most: this one and the next
         finally:
             if pending is not None:
                 pending.cancel()  # or wait for it: the source is released below
@@ -268,4 +264,4 @@ class FoldedTensor(ir.LazyTensor):
             self.folding.release()
 
     def tofile(self, file) -> None:
-        self.folding.write(file.write)
+        self.folding.write(piecewise(file))  # in pieces (dqtool.pieces)

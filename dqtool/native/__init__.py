@@ -243,6 +243,10 @@ def _bind(lib: object) -> object:
     stream.restype = i64
     lib.dq_reserve.argtypes = [c_int, i64, i64]
     lib.dq_reserve.restype = c_int
+    lib.dq_write_all.argtypes = [c_int, ptr, i64, i64, ptr]
+    lib.dq_write_all.restype = i64
+    lib.dq_write_piece.argtypes = []
+    lib.dq_write_piece.restype = i64
     lib.dq_set_wide.argtypes = [c_int]
     lib.dq_set_wide.restype = c_int
     lib.dq_turn_new.restype = ptr
@@ -408,6 +412,22 @@ class Turn:
         handle, self.handle = getattr(self, "handle", None), None
         if handle:
             self._lib.dq_turn_free(handle)
+
+
+def write_at(fd: int, data: object, offset: int, turn: Turn | None = None) -> bool:
+    """``data`` (a contiguous buffer) written whole at ``offset`` of ``fd`` by the compiled
+    helper, in pieces (``dqtool.pieces``) and in ``turn``, without the GIL: True; False
+    where the helper is off (nothing written). A failed write raises OSError."""
+    if transpose_fn() is None:
+        return False
+    import numpy as np
+
+    buf = np.frombuffer(data, np.uint8)  # type: ignore[call-overload]
+    rc = _state["lib"].dq_write_all(fd, buf.ctypes.data, buf.size, offset,
+                                    turn.handle if turn is not None else None)
+    if rc < 0:
+        raise OSError(-rc, os.strerror(-rc))
+    return True
 
 
 def set_wide(on: bool) -> bool:

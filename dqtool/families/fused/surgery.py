@@ -4,7 +4,6 @@ output (name, type, shape, consumers, graph outputs)."""
 
 from __future__ import annotations
 
-import sys
 import threading
 import weakref
 from collections.abc import Callable, Sequence
@@ -14,30 +13,15 @@ import numpy as np
 import onnx_ir as ir
 
 from dqtool import types
-
-# Bytes per write() of a computed weight. Measured on this project's machine (ext4, 2 cores):
-# 200 MB written in pieces of up to 1 MiB took 0.04-0.09 s, in pieces of 2 MiB or more
-# (or one write, as ndarray.tofile does) 0.5-0.9 s.
-WRITE_BYTES = 1 << 20
+from dqtool.pieces import write_tensor
 
 
 class _Lazy(ir.LazyTensor):
-    """A lazily computed constant that writes itself in pieces of ``WRITE_BYTES``."""
+    """A lazily computed constant that writes itself in pieces (``dqtool.pieces``: one
+    write of a whole weight, as ndarray.tofile does, was ~10x slower here)."""
 
     def tofile(self, file) -> None:
-        t = self._evaluate()
-        raw = getattr(t, "raw", None)
-        # The stored bytes are the array's own: packed uint8, or a plain little-endian type.
-        plain = isinstance(raw, np.ndarray) and (
-            (isinstance(t, ir.PackedTensor) and raw.dtype == np.uint8)
-            or (sys.byteorder == "little" and raw.dtype.kind in "uif"
-                and raw.dtype.itemsize * 8 == t.dtype.bitwidth))
-        if not plain:
-            file.write(t.tobytes())
-            return
-        data = memoryview(np.ascontiguousarray(raw).reshape(-1).view(np.uint8))
-        for start in range(0, len(data), WRITE_BYTES):
-            file.write(data[start:start + WRITE_BYTES])
+        write_tensor(self._evaluate(), file)
 
 
 class Streamed(_Lazy):

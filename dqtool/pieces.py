@@ -1,0 +1,100 @@
+"""How many bytes one ``write`` into a file's pages takes: ``WRITE_PIECE`` (64 KiB).
+
+Why: Linux gives the page cache folios as large as a write (up to its maximum), and a large
+folio comes from a large free block of memory. On a VM with free page reporting (the one
+measured here: virtio_balloon with REPORTING, ``page_reporting_order`` 9), the guest hands
+its free blocks of 2 MiB and more back to the host, and the first write into each of their
+pages then waits for the host to back it again; smaller free blocks are never handed back.
+Measured here (ext4, 2 cores): 1.9 GB written from one buffer took 0.27-0.31 s at best in
+pieces of 64 KiB, 256 KiB or 1 MiB, but 0.46-0.65 s, 0.96-2.1 s and 0.48-1.8 s in the runs
+that drew such blocks (eight rounds of each, interleaved); an `upgrade` of the 1.8 GB bench
+model, whose bands were written 1 MiB at a time, took 1.6-2.7 s in such minutes against
+0.85-0.88 s with 64 KiB pieces. A copy of the file (``cp``, ``shutil.copyfile``) writes 64
+KiB at a time too: the kernel's splice moves a pipe's worth per write. Smaller pieces cost
+more calls (32 KiB: `upgrade` 9% slower). The compiled helper writes its bands in the same
+pieces (``dq_write_piece()``, which the tests compare with this).
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+
+import numpy as np
+import onnx_ir as ir
+
+WRITE_PIECE = 64 << 10
+
+
+def piecewise(file: object) -> Callable[[object], object]:
+    """A ``write`` for ``file`` that reaches it in pieces: its own where it splits writes
+    itself (``writes_in_pieces``: dqtool's data-file and inline-save files), else one that
+    splits them here."""
+    write = file.write  # type: ignore[attr-defined]
+    if getattr(file, "writes_in_pieces", False):
+        return write
+    return lambda data: write_in_pieces(write, data)
+
+
+def write_in_pieces(write: Callable[[memoryview], object], data: object) -> int:
+    """``write(data)`` as writes of at most ``WRITE_PIECE`` bytes; returns the bytes
+    (``write`` writes all it is given, as a buffered file's does)."""
+    try:
+        view = memoryview(data).cast("B")  # type: ignore[arg-type]
+    except TypeError:  # not a contiguous buffer: as it is
+        write(data)  # type: ignore[arg-type]
+        return len(data)  # type: ignore[arg-type]
+    for start in range(0, len(view), WRITE_PIECE):
+        write(view[start:start + WRITE_PIECE])
+    return len(view)
+
+
+class Pieces:
+    """A file whose ``write`` goes to the file underneath in pieces (``write_in_pieces``);
+    everything else is the file's own."""
+
+    writes_in_pieces = True
+
+    def __init__(self, f: object) -> None:
+        self._f = f
+
+    def write(self, data: object) -> int:
+        return write_in_pieces(self._f.write, data)  # type: ignore[attr-defined]
+
+    def __getattr__(self, name: str) -> object:  # seek, tell, flush, fileno, ...
+        return getattr(self._f, name)
+
+
+def write_tensor(t: ir.TensorProtocol, file: object) -> None:
+    """``t``'s stored bytes (``t.tobytes()``) to ``file``, in pieces. An in-memory tensor
+    whose array holds them as they are stored is written from the array (no copy); other
+    in-memory ones from ``tobytes()``; a tensor that writes itself (dqtool's lazily
+    computed weights, in pieces; an external one, copied in the kernel) by ``tofile``.
+    Not onnx_ir's ``Tensor.tofile``: to a file with a descriptor it writes the whole array
+    in one call (``ndarray.tofile``)."""
+    write = piecewise(file)
+    if getattr(type(t), "tofile", None) in _ONNX_IR_TOFILE:  # in memory, onnx_ir's own
+        view = _stored_bytes(t)
+        write(view if view is not None else t.tobytes())
+    elif hasattr(t, "tofile"):
+        t.tofile(file)
+    else:
+        write(t.tobytes())
+
+
+# onnx_ir's in-memory tensors' tofile (a subclass that writes itself otherwise is let do so)
+_ONNX_IR_TOFILE = {ir.Tensor.tofile, ir.PackedTensor.tofile}
+
+
+def _stored_bytes(t: ir.Tensor | ir.PackedTensor) -> np.ndarray | None:
+    """The bytes ``t.tobytes()`` gives, as a view of its array where they are the array's
+    own (packed uint8, or a plain little-endian type of the element's width), else None."""
+    raw = t.raw
+    if not isinstance(raw, np.ndarray) or raw.dtype.hasobject:
+        return None
+    if isinstance(t, ir.PackedTensor):
+        plain = raw.dtype == np.uint8
+    else:
+        plain = (sys.byteorder == "little" and raw.dtype.kind in "uif"
+                 and raw.dtype.itemsize * 8 == t.dtype.bitwidth)
+    return np.ascontiguousarray(raw).reshape(-1).view(np.uint8) if plain else None

@@ -1,0 +1,176 @@
+"""Writes into a file's pages go in pieces of ``pieces.WRITE_PIECE`` (64 KiB): the Python
+writers (the data-file writer's threads, an inline save, lazily computed weights, the
+fold) and the compiled helper's bands alike; the bytes are those of one write."""
+
+from __future__ import annotations
+
+import errno
+import io
+import threading
+
+import numpy as np
+import onnx_ir as ir
+import pytest
+
+from dqtool import io as dqio
+from dqtool import native, pieces
+
+
+class _Raw(io.RawIOBase):
+    """An in-memory raw file that notes the size of every write it is given."""
+
+    def __init__(self) -> None:
+        self.data = bytearray()
+        self.sizes: list[int] = []
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, b) -> int:
+        b = memoryview(b).cast("B")
+        self.sizes.append(len(b))
+        self.data += b
+        return len(b)
+
+
+@pytest.mark.parametrize("size", [0, 1, 7, 64, 65, 200])
+def test_write_in_pieces_splits_and_keeps_every_byte(size: int, monkeypatch) -> None:
+    monkeypatch.setattr(pieces, "WRITE_PIECE", 64)
+    data = np.arange(size, dtype=np.float32)  # a buffer of another item size
+    raw = _Raw()
+    assert pieces.write_in_pieces(raw.write, data) == data.nbytes
+    assert bytes(raw.data) == data.tobytes()
+    assert all(s <= 64 for s in raw.sizes)
+    assert len(raw.sizes) == -(-data.nbytes // 64)
+
+
+def test_a_buffered_file_in_pieces_writes_no_more_than_a_piece_at_once(monkeypatch) -> None:
+    # As the inline save opens its file: buffered to one piece, wrapped in Pieces; big
+    # writes go through in pieces, small ones are gathered up to one.
+    monkeypatch.setattr(pieces, "WRITE_PIECE", 64)
+    raw = _Raw()
+    f = pieces.Pieces(io.BufferedWriter(raw, buffer_size=64))
+    f.write(b"a" * 10)
+    f.write(b"b" * 300)
+    f.write(b"c" * 5)
+    f.flush()  # the file's own, through the wrapper
+    assert bytes(raw.data) == b"a" * 10 + b"b" * 300 + b"c" * 5
+    assert max(raw.sizes) <= 64
+
+
+def test_the_data_file_writer_writes_in_pieces_in_turns(tmp_path, monkeypatch) -> None:
+    # The data-file writer's file: each piece in its own turn on the writers' lock.
+    from dqtool import external_data
+
+    monkeypatch.setattr(pieces, "WRITE_PIECE", 100)
+    turns = []
+
+    class Lock:
+        def __enter__(self) -> None:
+            turns.append(threading.get_ident())
+
+        def __exit__(self, *exc: object) -> None:
+            pass
+
+    raw = _Raw()
+    f = external_data._TakingTurns(raw, Lock())
+    assert f.write(b"x" * 250) == 250
+    assert raw.sizes == [100, 100, 50] and len(turns) == 3
+
+
+def test_the_compiled_helper_writes_pieces_of_the_same_size() -> None:
+    if native.transpose_fn() is None:
+        pytest.skip(native.describe())
+    assert native._state["lib"].dq_write_piece() == pieces.WRITE_PIECE == 64 << 10
+
+
+def test_an_inline_save_writes_through_pieces(tmp_path, monkeypatch) -> None:
+    # The inline save wraps its file in Pieces (a tensor written whole, as onnx_ir's
+    # tofile does, still reaches the file a piece at a time); the model reads back.
+    from dqtool import inline_save
+
+    monkeypatch.setattr(pieces, "WRITE_PIECE", 4096)
+    sizes: list[int] = []
+
+    class Noting(pieces.Pieces):
+        def write(self, data) -> int:
+            return pieces.write_in_pieces(lambda p: sizes.append(len(p)) or
+                                          self._f.write(p), data)
+
+    monkeypatch.setattr(inline_save, "Pieces", Noting)
+    w = np.random.default_rng(0).standard_normal((300, 100)).astype(np.float32)
+    graph = ir.Graph([], [], nodes=[], name="g", opset_imports={"": 21})
+    graph.register_initializer(ir.Value(name="w", const_value=ir.Tensor(w, name="w"),
+                                        type=ir.TensorType(ir.DataType.FLOAT),
+                                        shape=ir.Shape(w.shape)))
+    out = tmp_path / "m.onnx"
+    dqio.save(ir.Model(graph, ir_version=10), out, external=False)
+    assert not (tmp_path / "m.onnx.data").exists()
+    back = dqio.load(out).graph.initializers["w"].const_value.numpy()
+    assert np.array_equal(back, w)
+    assert sizes and max(sizes) <= 4096 and sum(sizes) >= w.nbytes
+
+
+@pytest.mark.parametrize("kind", ["float32", "float16", "packed", "uint4-unpacked", "bool",
+                                  "bfloat16", "strided"])
+def test_write_tensor_writes_what_tobytes_gives_in_pieces(kind: str, monkeypatch) -> None:
+    # In-memory tensors are written from their arrays where those hold the stored bytes
+    # (no copy), else from tobytes(); never by onnx_ir's tofile, which writes a file with
+    # a descriptor in one call.
+    import ml_dtypes
+
+    monkeypatch.setattr(pieces, "WRITE_PIECE", 16)
+    rng = np.random.default_rng(1)
+    a = rng.standard_normal((9, 7)).astype(np.float32)
+    t = {
+        "float32": lambda: ir.Tensor(a),
+        "float16": lambda: ir.Tensor(a.astype(np.float16)),
+        "packed": lambda: ir.PackedTensor(rng.integers(0, 256, 50, np.uint8),
+                                          ir.DataType.INT4, shape=(100,)),
+        "uint4-unpacked": lambda: ir.Tensor(rng.integers(0, 16, 31, np.uint8).view(
+            ml_dtypes.uint4), dtype=ir.DataType.UINT4),
+        "bool": lambda: ir.Tensor(a > 0),
+        "bfloat16": lambda: ir.Tensor(a.astype(ml_dtypes.bfloat16)),
+        "strided": lambda: ir.Tensor(a[:, ::2]),
+    }[kind]()
+    raw = _Raw()
+    raw.fileno = lambda: 1 / 0  # a descriptor would be used by onnx_ir's tofile: not here
+    pieces.write_tensor(t, raw)
+    assert bytes(raw.data) == t.tobytes()
+    assert max(raw.sizes) <= 16
+
+
+@pytest.mark.parametrize("size", [10, 64 << 10, (64 << 10) + 1, 300_000])
+def test_the_data_file_writer_hands_large_buffers_to_c(size: int, tmp_path) -> None:
+    # With the compiled helper's turn as its lock, a buffer larger than a piece is
+    # written by one C call (in pieces, in that turn) at the file's position, which then
+    # moves past it, as a write does; smaller ones are written here. Same bytes.
+    from dqtool import external_data
+
+    turn = native.new_turn()
+    if turn is None:
+        pytest.skip(native.describe())
+    data = np.random.default_rng(size).integers(0, 256, size, np.uint8)
+    path = tmp_path / "d.bin"
+    with open(path, "w+b") as raw:
+        raw.write(b"head")  # buffered, not yet flushed: C must come after it
+        f = external_data._TakingTurns(raw, turn)
+        assert f.writes_in_pieces and f.write(data) == size
+        assert raw.tell() == 4 + size
+        f.write(b"tail")
+    assert path.read_bytes() == b"head" + data.tobytes() + b"tail"
+
+
+def test_a_failed_c_write_is_an_os_error(tmp_path) -> None:
+    from dqtool import external_data
+
+    turn = native.new_turn()
+    if turn is None:
+        pytest.skip(native.describe())
+    path = tmp_path / "d.bin"
+    path.write_bytes(b"")
+    with open(path, "rb") as raw:  # read-only: the write fails (EBADF)
+        f = external_data._TakingTurns(raw, turn)
+        with pytest.raises(OSError) as e:
+            f.write(np.zeros(200_000, np.uint8))
+    assert e.value.errno == errno.EBADF  # pwrite's own error, from C
