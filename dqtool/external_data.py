@@ -21,7 +21,7 @@ from pathlib import Path
 
 import onnx_ir as ir
 
-from dqtool.pieces import WRITE_PIECE, write_in_pieces, write_tensor
+from dqtool.pieces import WRITE_PIECE, as_bytes, write_in_pieces, write_tensor
 
 # onnx_ir's default: smaller tensors stay in the protobuf.
 SIZE_THRESHOLD = 256
@@ -51,7 +51,7 @@ def _copy_range(src: str, offset: int, length: int, dst, dst_offset: int) -> Non
                 block = fin.read(min(remaining, 64 << 20))
                 if not block:
                     raise OSError(f"{src}: ended before {length} bytes") from None
-                dst.write(block)
+                write_in_pieces(dst.write, block)
                 remaining -= len(block)
     dst.seek(dst_offset + length)
 
@@ -107,15 +107,12 @@ class _TakingTurns:
         self.native_turn = getattr(lock, "handle", None)
 
     def write(self, data) -> int:
-        """In pieces (dqtool.pieces), each in its own turn (a C writer may go between
-        them): a large buffer in one call of the compiled helper where its turn is the
-        lock (no GIL, no interpreter per piece), else piece by piece here."""
+        """In pieces (dqtool.pieces): a large buffer in one call of the compiled helper,
+        which takes the turn (the lock) once for all its pieces, without the GIL or the
+        interpreter per piece; else piece by piece here, each in its own turn."""
         from dqtool import native
 
-        try:
-            view = memoryview(data).cast("B")
-        except TypeError:
-            view = None
+        view = as_bytes(data)
         if view is not None and len(view) > WRITE_PIECE and self.native_turn is not None:
             self._f.flush()
             at = self._f.tell()

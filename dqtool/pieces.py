@@ -37,26 +37,46 @@ def piecewise(file: object) -> Callable[[object], object]:
 
 
 def write_in_pieces(write: Callable[[memoryview], object], data: object) -> int:
-    """``write(data)`` as writes of at most ``WRITE_PIECE`` bytes; returns the bytes
-    (``write`` writes all it is given, as a buffered file's does)."""
-    try:
-        view = memoryview(data).cast("B")  # type: ignore[arg-type]
-    except TypeError:  # not a contiguous buffer: as it is
-        write(data)  # type: ignore[arg-type]
-        return len(data)  # type: ignore[arg-type]
+    """``write(data)`` as writes of at most ``WRITE_PIECE`` bytes; returns the bytes. A
+    write that takes less than it was given (a raw file) is given the rest. Data that is
+    not one contiguous run of bytes goes to ``write`` as it is."""
+    view = as_bytes(data)
+    if view is None:
+        n = write(data)  # type: ignore[arg-type]
+        return n if isinstance(n, int) else getattr(data, "nbytes", 0)
     for start in range(0, len(view), WRITE_PIECE):
-        write(view[start:start + WRITE_PIECE])
+        piece = view[start:start + WRITE_PIECE]
+        while piece:
+            n = write(piece)
+            if not isinstance(n, int) or n >= len(piece):
+                break  # (a file that returns nothing from write wrote it all)
+            piece = piece[n:]
     return len(view)
 
 
+def as_bytes(data: object) -> memoryview | None:
+    """``data``'s bytes as a flat memoryview, or None where they are not one contiguous
+    run (a strided array). NumPy arrays of types the buffer protocol cannot name
+    (bfloat16, float8: ml_dtypes) are taken as their bytes."""
+    if isinstance(data, np.ndarray):
+        if not data.flags.c_contiguous:
+            return None
+        data = data.reshape(-1).view(np.uint8)
+    try:
+        return memoryview(data).cast("B")  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return None
+
+
 class Pieces:
-    """A file whose ``write`` goes to the file underneath in pieces (``write_in_pieces``);
-    everything else is the file's own."""
+    """A file whose ``write`` goes to the file underneath (``file``) in pieces
+    (``write_in_pieces``); everything else is the file's own."""
 
     writes_in_pieces = True
 
     def __init__(self, f: object) -> None:
         self._f = f
+        self.file = f  # (what the compiled helper may write to: packing._native_stream)
 
     def write(self, data: object) -> int:
         return write_in_pieces(self._f.write, data)  # type: ignore[attr-defined]
@@ -73,6 +93,8 @@ def write_tensor(t: ir.TensorProtocol, file: object) -> None:
     Not onnx_ir's ``Tensor.tofile``: to a file with a descriptor it writes the whole array
     in one call (``ndarray.tofile``)."""
     write = piecewise(file)
+    if getattr(type(t), "tofile", None) is ir.LazyTensor.tofile:  # onnx_ir's lazy one
+        t = t._evaluate()  # type: ignore[attr-defined]  # (its tofile would call this)
     if getattr(type(t), "tofile", None) in _ONNX_IR_TOFILE:  # in memory, onnx_ir's own
         view = _stored_bytes(t)
         write(view if view is not None else t.tobytes())

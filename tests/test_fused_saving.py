@@ -220,3 +220,53 @@ def test_progress_counts_every_tensor_written_early_too(tmp_path, monkeypatch):
     external = [t for t in onnx.load(str(tmp_path / "up.onnx"), load_external_data=False)
                 .graph.initializer if t.data_location == TensorProto.EXTERNAL]
     assert sorted(seen) == list(range(len(external)))
+
+
+def test_an_error_after_the_conversion_stops_the_early_writers(tmp_path, monkeypatch):
+    # A conversion that wrote early and then fails before its save (here: deciding how to
+    # save) stops its writers and leaves no temporary folder or file behind.
+    import sys
+
+    from dqtool import external_data
+
+    src = _nbits_model(tmp_path, [(1024, 512)])
+    started = []
+    real = external_data.Eager.__init__
+
+    def spy(self, *a, **k):
+        started.append(self)
+        real(self, *a, **k)
+
+    monkeypatch.setattr(external_data.Eager, "__init__", spy)
+
+    def refuse(model, external):
+        raise OSError(errno.EIO, "cannot decide (test)")
+
+    monkeypatch.setattr(io, "external_choice", refuse)
+    interval = sys.getswitchinterval()
+    with pytest.raises(OSError, match="cannot decide"):
+        dqtool.upgrade(src, 21, tmp_path / "up.onnx")
+    assert len(started) == 1  # it did write early
+    assert not any(t.is_alive() for t in started[0].writer._threads)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["src"]
+    assert sys.getswitchinterval() == interval
+
+
+def test_an_inline_save_streams_fused_weights_in_c(tmp_path, monkeypatch):
+    # Saved inline, a repacked weight still goes through the compiled helper (the inline
+    # save's file is wrapped in pieces, which the helper writes itself), and the bytes are
+    # those of the NumPy path.
+    from dqtool.families.fused import packing
+
+    if not native.transpose_fn():
+        assert __import__("os").environ.get("DQTOOL_NATIVE") == "0", native.describe()
+        return
+    src = _nbits_model(tmp_path, [(1024, 512)])
+    calls = []
+    real = packing._stream_c
+    monkeypatch.setattr(packing, "_stream_c", lambda *a: calls.append(1) or real(*a))
+    dqtool.upgrade(src, 21, tmp_path / "c.onnx", external_data=False)
+    assert calls
+    monkeypatch.setattr(native, "_state", {"fn": None, "why": "off (test)"})
+    dqtool.upgrade(src, 21, tmp_path / "np.onnx", external_data=False)
+    assert (tmp_path / "c.onnx").read_bytes() == (tmp_path / "np.onnx").read_bytes()

@@ -123,7 +123,7 @@ def test_an_inline_save_writes_through_pieces(tmp_path, monkeypatch) -> None:
 
 
 @pytest.mark.parametrize("kind", ["float32", "float16", "packed", "uint4-unpacked", "bool",
-                                  "bfloat16", "strided"])
+                                  "bfloat16", "strided", "lazy"])
 def test_write_tensor_writes_what_tobytes_gives_in_pieces(kind: str, monkeypatch) -> None:
     # In-memory tensors are written from their arrays where those hold the stored bytes
     # (no copy), else from tobytes(); never by onnx_ir's tofile, which writes a file with
@@ -143,6 +143,8 @@ def test_write_tensor_writes_what_tobytes_gives_in_pieces(kind: str, monkeypatch
         "bool": lambda: ir.Tensor(a > 0),
         "bfloat16": lambda: ir.Tensor(a.astype(ml_dtypes.bfloat16)),
         "strided": lambda: ir.Tensor(a[:, ::2]),
+        "lazy": lambda: ir.LazyTensor(lambda: ir.Tensor(a), dtype=ir.DataType.FLOAT,
+                                      shape=ir.Shape(a.shape)),  # onnx_ir's own lazy one
     }[kind]()
     raw = _Raw()
     raw.fileno = lambda: 1 / 0  # a descriptor would be used by onnx_ir's tofile: not here
@@ -185,3 +187,65 @@ def test_a_failed_c_write_is_an_os_error(tmp_path) -> None:
         with pytest.raises(OSError) as e:
             f.write(np.zeros(200_000, np.uint8))
     assert e.value.errno == errno.EBADF  # pwrite's own error, from C
+
+
+@pytest.mark.parametrize("wrap", ["turns", "pieces"])
+def test_arrays_of_types_buffers_cannot_name_are_written_as_their_bytes(wrap: str,
+                                                                        monkeypatch) -> None:
+    # bfloat16 and float8 arrays (ml_dtypes) have no buffer format: dqtool's file
+    # wrappers take them as their bytes, in pieces, as a plain file.write would.
+    import ml_dtypes
+
+    from dqtool import external_data
+
+    monkeypatch.setattr(pieces, "WRITE_PIECE", 64)
+    a = np.arange(100, dtype=np.float32).astype(ml_dtypes.bfloat16)
+    b = np.arange(50, dtype=np.float32).astype(ml_dtypes.float8_e4m3fn)
+    raw = _Raw()
+    f = external_data._TakingTurns(raw, threading.RLock()) if wrap == "turns" \
+        else pieces.Pieces(raw)
+    assert f.write(a) == a.nbytes and f.write(b) == b.nbytes
+    assert bytes(raw.data) == a.tobytes() + b.tobytes()
+    assert max(raw.sizes) <= 64
+
+
+def test_a_write_that_takes_less_is_given_the_rest(monkeypatch) -> None:
+    monkeypatch.setattr(pieces, "WRITE_PIECE", 10)
+    got = bytearray()
+
+    def short(data) -> int:  # takes at most 3 bytes, as a raw file may
+        got.extend(bytes(data[:3]))
+        return min(3, len(data))
+
+    assert pieces.write_in_pieces(short, bytes(range(25))) == 25
+    assert bytes(got) == bytes(range(25))
+
+
+def test_a_copy_without_copy_file_range_goes_in_pieces(tmp_path, monkeypatch) -> None:
+    # Where the kernel cannot copy (no copy_file_range), a tensor's byte range is copied
+    # through user space, still a piece at a time.
+    import os
+
+    from dqtool import external_data
+
+    monkeypatch.delattr(os, "copy_file_range", raising=False)
+    monkeypatch.setattr(pieces, "WRITE_PIECE", 4096)
+    src = tmp_path / "src.bin"
+    data = np.random.default_rng(3).integers(0, 256, 50_000, np.uint8).tobytes()
+    src.write_bytes(b"x" * 100 + data)
+    buffered = io.BytesIO()
+    sizes: list[int] = []
+
+    class Dst:
+        def write(self, d) -> int:
+            sizes.append(memoryview(d).nbytes)
+            return buffered.write(d)
+
+        def seek(self, *a) -> int:
+            return buffered.seek(*a)
+
+        def fileno(self) -> int:
+            raise io.UnsupportedOperation("fileno")
+
+    external_data._copy_range(str(src), 100, len(data), Dst(), 0)
+    assert buffered.getvalue() == data and max(sizes) <= 4096

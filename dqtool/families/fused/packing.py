@@ -295,10 +295,14 @@ def _native_stream(file, rows: int, bits: int) -> tuple[object, int, object] | N
     fn = stream_fn()
     if fn is None or rows % (64 // bits):
         return None
-    # Only a plain OS file (or the data-file writer's wrapper of one): C writes to its
-    # descriptor at its position, which for, say, a GzipFile is not where bytes go.
-    if not (isinstance(file, (io.FileIO, io.BufferedWriter, io.BufferedRandom))
-            or getattr(type(file), "streams_to_fd", False)):
+    # Only a plain OS file (or the data-file writer's wrapper of one, or one written in
+    # pieces: the inline save's): C writes to its descriptor at its position, which for,
+    # say, a GzipFile is not where bytes go.
+    from dqtool.pieces import Pieces
+
+    target = file.file if isinstance(file, Pieces) else file
+    if not (isinstance(target, (io.FileIO, io.BufferedWriter, io.BufferedRandom))
+            or getattr(type(target), "streams_to_fd", False)):
         return None
     try:
         fd = file.fileno()
