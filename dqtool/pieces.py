@@ -75,14 +75,13 @@ class Pieces:
     writes_in_pieces = True
 
     def __init__(self, f: object) -> None:
-        self._f = f
-        self.file = f  # (what the compiled helper may write to: packing._native_stream)
+        self.file = f  # (also what the compiled helper may write to: packing._native_stream)
 
     def write(self, data: object) -> int:
-        return write_in_pieces(self._f.write, data)  # type: ignore[attr-defined]
+        return write_in_pieces(self.file.write, data)  # type: ignore[attr-defined]
 
     def __getattr__(self, name: str) -> object:  # seek, tell, flush, fileno, ...
-        return getattr(self._f, name)
+        return getattr(self.file, name)
 
 
 def write_tensor(t: ir.TensorProtocol, file: object) -> None:

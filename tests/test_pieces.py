@@ -106,7 +106,7 @@ def test_an_inline_save_writes_through_pieces(tmp_path, monkeypatch) -> None:
     class Noting(pieces.Pieces):
         def write(self, data) -> int:
             return pieces.write_in_pieces(lambda p: sizes.append(len(p)) or
-                                          self._f.write(p), data)
+                                          self.file.write(p), data)
 
     monkeypatch.setattr(inline_save, "Pieces", Noting)
     w = np.random.default_rng(0).standard_normal((300, 100)).astype(np.float32)

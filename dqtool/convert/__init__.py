@@ -161,11 +161,11 @@ def _convert(model_or_path: ModelArg, opset: int, out, direction: Literal["upgra
         if out is not None:
             external = True if writing.shard_size is not None else writing.external_data
             report.external_data = io.external_choice(report.model, external)
-        tell = writing.while_writing
     except BaseException:  # the save never started: its writers and folder go too
         io.discard_prefill(prefill)
         raise
     if out is not None:  # (the save takes the prefill over, and cleans up after itself)
+        tell = writing.while_writing
         written = io.save(report.model, out, external=external,
                           shard_size=writing.shard_size, callback=writing.progress,
                           verify=run_check if from_files else None, prefill=prefill,
