@@ -59,8 +59,22 @@ def test_a_buffered_file_in_pieces_writes_no_more_than_a_piece_at_once(monkeypat
     assert max(raw.sizes) <= 64
 
 
+def _pwrites(monkeypatch) -> list[tuple[int, int]]:
+    """(size, offset) of every os.pwrite from now on (still written)."""
+    calls: list[tuple[int, int]] = []
+    real = os.pwrite
+
+    def noting(fd: int, data, offset: int) -> int:
+        calls.append((len(memoryview(data).cast("B")), offset))
+        return real(fd, data, offset)
+
+    monkeypatch.setattr(os, "pwrite", noting)
+    return calls
+
+
 def test_the_data_file_writer_writes_in_pieces_in_turns(tmp_path, monkeypatch) -> None:
-    # The data-file writer's file: each piece in its own turn on the writers' lock.
+    # The data-file writer's file: each piece in its own turn on the writers' lock, at
+    # the file's position, which moves past it.
     from dqtool import external_data
 
     monkeypatch.setattr(pieces, "WRITE_PIECE", 100)
@@ -73,10 +87,40 @@ def test_the_data_file_writer_writes_in_pieces_in_turns(tmp_path, monkeypatch) -
         def __exit__(self, *exc: object) -> None:
             pass
 
-    raw = _Raw()
-    f = external_data._TakingTurns(raw, Lock())
-    assert f.write(b"x" * 250) == 250
-    assert raw.sizes == [100, 100, 50] and len(turns) == 3
+    path = tmp_path / "d.bin"
+    path.write_bytes(b"0123456789")
+    calls = _pwrites(monkeypatch)
+    fd = os.open(path, os.O_RDWR)
+    try:
+        f = external_data._TakingTurns(fd, Lock())
+        assert f.seek(3) == 3 and f.write(b"x" * 250) == 250 and f.tell() == 253
+    finally:
+        os.close(fd)
+    assert calls == [(100, 3), (100, 103), (50, 203)] and len(turns) == 3
+    assert path.read_bytes() == b"012" + b"x" * 250
+
+
+def test_the_data_file_writers_file_keeps_its_own_position(tmp_path) -> None:
+    # seek / tell without a syscall (each would hand the GIL on); SEEK_END asks the file;
+    # a strided array is written as its bytes in order; flush has nothing to do.
+    from dqtool import external_data
+
+    path = tmp_path / "d.bin"
+    path.write_bytes(b"abcdef")
+    fd = os.open(path, os.O_RDWR)
+    try:
+        f = external_data._TakingTurns(fd, threading.RLock())
+        assert f.tell() == 0 and f.fileno() == fd
+        assert f.seek(0, os.SEEK_END) == 6 and f.seek(-2, os.SEEK_CUR) == 4
+        a = np.arange(12, dtype=np.uint8).reshape(3, 4)[:, ::2]  # not contiguous
+        assert f.write(a) == 6 and f.tell() == 10
+        f.flush()
+        with pytest.raises(OSError):
+            f.seek(-1)
+        assert os.lseek(fd, 0, os.SEEK_CUR) == 0  # the descriptor's own never moved
+    finally:
+        os.close(fd)
+    assert path.read_bytes() == b"abcd" + bytes([0, 2, 4, 6, 8, 10])
 
 
 def _native_on() -> bool:
@@ -154,7 +198,8 @@ def test_write_tensor_writes_what_tobytes_gives_in_pieces(kind: str, monkeypatch
 
 
 @pytest.mark.parametrize("size", [10, 64 << 10, (64 << 10) + 1, 300_000])
-def test_the_data_file_writer_hands_large_buffers_to_c(size: int, tmp_path) -> None:
+def test_the_data_file_writer_hands_large_buffers_to_c(size: int, tmp_path,
+                                                     monkeypatch) -> None:
     # With the compiled helper's turn as its lock, a buffer larger than a piece is
     # written by one C call (in pieces, in that turn) at the file's position, which then
     # moves past it, as a write does; smaller ones are written here. Same bytes.
@@ -165,13 +210,20 @@ def test_the_data_file_writer_hands_large_buffers_to_c(size: int, tmp_path) -> N
     turn = native.new_turn()
     data = np.random.default_rng(size).integers(0, 256, size, np.uint8)
     path = tmp_path / "d.bin"
-    with open(path, "w+b") as raw:
-        raw.write(b"head")  # buffered, not yet flushed: C must come after it
-        f = external_data._TakingTurns(raw, turn)
+    path.write_bytes(b"")
+    calls = _pwrites(monkeypatch)
+    fd = os.open(path, os.O_RDWR)
+    try:
+        f = external_data._TakingTurns(fd, turn)
+        f.write(b"head")
         assert f.writes_in_pieces and f.write(data) == size
-        assert raw.tell() == 4 + size
+        assert f.tell() == 4 + size
         f.write(b"tail")
+    finally:
+        os.close(fd)
     assert path.read_bytes() == b"head" + data.tobytes() + b"tail"
+    # in C (no os.pwrite) exactly when larger than a piece
+    assert len(calls) == (2 if size > pieces.WRITE_PIECE else 2 + -(-size // pieces.WRITE_PIECE))
 
 
 def test_a_failed_c_write_is_an_os_error(tmp_path) -> None:
@@ -182,15 +234,18 @@ def test_a_failed_c_write_is_an_os_error(tmp_path) -> None:
     turn = native.new_turn()
     path = tmp_path / "d.bin"
     path.write_bytes(b"")
-    with open(path, "rb") as raw:  # read-only: the write fails (EBADF)
-        f = external_data._TakingTurns(raw, turn)
+    fd = os.open(path, os.O_RDONLY)  # read-only: the write fails (EBADF)
+    try:
+        f = external_data._TakingTurns(fd, turn)
         with pytest.raises(OSError) as e:
             f.write(np.zeros(200_000, np.uint8))
+    finally:
+        os.close(fd)
     assert e.value.errno == errno.EBADF  # pwrite's own error, from C
 
 
 @pytest.mark.parametrize("wrap", ["turns", "pieces"])
-def test_arrays_of_types_buffers_cannot_name_are_written_as_their_bytes(wrap: str,
+def test_arrays_of_types_buffers_cannot_name_are_written_as_their_bytes(wrap: str, tmp_path,
                                                                         monkeypatch) -> None:
     # bfloat16 and float8 arrays (ml_dtypes) have no buffer format: dqtool's file
     # wrappers take them as their bytes, in pieces, as a plain file.write would.
@@ -201,12 +256,24 @@ def test_arrays_of_types_buffers_cannot_name_are_written_as_their_bytes(wrap: st
     monkeypatch.setattr(pieces, "WRITE_PIECE", 64)
     a = np.arange(100, dtype=np.float32).astype(ml_dtypes.bfloat16)
     b = np.arange(50, dtype=np.float32).astype(ml_dtypes.float8_e4m3fn)
-    raw = _Raw()
-    f = external_data._TakingTurns(raw, threading.RLock()) if wrap == "turns" \
-        else pieces.Pieces(raw)
-    assert f.write(a) == a.nbytes and f.write(b) == b.nbytes
-    assert bytes(raw.data) == a.tobytes() + b.tobytes()
-    assert max(raw.sizes) <= 64
+    if wrap == "pieces":
+        raw = _Raw()
+        f = pieces.Pieces(raw)
+        assert f.write(a) == a.nbytes and f.write(b) == b.nbytes
+        assert bytes(raw.data) == a.tobytes() + b.tobytes()
+        assert max(raw.sizes) <= 64
+        return
+    path = tmp_path / "d.bin"
+    path.write_bytes(b"")
+    calls = _pwrites(monkeypatch)
+    fd = os.open(path, os.O_RDWR)
+    try:
+        f = external_data._TakingTurns(fd, threading.RLock())
+        assert f.write(a) == a.nbytes and f.write(b) == b.nbytes
+    finally:
+        os.close(fd)
+    assert path.read_bytes() == a.tobytes() + b.tobytes()
+    assert max(size for size, _ in calls) <= 64
 
 
 def test_a_write_that_takes_less_is_given_the_rest(monkeypatch) -> None:
