@@ -130,6 +130,8 @@ class _TakingTurns:
     def _write(self, piece: memoryview) -> int:
         with self._lock:
             n = os.pwrite(self._fd, piece, self._pos)
+        if n == 0 and len(piece):  # (a regular file never does; it would loop forever)
+            raise OSError(errno.EIO, "the data file took none of a write")
         self._pos += n
         return n
 

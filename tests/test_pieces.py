@@ -316,3 +316,21 @@ def test_a_copy_without_copy_file_range_goes_in_pieces(tmp_path, monkeypatch) ->
 
     external_data._copy_range(str(src), 100, len(data), Dst(), 0)
     assert buffered.getvalue() == data and max(sizes) <= 4096
+
+
+def test_a_data_file_that_takes_nothing_is_an_error(tmp_path, monkeypatch) -> None:
+    # A pwrite that writes nothing (a regular file never does) stops the write, rather
+    # than being given the rest forever.
+    from dqtool import external_data
+
+    monkeypatch.setattr(os, "pwrite", lambda fd, data, offset: 0)
+    path = tmp_path / "d.bin"
+    path.write_bytes(b"")
+    fd = os.open(path, os.O_RDWR)
+    try:
+        f = external_data._TakingTurns(fd, threading.RLock())
+        with pytest.raises(OSError) as e:
+            f.write(b"abc")
+    finally:
+        os.close(fd)
+    assert e.value.errno == errno.EIO and f.tell() == 0
