@@ -8,6 +8,7 @@ import errno
 import io
 import os
 import threading
+from contextlib import contextmanager
 
 import numpy as np
 import onnx_ir as ir
@@ -59,6 +60,20 @@ def test_a_buffered_file_in_pieces_writes_no_more_than_a_piece_at_once(monkeypat
     assert max(raw.sizes) <= 64
 
 
+@contextmanager
+def _data_file(path, lock, content: bytes = b"", flags: int = os.O_RDWR):
+    """The data-file writer's file (``external_data._TakingTurns``) over ``path``, which
+    holds ``content`` first; its descriptor is closed after."""
+    from dqtool import external_data
+
+    path.write_bytes(content)
+    fd = os.open(path, flags)
+    try:
+        yield external_data._TakingTurns(fd, lock)
+    finally:
+        os.close(fd)
+
+
 def _pwrites(monkeypatch) -> list[tuple[int, int]]:
     """(size, offset) of every os.pwrite from now on (still written)."""
     calls: list[tuple[int, int]] = []
@@ -75,7 +90,6 @@ def _pwrites(monkeypatch) -> list[tuple[int, int]]:
 def test_the_data_file_writer_writes_in_pieces_in_turns(tmp_path, monkeypatch) -> None:
     # The data-file writer's file: each piece in its own turn on the writers' lock, at
     # the file's position, which moves past it.
-    from dqtool import external_data
 
     monkeypatch.setattr(pieces, "WRITE_PIECE", 100)
     turns = []
@@ -88,14 +102,9 @@ def test_the_data_file_writer_writes_in_pieces_in_turns(tmp_path, monkeypatch) -
             pass
 
     path = tmp_path / "d.bin"
-    path.write_bytes(b"0123456789")
     calls = _pwrites(monkeypatch)
-    fd = os.open(path, os.O_RDWR)
-    try:
-        f = external_data._TakingTurns(fd, Lock())
+    with _data_file(path, Lock(), b"0123456789") as f:
         assert f.seek(3) == 3 and f.write(b"x" * 250) == 250 and f.tell() == 253
-    finally:
-        os.close(fd)
     assert calls == [(100, 3), (100, 103), (50, 203)] and len(turns) == 3
     assert path.read_bytes() == b"012" + b"x" * 250
 
@@ -103,14 +112,11 @@ def test_the_data_file_writer_writes_in_pieces_in_turns(tmp_path, monkeypatch) -
 def test_the_data_file_writers_file_keeps_its_own_position(tmp_path) -> None:
     # seek / tell without a syscall (each would hand the GIL on); SEEK_END asks the file;
     # a strided array is written as its bytes in order; flush has nothing to do.
-    from dqtool import external_data
 
     path = tmp_path / "d.bin"
-    path.write_bytes(b"abcdef")
-    fd = os.open(path, os.O_RDWR)
-    try:
-        f = external_data._TakingTurns(fd, threading.RLock())
-        assert f.tell() == 0 and f.fileno() == fd
+    with _data_file(path, threading.RLock(), b"abcdef") as f:
+        fd = f.fileno()
+        assert f.tell() == 0
         assert f.seek(0, os.SEEK_END) == 6 and f.seek(-2, os.SEEK_CUR) == 4
         a = np.arange(12, dtype=np.uint8).reshape(3, 4)[:, ::2]  # not contiguous
         assert f.write(a) == 6 and f.tell() == 10
@@ -118,8 +124,6 @@ def test_the_data_file_writers_file_keeps_its_own_position(tmp_path) -> None:
         with pytest.raises(OSError):
             f.seek(-1)
         assert os.lseek(fd, 0, os.SEEK_CUR) == 0  # the descriptor's own never moved
-    finally:
-        os.close(fd)
     assert path.read_bytes() == b"abcd" + bytes([0, 2, 4, 6, 8, 10])
 
 
@@ -203,44 +207,32 @@ def test_the_data_file_writer_hands_large_buffers_to_c(size: int, tmp_path,
     # With the compiled helper's turn as its lock, a buffer larger than a piece is
     # written by one C call (in pieces, in that turn) at the file's position, which then
     # moves past it, as a write does; smaller ones are written here. Same bytes.
-    from dqtool import external_data
 
     if not _native_on():
         return
     turn = native.new_turn()
     data = np.random.default_rng(size).integers(0, 256, size, np.uint8)
     path = tmp_path / "d.bin"
-    path.write_bytes(b"")
     calls = _pwrites(monkeypatch)
-    fd = os.open(path, os.O_RDWR)
-    try:
-        f = external_data._TakingTurns(fd, turn)
+    with _data_file(path, turn) as f:
         f.write(b"head")
         assert f.writes_in_pieces and f.write(data) == size
         assert f.tell() == 4 + size
         f.write(b"tail")
-    finally:
-        os.close(fd)
     assert path.read_bytes() == b"head" + data.tobytes() + b"tail"
     # in C (no os.pwrite) exactly when larger than a piece
     assert len(calls) == (2 if size > pieces.WRITE_PIECE else 2 + -(-size // pieces.WRITE_PIECE))
 
 
 def test_a_failed_c_write_is_an_os_error(tmp_path) -> None:
-    from dqtool import external_data
 
     if not _native_on():
         return
     turn = native.new_turn()
-    path = tmp_path / "d.bin"
-    path.write_bytes(b"")
-    fd = os.open(path, os.O_RDONLY)  # read-only: the write fails (EBADF)
-    try:
-        f = external_data._TakingTurns(fd, turn)
-        with pytest.raises(OSError) as e:
-            f.write(np.zeros(200_000, np.uint8))
-    finally:
-        os.close(fd)
+    # read-only: the write fails (EBADF)
+    with _data_file(tmp_path / "d.bin", turn, flags=os.O_RDONLY) as f, \
+            pytest.raises(OSError) as e:
+        f.write(np.zeros(200_000, np.uint8))
     assert e.value.errno == errno.EBADF  # pwrite's own error, from C
 
 
@@ -251,7 +243,6 @@ def test_arrays_of_types_buffers_cannot_name_are_written_as_their_bytes(wrap: st
     # wrappers take them as their bytes, in pieces, as a plain file.write would.
     import ml_dtypes
 
-    from dqtool import external_data
 
     monkeypatch.setattr(pieces, "WRITE_PIECE", 64)
     a = np.arange(100, dtype=np.float32).astype(ml_dtypes.bfloat16)
@@ -264,14 +255,9 @@ def test_arrays_of_types_buffers_cannot_name_are_written_as_their_bytes(wrap: st
         assert max(raw.sizes) <= 64
         return
     path = tmp_path / "d.bin"
-    path.write_bytes(b"")
     calls = _pwrites(monkeypatch)
-    fd = os.open(path, os.O_RDWR)
-    try:
-        f = external_data._TakingTurns(fd, threading.RLock())
+    with _data_file(path, threading.RLock()) as f:
         assert f.write(a) == a.nbytes and f.write(b) == b.nbytes
-    finally:
-        os.close(fd)
     assert path.read_bytes() == a.tobytes() + b.tobytes()
     assert max(size for size, _ in calls) <= 64
 
@@ -321,16 +307,8 @@ def test_a_copy_without_copy_file_range_goes_in_pieces(tmp_path, monkeypatch) ->
 def test_a_data_file_that_takes_nothing_is_an_error(tmp_path, monkeypatch) -> None:
     # A pwrite that writes nothing (a regular file never does) stops the write, rather
     # than being given the rest forever.
-    from dqtool import external_data
 
     monkeypatch.setattr(os, "pwrite", lambda fd, data, offset: 0)
-    path = tmp_path / "d.bin"
-    path.write_bytes(b"")
-    fd = os.open(path, os.O_RDWR)
-    try:
-        f = external_data._TakingTurns(fd, threading.RLock())
-        with pytest.raises(OSError) as e:
-            f.write(b"abc")
-    finally:
-        os.close(fd)
+    with _data_file(tmp_path / "d.bin", threading.RLock()) as f, pytest.raises(OSError) as e:
+        f.write(b"abc")
     assert e.value.errno == errno.EIO and f.tell() == 0
