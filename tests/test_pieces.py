@@ -312,3 +312,29 @@ def test_a_data_file_that_takes_nothing_is_an_error(tmp_path, monkeypatch) -> No
     with _data_file(tmp_path / "d.bin", threading.RLock()) as f, pytest.raises(OSError) as e:
         f.write(b"abc")
     assert e.value.errno == errno.EIO and f.tell() == 0
+
+
+@pytest.mark.parametrize("kernel_copy", [True, False])
+def test_onnx_irs_external_tensor_writes_itself_into_the_data_file(tmp_path, monkeypatch,
+                                                                  kernel_copy: bool) -> None:
+    # An inline-loaded model's tensors write themselves with onnx_ir's
+    # ExternalTensor.tofile: the kernel copy at the writer's position (fileno, flush, tell,
+    # seek), or, where the kernel cannot, its writes of 1 MiB, in pieces.
+    data = np.random.default_rng(7).integers(0, 256, 3 << 20, np.uint8)
+    src = tmp_path / "src.bin"
+    src.write_bytes(b"x" * 100 + data.tobytes())
+    t = ir.ExternalTensor(src.name, 100, data.size, ir.DataType.UINT8,
+                          shape=ir.Shape([data.size]), name="t", base_dir=tmp_path)
+    if not kernel_copy:
+        def refuse(*args, **kwargs):
+            raise OSError(errno.EXDEV, "no copy across file systems")
+
+        monkeypatch.setattr(os, "copy_file_range", refuse)
+    calls = _pwrites(monkeypatch)
+    path = tmp_path / "d.bin"
+    with _data_file(path, threading.RLock(), b"head") as f:
+        f.seek(4)
+        t.tofile(f)
+        assert f.tell() == 4 + data.size
+    assert path.read_bytes() == b"head" + data.tobytes()
+    assert bool(calls) != kernel_copy and all(size <= pieces.WRITE_PIECE for size, _ in calls)
