@@ -132,6 +132,18 @@ def test_a_read_only_model_is_not_replaced_even_in_place(tmp_path, command):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["m.onnx", "o.onnx"]
 
 
+@pytest.mark.parametrize("command", [["upgrade", "--opset", "23"], ["downgrade", "--opset", "19"],
+                                     ["fold"], ["pack"], ["qdq"]])
+def test_in_place_with_another_output_is_refused_before_anything_is_written(tmp_path, command):
+    # upgrade and downgrade used to overwrite the input and drop -o, exit 0.
+    src = _model(tmp_path / "m.onnx", external=True)
+    before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
+    res = _run(command[0], str(src), *command[1:], "--in-place", "-o", str(tmp_path / "o.onnx"))
+    assert res.returncode == 2, res.stderr
+    assert len(res.stderr.strip().splitlines()) == 1 and "--in-place" in res.stderr
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before
+
+
 def test_a_replaced_model_keeps_its_permissions(tmp_path):
     src = _model(tmp_path / "m.onnx")
     os.chmod(src, 0o600)

@@ -96,6 +96,8 @@ def _run(app: App, direction: str, model: str, opset: int, out: str | None, as_j
          **kwargs: Any) -> None:
     from dqtool import early_copy
 
+    if out is not None and in_place:  # before anything is copied or written
+        app.abort("give either --output or --in-place, not both", 2)
     # A large input starts copying to the output's folder now, while the imports below
     # run; the save keeps what is still in place (see dqtool/early_copy.py).
     if not external_data and shard_size is None and not _steps(direction, kwargs):
