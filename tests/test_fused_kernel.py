@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ml_dtypes
 import numpy as np
+import onnx
 import pytest
 from helpers.fused import bits_of, gbq_model, nbits_inputs, nbits_model, run_ort
 
@@ -149,6 +150,30 @@ def test_reference_evaluator_runs_both_ops():
     (g,) = dqtool.reference_evaluator(gmodel).run(None, {"indices": idx})
     (g_ort,) = run_ort(gmodel, {"indices": idx})
     assert np.array_equal(bits_of(g), bits_of(g_ort))
+
+
+def test_reference_matmul_nbits_rounds_before_its_bias_in_bfloat16(tmp_path):
+    # NumPy's matmul of bfloat16 gives float32: the bias was added to that, rounding once,
+    # where MatMul then Add (the upgraded model) round twice; check failed exact upgrades.
+    rng = np.random.default_rng(5)
+    bf16 = ml_dtypes.bfloat16
+    inputs = nbits_inputs(rng, 64, 8, 4, 32, bf16, "packed")
+    bias = (rng.random(8) * 3).astype(bf16)
+    model = nbits_model(64, 8, 4, 32, inputs, dtype=bf16, m=16, bias=bias)
+    a = rng.standard_normal((16, 64)).astype(bf16)
+    (y,) = dqtool.reference_evaluator(model).run(None, {"A": a})
+    w = dqtool.dequantize_matmul_nbits(inputs["B"], inputs["scales"], inputs["zero_points"],
+                                       K=64, N=8, bits=4, block_size=32)
+    product = np.matmul(a, w.astype(bf16)).astype(bf16)
+    assert y.dtype == bf16
+    assert np.array_equal(bits_of(y), bits_of((product + bias).astype(bf16)))
+    once = (np.matmul(a, w.astype(bf16)) + bias.astype(np.float32)).astype(bf16)
+    assert not np.array_equal(bits_of(once), bits_of(y))  # the case tells them apart
+    src, up = tmp_path / "m.onnx", tmp_path / "up.onnx"
+    onnx.save(model, src)
+    dqtool.upgrade(str(src), 21, str(up))
+    (y_up,) = dqtool.reference_evaluator(onnx.load(up)).run(None, {"A": a})
+    assert np.array_equal(bits_of(y_up), bits_of(y))
 
 
 @pytest.mark.parametrize("dtype", [np.uint8, np.float16, ml_dtypes.int4, ml_dtypes.uint4,

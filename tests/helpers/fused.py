@@ -10,7 +10,8 @@ from onnx import TensorProto, helper, numpy_helper
 
 from dqtool.families.fused import packing
 
-_FLOAT = {np.dtype(np.float32): TensorProto.FLOAT, np.dtype(np.float16): TensorProto.FLOAT16}
+_FLOAT = {np.dtype(np.float32): TensorProto.FLOAT, np.dtype(np.float16): TensorProto.FLOAT16,
+          np.dtype(ml_dtypes.bfloat16): TensorProto.BFLOAT16}
 
 
 def nbits_inputs(rng: np.random.Generator, k: int, n: int, bits: int, block: int,

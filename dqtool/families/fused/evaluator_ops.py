@@ -27,10 +27,13 @@ class MatMulNBits(OpRun):
              block_size=0, **_ignored):
         w = dequantize_matmul_nbits(b, scales, zero_points, K=K, N=N, bits=bits,
                                     block_size=block_size, g_idx=g_idx)
-        y = np.matmul(np.ascontiguousarray(a), np.ascontiguousarray(w.astype(a.dtype)))
+        # Rounded to A's type before the bias, as MatMul then Add round: NumPy's matmul of
+        # bfloat16 (ml_dtypes) returns float32, and the bias added to that rounded once.
+        y = np.asarray(np.matmul(np.ascontiguousarray(a),
+                                 np.ascontiguousarray(w.astype(a.dtype))), dtype=a.dtype)
         if bias is not None:
-            y = y + bias.astype(a.dtype)
-        return (np.asarray(y, dtype=a.dtype),)
+            y = np.asarray(y + bias.astype(a.dtype), dtype=a.dtype)
+        return (y,)
 
 
 class GatherBlockQuantized(OpRun):
