@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from dqtool import graph
+from dqtool.families.fused import ort_facts
 from dqtool.families.fused.spec import FusedSpec
 
 
@@ -13,7 +14,8 @@ def lowest_onnx_opset(spec: FusedSpec) -> int | None:
     """The lowest ai.onnx opset ``upgrade`` can rewrite this node at, None if none can."""
     from dqtool.families.fused.to_onnx import needed_opset
 
-    if spec.errors or spec.quant_type is None or spec.g_idx in ("act-order", "unknown"):
+    if spec.errors or spec.quant_type is None \
+            or ort_facts.g_idx_refusal(spec.g_idx, spec.zero_point) is not None:
         return None
     if spec.quant_type == "uint8" and not spec.constant and spec.granularity == "blocked":
         return 21  # only a constant weight can be laid out as per-axis rows

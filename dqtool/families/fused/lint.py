@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from dqtool.families.fused import read
+from dqtool.families.fused import ort_facts, read
 from dqtool.families.fused.to_onnx import needed_opset
 from dqtool.linting.context import ModelContext
 from dqtool.linting.finding import Finding
@@ -55,6 +55,6 @@ def _fix(spec, opset: int) -> str | None:
                     f"{'MatMul' if spec.op == 'MatMulNBits' else 'Gather'}, exact)")
     except Refusal:
         pass
-    if spec.constant and spec.g_idx not in ("act-order", "unknown"):
+    if spec.constant and ort_facts.g_idx_refusal(spec.g_idx, spec.zero_point) is None:
         ways.append("`dqtool fold` (float weights)")
     return ", or ".join(ways) or None

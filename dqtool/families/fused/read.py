@@ -12,6 +12,7 @@ import onnx_ir as ir
 
 from dqtool import graph
 from dqtool.codecs.base import attr_int
+from dqtool.families.fused import ort_facts
 from dqtool.families.fused.spec import (
     DOMAIN,
     P_FUSED_ACCURACY,
@@ -160,6 +161,9 @@ def read_matmul_nbits(node: ir.Node, version: int) -> FusedSpec:
                                 "expresses it", "warning"))
     elif g_kind == "unknown":
         problems.append(Problem(P_FUSED_G_IDX, f"{where}: g_idx is computed at run time",
+                                "warning"))
+    elif g_kind == "trivial" and zp_kind != "float":
+        problems.append(Problem(P_FUSED_G_IDX, f"{where}: {ort_facts.g_idx_reason()}",
                                 "warning"))
     if accuracy > 0:
         problems.append(Problem(P_FUSED_ACCURACY, f"{where}: accuracy_level={accuracy}: "

@@ -29,7 +29,7 @@ P_FUSED_INPUTS = "FU001"  # inputs missing / too many, or required attributes mi
 P_FUSED_ATTR = "FU002"  # an attribute out of its allowed range (bits, block_size, axes)
 P_FUSED_TYPE = "FU003"  # an input type the operator does not take
 P_FUSED_SHAPE = "FU004"  # B / scales / zero points / data shapes disagree with K, N, blocks
-P_FUSED_G_IDX = "FU005"  # g_idx present (act-order): deprecated, only a trivial one converts
+P_FUSED_G_IDX = "FU005"  # g_idx present: act-order, computed, or run by onnxruntime its own way
 P_FUSED_ACCURACY = "FU006"  # accuracy_level > 0: the runtime may quantize A
 P_FUSED_RUNTIME = "FU007"  # a combination onnxruntime's CPU kernel rejects
 

@@ -11,14 +11,17 @@ Cases rewritten:
   ``DequantizeLinear(x, float32 scale)`` (exactly ``q·s``) → ``Reshape`` into blocks →
   ``Add`` of the float32 offsets ``-(zp·s)`` → ``Reshape`` (→ ``Slice`` of a ragged tail)
   (→ ``Cast`` to A's type) → ``MatMul``. Bit-identical to the weight onnxruntime uses.
-- a g_idx that maps every row to its own block (``k // block_size``) is dropped.
+- a g_idx that maps every row to its own block (``k // block_size``) is dropped when the
+  zero points are float (onnxruntime computes other nodes with a g_idx by its own path:
+  ``ort_facts``).
 - GatherBlockQuantized → ``DequantizeLinear`` of the table (blocked along quantize_axis,
   int4/uint4 tables and scales reused as they are stored; uint8-packed codes become
   uint2/uint4 tensors over the same bytes) → ``Gather``. This order, because ai.onnx Gather
   takes no 4-bit type.
-Refused (the node stays, the report says why): an act-order or computed g_idx, a B
-prepacked for an execution provider, a weight not constant, a target opset too old for the
-codes (uint4 21, uint2 25; uint8 is laid out per-axis below 21).
+Refused (the node stays, the report says why): an act-order or computed g_idx, any
+g_idx with integer or no zero points, a B prepacked for an execution provider, a weight
+not constant, a target opset too old for the codes (uint4 21, uint2 25; uint8 is laid
+out per-axis below 21).
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ import numpy as np
 import onnx_ir as ir
 
 from dqtool import graph, types
-from dqtool.families.fused import arrays, packing, read
+from dqtool.families.fused import arrays, ort_facts, packing, read
 from dqtool.families.fused.rows import CodeRows
 from dqtool.families.fused.spec import FusedSpec
 from dqtool.families.fused.surgery import Builder
@@ -67,11 +70,9 @@ def check(spec: FusedSpec, target: int) -> None:
     """Raise ``Refusal`` when ``spec`` has no exact ai.onnx form at opset ``target``."""
     if spec.errors:
         raise Refusal("invalid: " + "; ".join(p.message for p in spec.errors))
-    if spec.g_idx == "act-order":
-        raise Refusal("g_idx reorders rows of K across blocks (act-order): a blocked "
-                      "DequantizeLinear cannot express it without one scale per element")
-    if spec.g_idx == "unknown":
-        raise Refusal("g_idx is computed at run time")
+    why = ort_facts.g_idx_refusal(spec.g_idx, spec.zero_point)
+    if why is not None:
+        raise Refusal(why)
     if spec.attribute("weight_prepacked", 0):
         raise Refusal("B is prepacked for an execution provider")
     if not spec.constant:
