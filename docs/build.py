@@ -176,7 +176,9 @@ def rules_page() -> str:
             "## Rules", "",
             "Every rule `dqtool lint` knows, by code. DQ010–DQ019 are also the problem codes "
             "the codecs find while reading a node (`QuantSpec.problems`, shown by "
-            "`dqtool inspect`); DQ1xx run only with `--target` "
+            "`dqtool inspect`), and FU001–FU006 those of MatMulNBits / GatherBlockQuantized "
+            "(`FusedSpec.problems`); `dqtool check` counts both; DQ1xx run only with "
+            "`--target` "
             "(see [lint](commands/lint.md#targets)). `--select` and `--ignore` take codes or "
             "prefixes (`DQ0`, `DQ101`).", "",
             "| code | name | severity | meaning | example message |",

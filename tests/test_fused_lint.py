@@ -57,3 +57,56 @@ def test_gather_block_quantized_is_flagged_too(tmp_path):
              if f.code == "DQ109"]
     assert len(found) == 1 and "GatherBlockQuantized" in found[0].message
     assert "DequantizeLinear + Gather" in found[0].fix
+
+
+def _broken(tmp_path, how: str):
+    rng = np.random.default_rng(2)
+    proto = nbits_model(64, 8, 4, 32, nbits_inputs(rng, 64, 8, 4, 32))
+    node = proto.graph.node[0]
+    if how == "bits":
+        next(a for a in node.attribute if a.name == "bits").i = 3
+    elif how == "scales":  # half the scales
+        s = next(t for t in proto.graph.initializer if t.name == "scales")
+        s.CopyFrom(onnx.numpy_helper.from_array(np.ones((8, 1), np.float32), "scales"))
+    elif how == "missing_k":
+        node.attribute.remove(next(a for a in node.attribute if a.name == "K"))
+    path = tmp_path / f"{how}.onnx"
+    onnx.save(proto, path)
+    return path
+
+
+@pytest.mark.parametrize(("how", "code"), [("bits", "FU002"), ("scales", "FU004"),
+                                           ("missing_k", "FU001")])
+@pytest.mark.parametrize("target", [None, "onnxruntime"])
+def test_an_invalid_fused_node_is_an_error_with_or_without_a_target(tmp_path, how, code,
+                                                                    target):
+    # onnxruntime refuses these models; lint (and check, below) passed them.
+    path = _broken(tmp_path, how)
+    report = dqtool.lint(path, target=target)
+    found = [f for f in report.findings if f.code == code]
+    assert len(found) == 1 and found[0].severity == "error" and found[0].node == "mm"
+    assert report.exit_code == 1
+    assert code in {p.code for n in dqtool.inspect(path).nodes for p in n.spec.problems}
+
+
+def test_check_counts_an_invalid_fused_node(tmp_path):
+    report = dqtool.check(_broken(tmp_path, "bits"))
+    problems = report.structure.problems
+    assert [(p["code"], p["severity"], p["node"]) for p in problems] == [("FU002", "error", "mm")]
+    assert not report.structure.passed and not report.passed
+
+
+def test_g_idx_and_accuracy_level_are_reported_below_error(tmp_path):
+    rng = np.random.default_rng(3)
+    proto = nbits_model(64, 8, 4, 32, nbits_inputs(rng, 64, 8, 4, 32), accuracy_level=4)
+    proto.graph.initializer.append(onnx.numpy_helper.from_array(
+        (np.arange(64) // 32).astype(np.int32), "g"))
+    inputs = proto.graph.node[0].input
+    assert len(inputs) == 4  # A, B, scales, zero points: g_idx is the fifth
+    inputs.append("g")
+    path = tmp_path / "g.onnx"
+    onnx.save(proto, path)
+    report = dqtool.lint(path)
+    assert sorted((f.code, f.severity) for f in report.findings) == [
+        ("FU005", "warning"), ("FU006", "info")]
+    assert report.exit_code == 0

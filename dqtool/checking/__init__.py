@@ -98,7 +98,8 @@ def check(
     sites = selfcheck.quant_sites(model)
     # Past protobuf's limit onnx's checker must read the file itself.
     structure = selfcheck.structure(
-        proto, sites, loaded.path if loaded.external_dir is not None else None)
+        proto, sites + selfcheck.family_spec_sites(model),
+        loaded.path if loaded.external_dir is not None else None)
     nodes = selfcheck.numeric(proto, model, sites, feeds, notes,
                               external_dir=loaded.external_dir)
     # Operators that are not Q/DQ (the integer ones): their family checks them.

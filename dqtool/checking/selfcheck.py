@@ -88,6 +88,24 @@ def quant_sites(model: ir.Model) -> list[tuple[Site, QuantSpec]]:
             if codecs.is_quant_node(s.node)]
 
 
+def family_spec_sites(model: ir.Model) -> list[tuple[Site, Any]]:
+    """(site, spec) of the other nodes a family reads into a spec with problems (the fused
+    operators): their problems are dqtool's rules too (inspect and lint report them)."""
+    from dqtool import families
+
+    supports = families.inspect_supports()
+    out: list[tuple[Site, Any]] = []
+    for s in graph.walk(model):
+        if codecs.is_quant_node(s.node):
+            continue
+        for support in supports:
+            spec = getattr(support.node(s.node, s.opsets, s.graph), "spec", None)
+            if spec is not None and hasattr(spec, "problems"):
+                out.append((s, spec))
+                break
+    return out
+
+
 def numeric(proto: onnx.ModelProto, model: ir.Model, sites: list[tuple[Site, QuantSpec]],
             feeds: Mapping[str, np.ndarray], notes: list[str],
             external_dir: Path | None = None) -> list[NodeCheck]:

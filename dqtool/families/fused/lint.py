@@ -6,10 +6,11 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from dqtool.families.fused import ort_facts, read
+from dqtool.families.fused import spec as S
 from dqtool.families.fused.to_onnx import needed_opset
 from dqtool.linting.context import ModelContext
 from dqtool.linting.finding import Finding
-from dqtool.linting.registry import define
+from dqtool.linting.registry import check, define
 
 RULE = "DQ109"
 
@@ -19,6 +20,48 @@ define(RULE, "target-fused-op", "error",
        "node 'mm': directml-fl6.2 cannot run it: com.microsoft MatMulNBits (weight uint4 "
        "dequantized inside the operator) is an onnxruntime contrib op; fix: `dqtool upgrade "
        "--opset 21` (ai.onnx DequantizeLinear + MatMul, exact), or `dqtool fold`")
+
+
+# The problems read finds in a fused node (FusedSpec.problems), as lint rules of the same
+# codes, so that inspect and lint agree (as DQ010-DQ019 do for Q/DQ). FU007 (a combination
+# onnxruntime's kernel rejects) is a fact of that target: DQ109 with --target onnxruntime.
+define(S.P_FUSED_INPUTS, "fused-inputs", "error",
+       "a MatMulNBits / GatherBlockQuantized input or required attribute is missing",
+       "node 'mm': com.microsoft.MatMulNBits: required attribute K is missing")
+define(S.P_FUSED_ATTR, "fused-attribute", "error",
+       "a MatMulNBits / GatherBlockQuantized attribute out of range (bits, block_size, "
+       "axes, weight_prepacked)",
+       "node 'mm': com.microsoft.MatMulNBits: bits=3; onnxruntime takes 2, 4 or 8")
+define(S.P_FUSED_TYPE, "fused-type", "error",
+       "an input type a MatMulNBits / GatherBlockQuantized does not take",
+       "node 'mm': com.microsoft.MatMulNBits: B is int8, not uint8")
+define(S.P_FUSED_SHAPE, "fused-shape", "error",
+       "B / scales / zero points / table shapes disagree with K, N and the blocks",
+       "node 'mm': com.microsoft.MatMulNBits: B is (9, 1, 16), expected (N, k_blocks, "
+       "blob) = (9, 2, 16)")
+define(S.P_FUSED_G_IDX, "fused-g-idx", "warning",
+       "a MatMulNBits g_idx that no ai.onnx form expresses exactly (act-order, computed, or "
+       "with integer or no zero points, which onnxruntime runs by its own path)",
+       "node 'mm': com.microsoft.MatMulNBits: g_idx is computed at run time")
+define(S.P_FUSED_ACCURACY, "fused-accuracy-level", "info",
+       "MatMulNBits accuracy_level > 0: onnxruntime may quantize A, so outputs differ from "
+       "a float MatMul by design",
+       "node 'mm': com.microsoft.MatMulNBits: accuracy_level=4: onnxruntime may quantize "
+       "or downcast A")
+_NODE_CODES = (S.P_FUSED_INPUTS, S.P_FUSED_ATTR, S.P_FUSED_TYPE, S.P_FUSED_SHAPE,
+               S.P_FUSED_G_IDX, S.P_FUSED_ACCURACY)
+
+
+@check(*_NODE_CODES)
+def node_problems(ctx: ModelContext) -> Iterator[Finding]:
+    for site in ctx.sites:
+        if not read.is_fused(site.node):
+            continue
+        spec = read.read(site.node, site.opsets)
+        name = site.node.name or f"<unnamed {site.node.op_type}>"
+        for p in spec.problems:
+            if p.code in _NODE_CODES:
+                yield ctx.finding(p.code, p.severity, p.message, node=name, where=site.graph)
 
 
 def target_findings(ctx: ModelContext, target: str) -> Iterator[Finding]:
