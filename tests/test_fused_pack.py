@@ -234,6 +234,37 @@ def test_codes_widened_by_upgrade_pack_back_at_their_width():
         next(a for a in node.attribute if a.name == "bits")) == 8
 
 
+def test_a_2bit_table_widened_by_upgrade_packs_back_at_its_width():
+    # GatherBlockQuantized uint8 bits=2 at opset 21: upgrade widens to uint8; pack gave
+    # back bits=8 (4x the bytes). A code that no longer fits 2 bits keeps 8.
+    rng = np.random.default_rng(12)
+    kb = 4
+    scales = (rng.random((6, kb)) + 0.5).astype(np.float32)
+    zps = packing.pack(rng.integers(0, 4, size=(6, kb), dtype=np.uint8), 2)
+    table = packing.pack(rng.integers(0, 4, size=(6, 64), dtype=np.uint8), 2)
+    original = gbq_model(table, scales, zps, block=16, bits=2, n_indices=3, opset=21)
+    idx = np.array([5, 0, 3], np.int64)
+    (want,) = run_ort(original, {"indices": idx})
+    for fits in (True, False):
+        up = dqtool.upgrade(ir.serde.deserialize_model(original), 21).model
+        x = next(n for n in up.graph if n.op_type == "DequantizeLinear").inputs[0]
+        assert x.dtype == ir.DataType.UINT8
+        if not fits:
+            codes = x.const_value.numpy().copy()
+            codes[0, 0] = 200
+            x.const_value = ir.tensor(codes, name=x.name)
+        packed = ir.serde.serialize_model(dqtool.pack(up).model)
+        node = _node(packed, "GatherBlockQuantized")
+        assert onnx.helper.get_attribute_value(
+            next(a for a in node.attribute if a.name == "bits")) == (2 if fits else 8)
+        if fits:
+            got = {onnx.numpy_helper.to_array(t).tobytes() for t in packed.graph.initializer}
+            assert got == {onnx.numpy_helper.to_array(t).tobytes()
+                           for t in original.graph.initializer}
+            (y,) = run_ort(packed, {"indices": idx})
+            assert np.array_equal(bits_of(y), bits_of(want))
+
+
 def test_a_table_blocked_along_its_gather_axis_packs_back():
     # MatMulNBitsQuantizer with quant_axes=(("Gather", 0),) writes gather_axis =
     # quantize_axis = 0; onnxruntime runs it, and pack gives it back

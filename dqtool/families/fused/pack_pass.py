@@ -424,6 +424,11 @@ class FusedPackPass:
             if ga != 0 or qa != rank - 1:
                 raise NoMatch(f"{q} tables need gather axis 0 and blocks along the last axis")
             bits = _BITS[q]
+            # Codes upgrade widened to 8 bits go back to their width (as for MatMulNBits),
+            # where rows still fill whole bytes at it.
+            narrow = self._narrower(dq, spec, bits)
+            if narrow is not None and shape[-1] % (8 // narrow) == 0:
+                bits = narrow
             per = 8 // bits
             if bits == 8:
                 data = x
