@@ -395,6 +395,9 @@ def save(
                 _write_inline(model, tmp / out.name, out)
             if while_writing is not None:
                 while_writing()
+        empty = tmp / data
+        if external and shard_size is None and empty.exists() and not empty.stat().st_size:
+            empty.unlink()  # every tensor was small enough to stay inline: no empty file
         if verify is not None:
             verify(tmp / out.name)
         _refuse_overwriting_sources(model, out, [parent / out.name])

@@ -63,3 +63,24 @@ def test_bad_shard_size_is_one_line_exit_2(command, tmp_path):
                                  "--shard-size", "lots"])
     assert r.exit_code == 2 and "--shard-size: cannot read 'lots'" in r.output
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("command", sorted(COMMANDS))
+def test_external_data_of_only_small_tensors_leaves_no_empty_data_file(command, tmp_path):
+    # Every tensor stays inline (each is at most 256 bytes): an empty OUT.data was left
+    # beside the model, referenced by nothing, and the report said external_data: true.
+    src = tmp_path / "m.onnx"
+    proto = onnx.load(MODELS / "dq21_int4_blocked_ragged.onnx")
+    assert max(len(t.raw_data) for t in proto.graph.initializer) <= 256
+    onnx.save(proto, src, save_as_external_data=True, all_tensors_to_one_file=True,
+              location="m.data", size_threshold=0)
+    assert (tmp_path / "m.data").stat().st_size > 0
+    out = tmp_path / "o.onnx"
+    args = COMMANDS[command] if command != "downgrade" else ["--opset", "21"]
+    r = CliRunner().invoke(cli, [command, str(src), *args, "-o", str(out),
+                                 "--external-data", "--json", "--no-progress"])
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.stdout)
+    assert doc["files"] == [str(out)] and doc["external_data"] is False
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.data", "m.onnx", "o.onnx"]
+    onnx.checker.check_model(onnx.load(out))

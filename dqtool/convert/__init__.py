@@ -171,4 +171,5 @@ def _convert(model_or_path: ModelArg, opset: int, out, direction: Literal["upgra
                           verify=run_check if from_files else None, prefill=prefill,
                           while_writing=None if tell is None else lambda: tell(report))
         report.files = [str(p) for p in written]
+        report.external_data = len(written) > 1  # none when every tensor stayed inline
     return report

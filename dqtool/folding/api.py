@@ -100,6 +100,7 @@ def fold(
         written = io.save(model, target, external=external, shard_size=shard_size,
                           callback=progress)
         report.files = [str(f) for f in written]
+        report.external_data = len(written) > 1  # none when every tensor stayed inline
     report.seconds = time.perf_counter() - started
     return report
 
