@@ -127,7 +127,7 @@ def test_rule_table_has_one_row_per_registered_rule():
     from dqtool.linting.registry import load as rules
 
     rows = [line.split("|")[1].strip() for line in (DOCS / "rules.md").read_text().splitlines()
-            if re.match(r"\| DQ\d{3} ", line)]
+            if re.match(r"\| (DQ|FU)\d{3} ", line)]
     assert rows == sorted(rules()) and len(rows) >= 20
 
 

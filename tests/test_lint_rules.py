@@ -1,4 +1,4 @@
-"""Every lint rule (DQ0xx): a model that triggers it and one that does not."""
+"""Every lint rule (DQ0xx, FU0xx): a model that triggers it and one that does not."""
 
 from __future__ import annotations
 
@@ -39,6 +39,28 @@ def _matmulnbits(imported: bool) -> onnx.ModelProto:
         [helper.make_opsetid("com.microsoft", 1)] if imported else [])
     m = helper.make_model(g, opset_imports=ops)
     m.ir_version = 8
+    return m
+
+
+def _broken_nbits(how: str) -> onnx.ModelProto:
+    """_matmulnbits(True) with one thing wrong, as FU001-FU006 find it."""
+    m = _matmulnbits(True)
+    node = m.graph.node[0]
+    attr = {a.name: a for a in node.attribute}
+    if how == "FU001":
+        node.attribute.remove(attr["K"])
+    elif how == "FU002":
+        attr["bits"].i = 3
+    elif how == "FU003":
+        m.graph.initializer[0].CopyFrom(numpy_helper.from_array(np.zeros((8, 1, 16), np.int8),
+                                                                "B"))
+    elif how == "FU004":
+        m.graph.initializer[1].CopyFrom(numpy_helper.from_array(np.ones((4,), F32), "S"))
+    elif how == "FU005":  # a trivial g_idx, no zero points: onnxruntime's own path
+        m.graph.initializer.append(numpy_helper.from_array(np.zeros(32, np.int32), "g"))
+        node.input.extend(["", "g"])
+    elif how == "FU006":
+        node.attribute.append(helper.make_attribute("accuracy_level", 4))
     return m
 
 
@@ -92,6 +114,8 @@ CASES = {
     "DQ021": (_pair(0.02, 0.04), _pair(0.02, 0.02)),
     "DQ030": (dq_model(I8, np.array(1, F32)), _non_constant_dq()),
     "DQ031": (_ms_dq(), dq_model(I8, np.array(1, F32))),
+    **{code: (_broken_nbits(code), _matmulnbits(True))
+       for code in ("FU001", "FU002", "FU003", "FU004", "FU005", "FU006")},
 }
 
 

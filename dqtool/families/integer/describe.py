@@ -187,7 +187,8 @@ def _problems(node: ir.Node, opdef: ops.OpDef, operands: list[Operand],
     needed = [s for s in (*ops.slots_of(opdef, len(node.inputs)),) if s.value is not None]
     for s in needed:
         if graph.input_value(node, s.value) is None:
-            out.append(Problem(P_INPUTS, f"{where}: input '{s.role}' is missing"))
+            if not (s.optional and graph.input_value(node, s.scale) is None):
+                out.append(Problem(P_INPUTS, f"{where}: input '{s.role}' is missing"))
         elif s.scale is not None and graph.input_value(node, s.scale) is None:
             out.append(Problem(P_INPUTS, f"{where}: the scale of '{s.role}' is missing"))
     # QGemm's y_scale is optional (float output); every other quantized output needs one.

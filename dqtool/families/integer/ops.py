@@ -32,6 +32,7 @@ class Slot:
     scale: int | None
     zero_point: int | None
     weight: bool = False  # the operand a quantizer stores as an initializer
+    optional: bool = False  # may be left out (with its scale and zero point)
 
 
 @dataclass(frozen=True)
@@ -121,7 +122,7 @@ OPS: tuple[OpDef, ...] = (
     OpDef(MS, "QEmbedLayerNormalization", 1, "qlinear",
           (Slot("word_embedding", 2, 8, 13, weight=True),
            Slot("position_embedding", 3, 9, 14, weight=True),
-           Slot("segment_embedding", 4, 10, 15, weight=True),
+           Slot("segment_embedding", 4, 10, 15, weight=True, optional=True),
            Slot("gamma", 5, 11, 16, weight=True), Slot("beta", 6, 12, 17, weight=True)), None,
           float_op="EmbedLayerNormalization", float_domain=MS),
 )
