@@ -76,16 +76,23 @@ def check(
             proto, other, feeds, rtol=rtol, atol=atol, notes=notes,
             model_dir=loaded.external_dir, original_dir=other_loaded.external_dir,
             range_steps=any(e.comparison is not None for e in per_op))
-        weights = [w for support in families.check_supports() if support.weights
-                   for w in support.weights(loaded.ir_model(), other_loaded.ir_model())]
-        bounds = []
-        if bounded.needs_bounds(comparisons):
-            bounds = [b for support in families.check_supports()
-                      if support.bounds is not None and support.holds_weights is not None
-                      and support.holds_weights(other)
-                      for b in support.bounds(proto, other, loaded.ir_model(),
-                                              other_loaded.ir_model(), feeds,
-                                              loaded.external_dir, other_loaded.external_dir)]
+        # A family's weights are those of the model holding its nodes: the original
+        # (a conversion from them), else the checked model (a conversion into them, as
+        # `pack` makes), whose nodes are then compared with the original's in their place.
+        sides = ((loaded, proto), (other_loaded, other))
+        weights, bounds = [], []
+        for support in families.check_supports():
+            if support.holds_weights is None:
+                continue
+            mine, theirs = sides if support.holds_weights(other) or not \
+                support.holds_weights(proto) else sides[::-1]
+            if support.weights is not None:
+                weights += support.weights(mine[0].ir_model(), theirs[0].ir_model())
+            if support.bounds is not None and bounded.needs_bounds(comparisons):
+                bounds += support.bounds(mine[1], theirs[1], mine[0].ir_model(),
+                                         theirs[0].ir_model(), feeds, mine[0].external_dir,
+                                         theirs[0].external_dir)
+        if bounds:
             comparisons = bounded.apply(comparisons, weights, bounds, notes)
         comparisons = faithful.apply(comparisons, per_op, notes)
         fused = next((r for support in families.check_supports() if support.fused_run

@@ -203,8 +203,10 @@ class ConvertStep:
 class CheckSupport:
     """What checking adds for a family's nodes.
 
-    - ``holds_weights``: ``original proto → bool``: the model has nodes whose weights
-      ``weights`` compares (a conversion check compares them only then).
+    - ``holds_weights``: ``proto → bool``: the model has nodes whose weights ``weights``
+      compares. A conversion check compares them when the original holds them, else when
+      the checked model does (a conversion into the family's nodes): ``weights`` and
+      ``bounds`` are then called with the two models' places swapped.
     - ``weights``: ``(checked model, original model) → comparisons`` of each of the
       original's family weights with its counterpart in the checked model (objects with
       ``node``, ``op``, ``status`` — "bit-identical" or not — and ``detail``).
