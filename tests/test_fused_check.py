@@ -11,6 +11,7 @@ from helpers.fused import nbits_inputs, nbits_model
 
 import dqtool
 from dqtool.cli import cli
+from dqtool.families.fused import packing
 
 
 def _save(proto_or_model, path):
@@ -300,3 +301,24 @@ def test_upgrade_check_consults_the_bound(tmp_path, monkeypatch):
     verdict = check.runtimes["onnxruntime (CPU, ORT_DISABLE_ALL)"]
     assert verdict.startswith("DIFFERENT: final Y: ") and "BEYOND its rounding bound" in verdict
     assert not check.ok and not (tmp_path / "u2.onnx").exists()
+
+
+def test_indices_into_a_small_table_are_drawn_inside_it(tmp_path):
+    # check drew indices in [-8, 8]: a table of 6 rows failed every run ("nothing compared").
+    from helpers.fused import gbq_model
+
+    from dqtool.checking.inputs import generate, index_bounds
+
+    rng = np.random.default_rng(3)
+    table = packing.pack(rng.integers(0, 16, size=(6, 32), dtype=np.uint8), 4)
+    scales = (rng.random((6, 1)) + 0.5).astype(np.float32)
+    original = gbq_model(table, scales, None, block=32, bits=4, n_indices=40)
+    assert index_bounds(original) == {"indices": 6}
+    feeds, _ = generate(original, seed=0)
+    idx = feeds["indices"]
+    assert idx.min() >= -6 and idx.max() <= 5 and len(set(idx.tolist())) > 6
+    src = _save(original, tmp_path / "g.onnx")
+    up = _save(dqtool.upgrade(ir.load(src), 21).model, tmp_path / "u.onnx")
+    report = dqtool.check(up, against=src)
+    assert report.passed and report.comparisons
+    assert all(c.outputs for c in report.comparisons)

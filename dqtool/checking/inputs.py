@@ -145,12 +145,44 @@ def resolve_shape(spec: InputSpec, shapes: Mapping[str, tuple[int, ...]],
     return tuple(out)
 
 
-def random_array(type_name: str, shape: tuple[int, ...], rng: np.random.Generator) -> np.ndarray:
+def index_bounds(model: onnx.ModelProto) -> dict[str, int]:
+    """Inputs that index a constant table (``Gather``, ``GatherBlockQuantized``; the table
+    an initializer or its DequantizeLinear): input name → the table's size along the
+    gathered axis (the smallest, if several). An index drawn outside it would make every
+    run fail."""
+    tables = {t.name: tuple(t.dims) for t in model.graph.initializer}
+    for node in model.graph.node:  # a dequantized table (upgrade's Gather) has its shape
+        if node.op_type == "DequantizeLinear" and node.input and node.input[0] in tables:
+            tables.setdefault(node.output[0], tables[node.input[0]])
+    inputs = {vi.name for vi in model.graph.input}
+    out: dict[str, int] = {}
+    for node in model.graph.node:
+        if (node.domain, node.op_type) in (("", "Gather"), ("ai.onnx", "Gather")):
+            key = "axis"
+        elif (node.domain, node.op_type) == ("com.microsoft", "GatherBlockQuantized"):
+            key = "gather_axis"
+        else:
+            continue
+        if len(node.input) < 2 or node.input[1] not in inputs or node.input[0] not in tables:
+            continue
+        dims = tables[node.input[0]]
+        axis = next((a.i for a in node.attribute if a.name == key), 0)
+        if dims and -len(dims) <= axis < len(dims) and dims[axis] > 0:
+            out[node.input[1]] = min(out.get(node.input[1], dims[axis]), dims[axis])
+    return out
+
+
+def random_array(type_name: str, shape: tuple[int, ...], rng: np.random.Generator,
+                 index_bound: int | None = None) -> np.ndarray:
+    """Random values of the type: integers in [-8, 8] (within ``[-index_bound,
+    index_bound - 1]`` for an index into a table of that size), floats standard normal."""
     et = types.by_name(type_name)
     if type_name == "bool":
         return rng.integers(0, 2, shape, dtype=np.bool_)
     if et.is_integer:
         lo, hi = max(int(et.min), -8), min(int(et.max), 8)
+        if index_bound is not None:
+            lo, hi = max(lo, -index_bound), min(hi, index_bound - 1)
         if et.dtype.kind in "iu":  # drawn in the type itself: no int64 array 8x the size
             return rng.integers(lo, hi + 1, shape, dtype=et.dtype)
         return rng.integers(lo, hi + 1, shape, dtype=np.int8).astype(et.dtype)
@@ -181,6 +213,7 @@ def generate(model: onnx.ModelProto, *, seed: int = 0,
                 raise UsageError(f"--shape {spec.name}: {shapes[spec.name]} differs from the "
                                  f"--inputs array's shape {given[spec.name].shape}")
     rng = np.random.default_rng(seed)
+    bounds = index_bounds(model)
     feeds: dict[str, np.ndarray] = {}
     defaulted: list[str] = []
     generated = 0
@@ -199,7 +232,7 @@ def generate(model: onnx.ModelProto, *, seed: int = 0,
                     f"dqtool check generates past {MAX_GENERATED_BYTES >> 20} MiB; give "
                     "smaller sizes with --shape, or the arrays with --inputs")
         try:
-            arr = random_array(spec.type_name, shape, rng)
+            arr = random_array(spec.type_name, shape, rng, bounds.get(spec.name))
         except MemoryError:
             raise UsageError(f"input {spec.name}: not enough memory for shape "
                              f"{tuple(shape)}; give smaller sizes with --shape") from None
