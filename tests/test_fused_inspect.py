@@ -12,7 +12,7 @@ from onnx_ir import from_onnx_text as model
 
 import dqtool
 from dqtool.cli import cli
-from dqtool.families.fused import read
+from dqtool.families.fused import packing, read
 from dqtool.families.fused.spec import (
     P_FUSED_ACCURACY,
     P_FUSED_ATTR,
@@ -154,3 +154,24 @@ def test_gbq_int4_shapes_in_json():
     assert node["kind"] == "fused" and node["x_type"] == "int4"
     assert node["bytes_stored"] == 50 * 64 // 2 + 50 * 2 * 4
     assert doc["summary"]["fused_nodes"] == 1
+
+
+@pytest.mark.parametrize(("k", "bits"), [(96, 4), (160, 2), (64, 4), (96, 8)])
+def test_bytes_stored_counts_each_padded_row_of_zero_points(k, bits):
+    # 3 blocks of 4-bit zero points take 2 bytes a row, not 1.5: the sum undercounted.
+    rng = np.random.default_rng(4)
+    inputs = nbits_inputs(rng, k, 8, bits, 32)
+    proto = nbits_model(k, 8, bits, 32, inputs)
+    [report] = dqtool.inspect(ir.serde.deserialize_model(proto)).nodes
+    assert report.bytes_stored == sum(a.nbytes for a in inputs.values() if a is not None)
+
+
+def test_bytes_stored_of_a_uint8_packed_table_with_padded_zero_points():
+    rng = np.random.default_rng(5)
+    table = packing.pack(rng.integers(0, 16, size=(6, 48), dtype=np.uint8), 4)
+    scales = (rng.random((6, 3)) + 0.5).astype(np.float32)
+    zps = packing.pack(rng.integers(0, 16, size=(6, 3), dtype=np.uint8), 4)
+    assert zps.shape == (6, 2)
+    proto = gbq_model(table, scales, zps, block=16, bits=4)
+    [report] = dqtool.inspect(ir.serde.deserialize_model(proto)).nodes
+    assert report.bytes_stored == table.nbytes + scales.nbytes + zps.nbytes

@@ -38,6 +38,11 @@ def bytes_of(spec: FusedSpec) -> tuple[int | None, int | None]:
             zp = None
         elif spec.zero_point == "float":
             zp = graph.stored_bytes(spec.zero_point_type, spec.scale_shape)
+        elif spec.zero_point_packed:  # uint8 bytes, each row of blocks padded to a byte
+            last = spec.k_blocks if spec.op == "MatMulNBits" else \
+                (spec.scale_shape or (None,))[-1]
+            zp = None if not isinstance(last, int) or not last else \
+                n // last * ((last * bits + 7) // 8)
         else:
             zp = (n * bits + 7) // 8
     stored = None if None in (codes, scales, zp) else codes + scales + zp
