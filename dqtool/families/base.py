@@ -106,6 +106,9 @@ class Kernel:
 
     run: Callable[[np.ndarray, np.ndarray, np.ndarray | None, Step], np.ndarray]
     sliceable: bool = True
+    # each value depends only on its own code and its group's parameters (DequantizeLinear):
+    # narrow codes may then be computed by table (dqtool.folding.by_table)
+    elementwise: bool = False
 
     def __call__(self, x: np.ndarray, scale: np.ndarray, zero_point: np.ndarray | None,
                  step: Step) -> np.ndarray:

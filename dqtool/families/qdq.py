@@ -60,4 +60,5 @@ def fold_support() -> FoldSupport:
     """The ai.onnx and com.microsoft Q/DQ: a DequantizeLinear folds, computing a
     QuantizeLinear of constants first when one feeds it."""
     return FoldSupport(roots=frozenset({"DequantizeLinear"}),
-                       kernels={"dq": Kernel(run_dq), "q": Kernel(run_q)}, step=step)
+                       kernels={"dq": Kernel(run_dq, elementwise=True), "q": Kernel(run_q)},
+                       step=step)

@@ -254,6 +254,8 @@ def _bind(lib: object) -> object:
     lib.dq_set_wide.restype = c_int
     lib.dq_turn_new.restype = ptr
     lib.dq_turn_new.argtypes = []
+    lib.dq_lut_rows.argtypes = [ptr, i64, i64, i64, i64, i64, i64, ptr, i64, i64, ptr]
+    lib.dq_lut_rows.restype = c_int
     for name in ("dq_turn_take", "dq_turn_give", "dq_turn_free"):
         getattr(lib, name).argtypes = [ptr]
         getattr(lib, name).restype = None
@@ -430,6 +432,27 @@ def write_at(fd: int, data: object, offset: int, turn: Turn | None = None) -> bo
                                     turn.handle if turn is not None else None)
     if rc < 0:
         raise OSError(-rc, os.strerror(-rc))
+    return True
+
+
+def lut_rows(codes: object, cols: int, bits: int, rows_per_group: int,
+             cols_per_group: int, tables: object, out: object) -> bool:
+    """``out[r, c] = tables[r // rows_per_group, c // cols_per_group, code(r, c)]`` in C
+    without the GIL: True; False where the compiled helper is off (nothing done).
+    ``codes``: uint8 rows, one code a byte (``bits`` 8, masked to the table's levels) or
+    ``bits`` (4 or 2) packed low bits first, ``cols`` codes a row in whole bytes;
+    ``tables`` (row groups, column groups, L) with L 4 or 16 entries of 2 or 4 bytes;
+    ``out`` (rows, cols) of the tables' type; all C-contiguous."""
+    if transpose_fn() is None:
+        return False
+    rows = codes.shape[0]  # type: ignore[attr-defined]
+    _, ncg, levels = tables.shape  # type: ignore[attr-defined]
+    rc = _state["lib"].dq_lut_rows(
+        codes.ctypes.data, rows, cols, bits, rows_per_group,  # type: ignore[attr-defined]
+        cols_per_group, ncg, tables.ctypes.data, levels,  # type: ignore[attr-defined]
+        tables.itemsize, out.ctypes.data)  # type: ignore[attr-defined]
+    if rc < 0:
+        raise ValueError(f"dq_lut_rows: {os.strerror(-rc)}")
     return True
 
 

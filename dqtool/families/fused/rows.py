@@ -15,6 +15,7 @@ import numpy as np
 import onnx_ir as ir
 
 from dqtool.families.fused import packing
+from dqtool.folding.by_table import PackedRows
 
 
 class CodeRows(ir.LazyTensor):
@@ -50,6 +51,19 @@ class CodeRows(ir.LazyTensor):
             codes = packing.unpack(raw, self.bits)[: self.n_rows * self.n]
             codes = codes.reshape(self.n_rows, self.n)[r0:r1]
         return np.ascontiguousarray(codes).view(view)
+
+    def packed_rows(self, r0: int, r1: int) -> PackedRows | None:
+        """Rows ``r0:r1`` of 2- or 4-bit codes transposed but still packed (for a fold by
+        table, which reads them as they are); None where ``rows`` must unpack first."""
+        per = 8 // self.bits
+        if self.bits == 8 or self.n * self.bits % 8 or r0 % per or (
+                r1 % per and r1 != self.n_rows):
+            return None
+        lo, hi = r0 // per, -(-r1 // per)
+        packed = packing.transpose_codes(self._bytes()[:, lo:hi], self.n, (hi - lo) * per,
+                                         self.bits)
+        return PackedRows(np.ascontiguousarray(packed[: r1 - r0]), self.n, self.bits,
+                          self.dtype.numpy())
 
     def release_rows(self) -> None:
         """Forget B's bytes (the fold of this weight is done)."""
