@@ -11,7 +11,12 @@ own subprocess (the CLI), timed by wall clock, with its own peak RSS, right afte
 peer is timed: copying the data file. The copy's time swings 0.5-4.5 s from one minute
 to the next on a shared machine (write-back of earlier gigabytes), so each command is
 measured DQTOOL_BENCH_REPEAT times (default 3), interleaved with its copy, and the
-median of the ratios is what counts:
+median of the ratios is what counts. This machine is a VM whose free memory goes back to
+its host ~2 s after it is freed (free page reporting), and the first touch of such memory
+waits for the host: a copy of the data file takes 1.5-2.3 s on it against 0.57-0.67 s on
+memory freed just before. Every timed step (command and copy alike) therefore starts
+right after touching and freeing as much memory as it will write plus 512 MB
+(DQTOOL_BENCH_WARM=0: not, as before):
 
 - ``upgrade --opset 21`` (→ DequantizeLinear + MatMul / Gather), then ``pack`` of that
   (→ back to MatMulNBits / GatherBlockQuantized): target ≤ 2× the copy, ≤ 300 MB each;
@@ -27,6 +32,7 @@ from __future__ import annotations
 import compileall
 import json
 import os
+import resource
 import shutil
 import subprocess
 import sys
@@ -49,6 +55,9 @@ BLOCK = 128
 # FOLD_REPEAT times. The figures are medians of the rounds.
 REPEAT = int(os.environ.get("DQTOOL_BENCH_REPEAT") or (1 if QUICK else 3))
 FOLD_REPEAT = int(os.environ.get("DQTOOL_BENCH_FOLD_REPEAT") or 1)
+# Touch memory before each timed step (see above); bytes beyond what a step writes.
+WARM = os.environ.get("DQTOOL_BENCH_WARM", "1") != "0"
+WARM_EXTRA = 512 << 20
 
 # What a user runs: the installed `dqtool` script next to this interpreter.
 DQTOOL = Path(sys.executable).with_name("dqtool")
@@ -131,12 +140,48 @@ def build(folder: Path) -> Path:
 CPU: dict[str, float] = {}  # CPU seconds (user + system) of each command, by name
 
 
-def run(*args: str) -> tuple[float, float, str]:
+def meminfo_mb(key: str) -> float:
+    with open("/proc/meminfo") as f:
+        for line in f:
+            if line.startswith(key + ":"):
+                return int(line.split()[1]) / 1024
+    return 0.0
+
+
+WARMED: list[float] = []  # the fraction of each step's warm-up the free memory allowed
+
+
+def warm(nbytes: int) -> None:
+    """Touches ``nbytes`` + WARM_EXTRA of fresh memory, a write a page, and frees it: the
+    step timed next draws memory the host backs now, whatever the previous step freed
+    and how long ago. Never more than the free memory (less 256 MB), so that nothing
+    cached (the step's input) is evicted for it. In a child process: a command started
+    later inherits this process's peak RSS as its own (``ru_maxrss`` keeps the peak of
+    the memory it was spawned from)."""
+    if not WARM:
+        return
+    want = nbytes + WARM_EXTRA
+    n = min(want, int((meminfo_mb("MemFree") - 256) * 2**20))
+    WARMED.append(max(n, 0) / want)
+    if n > 0:
+        subprocess.run([sys.executable, "-c", "import sys, numpy as np; "
+                        "np.empty(int(sys.argv[1]), np.uint8)[::4096] = 1", str(n)],
+                       check=True)
+
+
+def start_step(nbytes: int) -> None:
+    """What precedes every timed step: a quiet disk (no write-back of the previous step
+    left), then memory the host backs (``warm``)."""
+    os.sync()
+    warm(nbytes)
+
+
+def run(*args: str, writes: int) -> tuple[float, float, str]:
     """(wall seconds, peak RSS MB, stdout) of one ``dqtool`` command in its own process (the
-    installed script, as a user runs it); its CPU time (all threads, user + system:
-    steadier than wall time on a shared machine) goes to ``CPU``. The process's own
-    resource usage is read by ``wait4``."""
-    os.sync()  # start from a quiet disk (no write-back of the previous step)
+    installed script, as a user runs it), which writes about ``writes`` bytes; its CPU
+    time (all threads, user + system: steadier than wall time on a shared machine) goes
+    to ``CPU``. The process's own resource usage is read by ``wait4``."""
+    start_step(writes)
     with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
         t0 = time.perf_counter()
         proc = subprocess.Popen([str(DQTOOL), *args], stdout=out, stderr=err)
@@ -155,7 +200,7 @@ def run(*args: str) -> tuple[float, float, str]:
 def copy_time(src: Path, dst: Path, nbytes: int | None = None) -> float:
     """Seconds to copy ``src`` to ``dst`` (``nbytes`` of it, repeated as needed: a peer
     that writes as many bytes as a command does)."""
-    os.sync()
+    start_step(src.stat().st_size if nbytes is None else nbytes)
     t0 = time.perf_counter()
     if nbytes is None:
         shutil.copyfile(src, dst)
@@ -198,11 +243,7 @@ def fused_count(model: Path) -> int:
 
 
 def available_mb() -> float:
-    with open("/proc/meminfo") as f:
-        for line in f:
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) / 1024
-    return 0.0
+    return meminfo_mb("MemAvailable")
 
 
 def _median(xs: list[float]) -> float:
@@ -223,11 +264,11 @@ def main() -> int:
             # be written back) changes the copy's time by 5x from one minute to the next.
             up, back = folder / f"up{r}.onnx", folder / f"back{r}.onnx"
             copy = copy_time(data, folder / "copy.data")
-            t, rss, _ = run("upgrade", str(src), "--opset", "21", "-o", str(up))
+            t, rss, _ = run("upgrade", str(src), "--opset", "21", "-o", str(up), writes=size)
             runs.setdefault("upgrade", []).append((t, rss, copy))
             cpu["upgrade"].append(CPU["upgrade"])
             copy = copy_time(data, folder / "copy.data")
-            t, rss, _ = run("pack", str(up), "-o", str(back))
+            t, rss, _ = run("pack", str(up), "-o", str(back), writes=size)
             runs.setdefault("pack", []).append((t, rss, copy))
             cpu["pack"].append(CPU["pack"])
             if r < REPEAT - 1:  # the last ones are checked below
@@ -235,10 +276,12 @@ def main() -> int:
                     for f in folder.glob(m.name + "*"):
                         f.unlink()
         folded = folder / "fp16.onnx"
+        fold_guess = 4 * size  # float16 for every 4-bit code (the scales go)
         for _ in range(FOLD_REPEAT):
             for f in folder.glob(folded.name + "*"):
                 f.unlink()
-            t, rss, _ = run("fold", str(src), "--dtype", "float16", "-o", str(folded))
+            t, rss, _ = run("fold", str(src), "--dtype", "float16", "-o", str(folded),
+                           writes=fold_guess)
             cpu["fold"].append(CPU["fold"])
             # The fold writes ~4x the bytes: its peer is copying as many bytes, measured (a
             # machine's write speed drops once gigabytes wait for the disk, so the copy of
@@ -259,13 +302,20 @@ def main() -> int:
             "peak_rss_mb": {k: round(max(m for _, m, _ in v), 1) for k, v in runs.items()},
             "cpu_s": {k: [round(x, 3) for x in v] for k, v in cpu.items()},
             "onnxruntime": loads,
+            "warm": WARM, "warmed_least": round(min(WARMED, default=0.0), 3),
+            # A spawned command's peak RSS counts at least this process's own peak (it
+            # is spawned from this memory): every figure above is an upper bound.
+            "bench_own_peak_rss_mb": round(
+                resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
             "fused": {"source": fused_count(src), "upgraded": fused_count(up),
                       "packed": fused_count(back), "folded": fused_count(folded)},
         }
         print(json.dumps(result))
         print(f"data file {size / 2**30:.2f} GiB; fold writes {fold_bytes / 2**30:.2f} GiB; "
               f"each command timed right after a copy (its peer), {REPEAT} rounds "
-              f"({FOLD_REPEAT} for fold)")
+              f"({FOLD_REPEAT} for fold); "
+              + (f"memory warmed before each step ({min(WARMED, default=0):.0%} of the "
+                 f"wanted bytes at least)" if WARM else "memory not warmed"))
         for label, key in (("upgrade --opset 21", "upgrade"),
                            ("pack (back to MatMulNBits)", "pack"),
                            ("fold --dtype float16", "fold")):
