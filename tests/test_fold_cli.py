@@ -175,7 +175,7 @@ def test_op_types_no_dequantize_feeds_warn_but_exit_0(tmp_path: Path) -> None:
     assert json.loads(res.stdout)["summary"]["folded"] == 2  # stdout stays one document
     (line,) = res.stderr.splitlines()
     assert line.startswith("dqtool: warning: --op-types Bogus,matmul:")
-    assert "feed: MatMul" in line and "did you mean MatMul?" in line
+    assert "are: MatMul" in line and "did you mean MatMul?" in line
     res = run("fold", str(src), "--op-types", "Gemm", "--dry-run")
     assert res.exit_code == 0 and "Gemm" in res.stderr and "0 would fold" in res.stdout
     res = run("fold", str(src), "--op-types", "MatMul", "--dry-run")
@@ -197,3 +197,15 @@ def test_a_dq_at_an_opset_before_it_existed_is_refused_with_that_reason(tmp_path
     assert "refused" in r.stdout, r.stdout
     assert "ai.onnx DequantizeLinear does not exist at opset 9" in r.stdout, r.stdout
     assert "not constant" not in r.stdout
+
+
+def test_op_types_of_a_fused_node_select_it_without_a_warning():
+    # MatMulNBits answers to its own op type (it becomes DequantizeLinear + MatMul): the
+    # warning said no DequantizeLinear fed it.
+    src = Path(__file__).resolve().parents[1] / "models" / "ort_matmulnbits_4bit_sym_b32.onnx"
+    res = run("fold", str(src), "--op-types", "MatMulNBits", "--dry-run", "--json")
+    assert res.exit_code == 0 and res.stderr == ""
+    doc = json.loads(res.stdout)
+    assert doc["summary"]["folded"] == 2 and len(doc["fused_left"]) == 1  # the Gather
+    res = run("fold", str(src), "--op-types", "Matmulnbits", "--dry-run")
+    assert res.exit_code == 0 and "did you mean MatMulNBits?" in res.stderr

@@ -116,5 +116,5 @@ def _warn_unfed_op_types(app: App, fed: set[str], op_types: tuple[str, ...]) -> 
         near = sorted({f for t in unfed for f in fed if f.lower() == t.lower()})
         hint = f"; op types are case-sensitive: did you mean {', '.join(near)}?" if near else ""
         app.warn(f"--op-types {','.join(unfed)}: no DequantizeLinear in the model feeds "
-                 f"{'it' if len(unfed) == 1 else 'them'} (DequantizeLinear nodes feed: "
-                 f"{', '.join(sorted(fed)) or 'nothing'}){hint}")
+                 f"{'it' if len(unfed) == 1 else 'them'} (DequantizeLinear nodes feed, or "
+                 f"fused nodes are: {', '.join(sorted(fed)) or 'nothing'}){hint}")

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import onnx_ir as ir
 
-from dqtool import families, io
+from dqtool import families, graph, io
 from dqtool.errors import UsageError
 from dqtool.folding.dequantize_fold_pass import DequantizeFoldPass
 from dqtool.folding.report import FoldReport
@@ -78,6 +78,10 @@ def fold(
     before = io.tensor_bytes(model)
     # Families that fold by rewriting first (MatMulNBits / GatherBlockQuantized into
     # DequantizeLinear + MatMul / Gather, exactly), then the pass folds the result.
+    # Those nodes answer to --op-types by their own op type too (fused.fold.why_not).
+    own_types = {s.node.op_type for s in graph.walk(model)
+                 if (f := families.owner(s.node.domain, s.node.op_type)) is not None
+                 and f.fold_prepare is not None}
     unfused, fused_left, made = _prepare(model, selection)
     if made:
         selection = replace(selection, made=frozenset(made))
@@ -88,7 +92,7 @@ def fold(
         input=None if src is None else str(src), output=None if target is None else str(target),
         dry_run=dry_run, dtype=dtype, folded=fold_pass.folded, left=fold_pass.left,
         removed=fold_pass.removed, kept=fold_pass.kept, guarded=fold_pass.guarded,
-        fed_op_types=fold_pass.fed_op_types,
+        fed_op_types=fold_pass.fed_op_types | own_types,
         bytes_before=before,
         bytes_after=io.tensor_bytes(model), ir_version=model.ir_version,
         opset_imports=dict(model.opset_imports), model=None if dry_run else model,
