@@ -98,10 +98,20 @@ def test_what_it_does_not_take_is_left_to_the_kernel():
 def test_a_bad_call_into_c_is_an_error_not_a_crash():
     codes = np.zeros((4, 8), np.uint8)
     out = np.empty((4, 8), np.float32)
-    with pytest.raises(ValueError, match="dq_lut_rows"):
-        native.lut_rows(codes, 8, 8, 1, 1, np.zeros((4, 8, 3), np.float32), out)  # 3 levels
-    with pytest.raises(ValueError, match="dq_lut_rows"):
-        native.lut_rows(codes, 7, 4, 1, 1, np.zeros((4, 7, 16), np.float32), out)  # 7 x 4 bits
+    tables = np.zeros((4, 8, 16), np.float32)
+    assert native.lut_rows(codes, 8, 8, 1, 1, tables, out)  # fits
+    bad = [  # each would read or write past an array
+        (codes, 8, 8, 1, 1, np.zeros((4, 8, 3), np.float32), out),  # 3 levels
+        (codes, 7, 4, 1, 1, np.zeros((4, 7, 16), np.float32), np.empty((4, 7), np.float32)),
+        (codes, 8, 8, 1, 8, np.zeros((1, 1, 16), np.float32), out),  # 1 row group for 4 rows
+        (codes, 8, 8, 4, 1, np.zeros((1, 4, 16), np.float32), out),  # 4 column groups for 8
+        (np.zeros((2, 1), np.uint8), 8, 4, 1, 1, tables, out),  # 1 byte for 8 4-bit codes
+        (codes, 8, 8, 1, 1, tables, np.empty((4, 8), np.float16)),  # out of another type
+        (codes, 8, 8, 1, 1, tables, np.empty((8, 8), np.float32)[::2]),  # not contiguous
+    ]
+    for args in bad:
+        with pytest.raises(ValueError, match="dq_lut_rows"):
+            native.lut_rows(*args)
 
 
 @pytest.mark.parametrize("source", ["matmulnbits", "int4_dq"])

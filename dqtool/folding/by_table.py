@@ -47,48 +47,76 @@ def levels_of(et: types.ElemType) -> np.ndarray:
     return codes.astype(et.dtype)
 
 
+def _groups(step: Step, et: types.ElemType, rows: int, cols: int
+            ) -> tuple[int, int] | None:
+    """(rows, columns) of a group sharing one table, where a table pays for itself (its
+    group holds at least twice as many codes as levels); None where none applies."""
+    if not getattr(step._kernel(), "elementwise", False) or not et.is_integer \
+            or et.bits not in (2, 4) or not rows or not cols:
+        return None
+    gran, axis, block = step.granularity, step.norm_axis, step.block_size
+    if gran == "blocked" and axis in (0, 1) and block > 0:
+        group = (block, 1) if axis == 0 else (1, block)
+    elif gran == "per-axis" and axis in (0, 1):
+        group = (rows, 1) if axis == 1 else (1, cols)
+    elif gran == "per-tensor":
+        group = (rows, cols)
+    else:
+        return None
+    return group if group[0] * group[1] >= 2 << et.bits else None
+
+
+def takes(step: Step, dtype: np.dtype, rows: int, cols: int) -> bool:
+    """Whether ``dequantize`` computes rows of codes of ``dtype`` (checked before the codes
+    are read, so that they are not read twice when it does not)."""
+    try:
+        et = types.from_dtype(dtype)
+    except KeyError:
+        return False
+    return _groups(step, et, rows, cols) is not None and native.transpose_fn() is not None
+
+
 def dequantize(step: Step, x: np.ndarray | PackedRows, scale: np.ndarray,
                zp: np.ndarray | None, store_dtype: np.dtype) -> np.ndarray | None:
     """The dequantized rows ``x`` (codes, one a byte, or ``PackedRows``) of ``step`` cast
     to ``store_dtype``, by table; None where this does not apply (the caller computes them
     as before)."""
-    kernel = step._kernel()
     packed = isinstance(x, PackedRows)
     shape = (x.data.shape[0], x.cols) if packed else x.shape
-    if not getattr(kernel, "elementwise", False) or len(shape) != 2 or 0 in shape:
+    if len(shape) != 2:
         return None
     try:
         et = types.from_dtype(x.dtype)
     except KeyError:
         return None
-    if not et.is_integer or et.bits not in (2, 4) or (packed and x.bits != et.bits):
+    rows, cols = shape
+    group = _groups(step, et, rows, cols)
+    if group is None or (packed and x.bits != et.bits):
         return None
+    kernel = step._kernel()
     levels = levels_of(et)
     n = levels.size
-    rows, cols = shape
-    gran, axis, block = step.granularity, step.norm_axis, step.block_size
+    gran, axis = step.granularity, step.norm_axis
     if gran == "blocked" and axis == 0 and scale.ndim == 2:
         groups = scale.shape[0]
         xl = np.repeat(np.tile(levels, groups)[:, None], cols, axis=1)
         t = kernel(xl, scale, zp, replace(step, block_size=n))
-        tables, rpg, cpg, size = t.reshape(groups, n, cols).transpose(0, 2, 1), block, 1, block
+        tables = t.reshape(groups, n, cols).transpose(0, 2, 1)
     elif gran == "blocked" and axis == 1 and scale.ndim == 2:
         groups = scale.shape[1]
         xl = np.repeat(np.tile(levels, groups)[None, :], rows, axis=0)
         t = kernel(xl, scale, zp, replace(step, block_size=n))
-        tables, rpg, cpg, size = t.reshape(rows, groups, n), 1, block, block
+        tables = t.reshape(rows, groups, n)
     elif gran == "per-axis" and axis == 1:
         t = kernel(np.repeat(levels[:, None], cols, axis=1), scale, zp, step)
-        tables, rpg, cpg, size = t.T[None], rows, 1, rows
+        tables = t.T[None]
     elif gran == "per-axis" and axis == 0:
         t = kernel(np.repeat(levels[None, :], rows, axis=0), scale, zp, step)
-        tables, rpg, cpg, size = t[:, None, :], 1, cols, cols
+        tables = t[:, None, :]
     elif gran == "per-tensor":
         t = kernel(levels.reshape(n, 1), scale, zp, step)
-        tables, rpg, cpg, size = t.reshape(1, 1, n), rows, cols, rows * cols
+        tables = t.reshape(1, 1, n)
     else:
-        return None
-    if size < 2 * n:  # a table per few codes: computing it costs what it saves
         return None
     tables = np.ascontiguousarray(tables.astype(store_dtype, copy=False))
     if tables.itemsize not in (2, 4):
@@ -96,4 +124,4 @@ def dequantize(step: Step, x: np.ndarray | PackedRows, scale: np.ndarray,
     out = np.empty((rows, cols), tables.dtype)
     codes = np.ascontiguousarray(x.data if packed else x.view(np.uint8))
     bits = x.bits if packed else 8
-    return out if native.lut_rows(codes, cols, bits, rpg, cpg, tables, out) else None
+    return out if native.lut_rows(codes, cols, bits, *group, tables, out) else None

@@ -74,9 +74,7 @@ class Step:
 
     def arrays(self) -> tuple[np.ndarray, np.ndarray | None]:
         """The whole scale and zero point."""
-        with _LOADING:  # two weights computed at once may share a parameter tensor
-            return (self.scale.numpy(),
-                    None if self.zero_point is None else self.zero_point.numpy())
+        return _load(self.scale), None if self.zero_point is None else _load(self.zero_point)
 
     def params(self, r0: int | None, r1: int | None,
                loaded: tuple[np.ndarray, np.ndarray | None] | None = None
@@ -139,7 +137,10 @@ class Folding:
     def compute(self, r0: int | None = None, r1: int | None = None) -> np.ndarray:
         """The folded value (rows r0:r1 of it when given)."""
         x: np.ndarray | None = None
-        if len(self.steps) == 1:  # a DequantizeLinear of narrow codes: by table
+        rows = (self.shape[0] if r0 is None or r1 is None else r1 - r0) if self.shape else 0
+        cols = self.shape[1] if len(self.shape) == 2 else 0
+        if len(self.steps) == 1 and by_table.takes(  # a DequantizeLinear of narrow codes
+                self.steps[0], self.source.dtype.numpy(), rows, cols):
             if 0 not in self._params:
                 self._params[0] = self.steps[0].arrays()
             scale, zp = self.steps[0].params(r0, r1, self._params[0])
@@ -186,7 +187,7 @@ class Folding:
     def _rows(self, r0: int | None, r1: int | None) -> np.ndarray:
         t = self.source
         if r0 is None or r1 is None:
-            return t.numpy()
+            return _load(t)
         # A source that computes a band of its rows itself (a fused weight's codes)
         rows_of = getattr(t, "rows", None)
         if callable(rows_of):
@@ -196,9 +197,8 @@ class Folding:
             rows = _read_rows(t, et, r0, r1)
             if rows is not None:
                 return rows
-        if self._source_cache is None:
-            with _LOADING:  # in memory already, or unaligned packed rows
-                self._source_cache = t.numpy()
+        if self._source_cache is None:  # in memory already, or unaligned packed rows
+            self._source_cache = _load(t)
         return self._source_cache[r0:r1]
 
     def release(self) -> None:
@@ -239,8 +239,17 @@ class Folding:
 _pool: ThreadPoolExecutor | None = None
 _pool_lock = threading.Lock()
 # onnx_ir's loading of an external tensor is not thread-safe ("The array should be loaded
-# only once"): loads from the fold's threads take turns.
+# only once"): loads from the fold's threads take turns. A lazy tensor (another folded
+# value, a fused weight's codes) is computed outside it: it guards itself, and computing
+# one under this lock nested it (a folded scale of a folded weight hung on its own lock).
 _LOADING = threading.Lock()
+
+
+def _load(t: ir.TensorProtocol) -> np.ndarray:
+    if isinstance(t, ir.LazyTensor):
+        return t.numpy()
+    with _LOADING:
+        return t.numpy()
 
 
 def _helper() -> ThreadPoolExecutor:
@@ -303,20 +312,26 @@ class FoldedTensor(ir.LazyTensor):
     # Read by the data-file writer (dqtool.external_data): written in turns, chunk by
     # chunk, and safe to compute beside another (its loads through onnx_ir take turns on
     # ``_LOADING``), so the writer's threads fold two weights at once (measured on the
-    # fused bench's float16 fold: 5.1 s against 6.1 s one at a time).
+    # fused bench's float16 fold: 5.1 s against 6.1 s one at a time). One folded value
+    # may also be read by another's folding (a folded scale): each computation of it
+    # (written, or read whole) holds its own lock, so two threads never share its
+    # Folding's state; the chunks computed ahead for a write run under the writer's hold.
     streams = True
 
     def __init__(self, folding: Folding, name: str | None = None) -> None:
         self.folding = folding
+        self._computing = threading.RLock()
         et = types.from_dtype(folding.store_dtype)
         super().__init__(self._whole, dtype=et.ir_type, shape=ir.Shape(folding.shape),
                          name=name)
 
     def _whole(self) -> ir.TensorProtocol:
-        try:
-            return ir.Tensor(self.folding.compute(), name=self.name)
-        finally:
-            self.folding.release()
+        with self._computing:
+            try:
+                return ir.Tensor(self.folding.compute(), name=self.name)
+            finally:
+                self.folding.release()
 
     def tofile(self, file) -> None:
-        self.folding.write(piecewise(file))  # in pieces (dqtool.pieces)
+        with self._computing:
+            self.folding.write(piecewise(file))  # in pieces (dqtool.pieces)

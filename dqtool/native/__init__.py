@@ -42,6 +42,10 @@ import sys
 import sysconfig
 import threading
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import numpy as np
 
 SOURCE = Path(__file__).with_name("codes.c")
 VERSION = 3  # dq_native_version() of a build that means what this loader expects
@@ -435,8 +439,8 @@ def write_at(fd: int, data: object, offset: int, turn: Turn | None = None) -> bo
     return True
 
 
-def lut_rows(codes: object, cols: int, bits: int, rows_per_group: int,
-             cols_per_group: int, tables: object, out: object) -> bool:
+def lut_rows(codes: np.ndarray, cols: int, bits: int, rows_per_group: int,
+             cols_per_group: int, tables: np.ndarray, out: np.ndarray) -> bool:
     """``out[r, c] = tables[r // rows_per_group, c // cols_per_group, code(r, c)]`` in C
     without the GIL: True; False where the compiled helper is off (nothing done).
     ``codes``: uint8 rows, one code a byte (``bits`` 8, masked to the table's levels) or
@@ -445,12 +449,24 @@ def lut_rows(codes: object, cols: int, bits: int, rows_per_group: int,
     ``out`` (rows, cols) of the tables' type; all C-contiguous."""
     if transpose_fn() is None:
         return False
-    rows = codes.shape[0]  # type: ignore[attr-defined]
-    _, ncg, levels = tables.shape  # type: ignore[attr-defined]
-    rc = _state["lib"].dq_lut_rows(
-        codes.ctypes.data, rows, cols, bits, rows_per_group,  # type: ignore[attr-defined]
-        cols_per_group, ncg, tables.ctypes.data, levels,  # type: ignore[attr-defined]
-        tables.itemsize, out.ctypes.data)  # type: ignore[attr-defined]
+    import numpy as np
+
+    rows = codes.shape[0]
+    groups, ncg, levels = tables.shape
+    row_bytes = cols if bits == 8 else cols * bits // 8
+    # C trusts every size: each is checked here (a wrong one would read or write past an
+    # array instead of failing).
+    if not (codes.dtype == np.uint8 and codes.ndim == 2 and codes.shape[1] == row_bytes
+            and bits in (2, 4, 8) and rows_per_group > 0 and cols_per_group > 0
+            and groups * rows_per_group >= rows and ncg * cols_per_group >= cols
+            and out.shape == (rows, cols) and out.dtype == tables.dtype
+            and all(a.flags.c_contiguous for a in (codes, tables, out))):
+        raise ValueError(f"dq_lut_rows: arrays that do not fit: codes {codes.shape}, {cols} "
+                         f"codes of {bits} bits a row, tables {tables.shape}, groups of "
+                         f"{rows_per_group} x {cols_per_group}, out {out.shape}")
+    rc = _state["lib"].dq_lut_rows(codes.ctypes.data, rows, cols, bits, rows_per_group,
+                                   cols_per_group, ncg, tables.ctypes.data, levels,
+                                   tables.itemsize, out.ctypes.data)
     if rc < 0:
         raise ValueError(f"dq_lut_rows: {os.strerror(-rc)}")
     return True
