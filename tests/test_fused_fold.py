@@ -146,3 +146,36 @@ def test_fold_text_names_the_rewritten_nodes_not_their_ops(tmp_path):
     assert "1 fused node(s) (dequantization inside the operator) rewritten exactly into " \
            "DequantizeLinear form before folding: gbq" in r.output
     assert "left fused mm: not selected: becomes MatMul, not --op-types Gather" in r.output
+
+
+@pytest.mark.parametrize(("dtype", "store", "want_type"), [
+    (np.float32, "float16", np.float16), (np.float16, "keep", np.float16),
+    (np.float32, "keep", np.float32), (np.float16, "float32", np.float32)])
+def test_float_zero_points_fold_into_one_weight_rounded_once(dtype, store, want_type):
+    # HQQ: the weight is q·s + (-(zp·s)). Folding only q·s (the DequantizeLinear of the
+    # ai.onnx form) and casting it to float16 rounded before the offset: weights near
+    # zero were off by up to a quarter of themselves.
+    rng = np.random.default_rng(7)
+    inputs = nbits_inputs(rng, 96, 16, 4, 32, dtype, "float")
+    bias = rng.random(16).astype(dtype)
+    original = nbits_model(96, 16, 4, 32, inputs, dtype=dtype, bias=bias)
+    folded, report = _fold(original, dtype=store)
+    ops = [n.op_type for n in folded.graph.node]
+    assert ops == (["Cast"] if np.dtype(want_type) != np.dtype(dtype) else []) + ["MatMul", "Add"]
+    [w] = [t for t in folded.graph.initializer if t.name != "bias"]
+    got = onnx.numpy_helper.to_array(w)
+    kernel_w = dqtool.dequantize_matmul_nbits(inputs["B"], inputs["scales"],
+                                              inputs["zero_points"], K=96, N=16, bits=4,
+                                              block_size=32)
+    assert got.dtype == want_type
+    assert np.array_equal(bits_of(got), bits_of(kernel_w.astype(want_type)))
+    [rec] = report.folded
+    assert rec.op == "com.microsoft:MatMulNBits-1" and rec.shape == (96, 16)
+    assert rec.stored_type == np.dtype(want_type).name.replace("float32", "float")
+    assert report.fused == ["mm"]
+    if store == "keep" and dtype == np.float32:
+        # exact: onnxruntime's outputs on the folded model are the original's (a float16
+        # MatMulNBits multiplies the float32 weight and rounds once: docs/fused.md)
+        eye = {"A": np.eye(96, dtype=dtype)}
+        (want,), (y,) = run_ort(original, eye), run_ort(folded, eye)
+        assert np.array_equal(bits_of(y), bits_of(want))

@@ -23,8 +23,10 @@ Each capability is optional (``None``: the family does not offer it):
   that computes a node's value from its constant inputs, and (for an operator that is not a
   plain dequantization, e.g. a fused MatMul) the float operator that replaces the node once
   its weight is a float constant.
-- ``fold_prepare``: ``(model, selection) → (names rewritten, [(name, why) left], output
-  names of the DequantizeLinear nodes made)``, called by ``fold`` before the fold pass to
+- ``fold_prepare``: ``(model, selection, store) → (names rewritten, [(name, why) left],
+  output names of the DequantizeLinear nodes made, [FoldedNode] of nodes it folded
+  itself)`` (``store``: the NumPy type of ``--dtype``, None to keep), called by ``fold``
+  before the fold pass to
   rewrite the family's nodes into forms the pass folds (a fused MatMul into
   DequantizeLinear + MatMul), for a family that folds that way rather than through
   ``fold``. ``selection`` is the fold's ``dqtool.folding.selection.Selection``: a node it
@@ -255,8 +257,9 @@ class Family:
     codecs: Callable[[], Iterable[Codec]] | None = None
     evaluator_ops: Callable[[], Sequence[type[Any]]] | None = None
     fold: Callable[[], FoldSupport] | None = None
-    fold_prepare: Callable[[ir.Model, Any], tuple[list[str], list[tuple[str, str]],
-                                                  list[str]]] | None = None
+    fold_prepare: Callable[[ir.Model, Any, np.dtype | None],
+                           tuple[list[str], list[tuple[str, str]], list[str], list[Any]]
+                           ] | None = None
     converters: Callable[[Registry], None] | None = None
     prunable: frozenset[str] = frozenset()
     lint_facts: Mapping[str, str] = field(default_factory=dict)

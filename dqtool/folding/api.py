@@ -10,10 +10,10 @@ from pathlib import Path
 
 import onnx_ir as ir
 
-from dqtool import families, graph, io
+from dqtool import families, graph, io, types
 from dqtool.errors import UsageError
 from dqtool.folding.dequantize_fold_pass import DequantizeFoldPass
-from dqtool.folding.report import FoldReport
+from dqtool.folding.report import FoldedNode, FoldReport
 from dqtool.folding.selection import Selection
 
 DTYPES = ("keep", "float32", "float16", "bfloat16")
@@ -82,7 +82,7 @@ def fold(
     own_types = {s.node.op_type for s in graph.walk(model)
                  if (f := families.owner(s.node.domain, s.node.op_type)) is not None
                  and f.fold_prepare is not None}
-    unfused, fused_left, made = _prepare(model, selection)
+    unfused, fused_left, made, prefolded = _prepare(model, selection, _DTYPE_NAMES[dtype])
     if made:
         selection = replace(selection, made=frozenset(made))
     fold_pass = DequantizeFoldPass(selection, _DTYPE_NAMES[dtype], prepack_guard)
@@ -90,7 +90,7 @@ def fold(
     model.ir_version = io.lowest_ir_version(model)
     report = FoldReport(
         input=None if src is None else str(src), output=None if target is None else str(target),
-        dry_run=dry_run, dtype=dtype, folded=fold_pass.folded, left=fold_pass.left,
+        dry_run=dry_run, dtype=dtype, folded=prefolded + fold_pass.folded, left=fold_pass.left,
         removed=fold_pass.removed, kept=fold_pass.kept, guarded=fold_pass.guarded,
         fed_op_types=fold_pass.fed_op_types | own_types,
         bytes_before=before,
@@ -109,18 +109,21 @@ def fold(
     return report
 
 
-def _prepare(model: ir.Model, selection: Selection
-             ) -> tuple[list[str], list[tuple[str, str]], list[str]]:
+def _prepare(model: ir.Model, selection: Selection, store: str | None
+             ) -> tuple[list[str], list[tuple[str, str]], list[str], list[FoldedNode]]:
     done: list[str] = []
     left: list[tuple[str, str]] = []
     made: list[str] = []
+    folded: list[FoldedNode] = []
+    dtype = None if store in (None, "keep") else types.by_name(store).dtype
     for family in families.all_families():
         if family.fold_prepare is not None:
-            d, lf, m = family.fold_prepare(model, selection)
+            d, lf, m, f = family.fold_prepare(model, selection, dtype)
             done += d
             left += lf
             made += m
-    return done, left, made
+            folded += f
+    return done, left, made, folded
 
 
 def _output(src: Path | None, out, *, dry_run: bool, in_place: bool) -> Path | None:

@@ -29,11 +29,11 @@ def _evaluator_ops() -> list[type[Any]]:
     return list(evaluator_ops.OPS)
 
 
-def _fold_prepare(model: ir.Model, selection: Any
-                  ) -> tuple[list[str], list[tuple[str, str]], list[str]]:
+def _fold_prepare(model: ir.Model, selection: Any, store: Any = None
+                  ) -> tuple[list[str], list[tuple[str, str]], list[str], list[Any]]:
     from dqtool.families.fused import fold
 
-    return fold.unfuse(model, selection)
+    return fold.unfuse(model, selection, store)
 
 
 def _converters(reg: Registry) -> None:

@@ -18,11 +18,15 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
+import numpy as np
 import onnx_ir as ir
 
-from dqtool import graph
+from dqtool import graph, types
 from dqtool.cleanup import ModelNames
-from dqtool.families.fused import read, to_onnx
+from dqtool.families.fused import arrays, facts, kernel, read, to_onnx
+from dqtool.families.fused.surgery import Builder
+from dqtool.folding.report import FoldedNode
+from dqtool.spec import op_id
 
 # The float op each fused op becomes once folded: what ``--op-types`` matches it by.
 _BECOMES = {"MatMulNBits": "MatMul", "GatherBlockQuantized": "Gather"}
@@ -41,15 +45,18 @@ def why_not(selection: Any, node: ir.Node, spec: object) -> str | None:
     return replace(selection, op_types=()).why_not(node, spec)
 
 
-def unfuse(model: ir.Model, selection: Any = None
-           ) -> tuple[list[str], list[tuple[str, str]], list[str]]:
+def unfuse(model: ir.Model, selection: Any = None, store: np.dtype | None = None
+           ) -> tuple[list[str], list[tuple[str, str]], list[str], list[FoldedNode]]:
     """Rewrite every fused node with a constant weight that ``selection`` picks; returns
     (names rewritten, (name, reason) of those left, output names of the DequantizeLinear
-    nodes made, which the fold must fold)."""
+    nodes made, which the fold must fold, the nodes folded here). ``store``: the type of
+    ``--dtype`` (None: keep); a MatMulNBits with float zero points is folded here, into
+    one weight of it."""
     fresh = ModelNames(model)
     done: list[str] = []
     left: list[tuple[str, str]] = []
     made: list[str] = []
+    folded: list[FoldedNode] = []
     for site in list(graph.walk(model)):
         node = site.node
         if node.graph is None or not read.is_fused(node):
@@ -59,6 +66,18 @@ def unfuse(model: ir.Model, selection: Any = None
         why = why_not(selection, node, spec)
         if why is not None:
             left.append((name, why))
+            continue
+        if spec.op == "MatMulNBits" and spec.zero_point == "float":
+            try:
+                to_onnx.check(spec, 21)
+            except to_onnx.Refusal as e:
+                left.append((name, str(e)))
+                continue
+            old, weight = _fold_float_zero_points(node, spec, fresh, store,
+                                                  site.function is not None)
+            _drop(old)
+            done.append(name)
+            folded.append(_record(name, site.graph, spec, weight))
             continue
         version = max(to_onnx.needed_opset(spec), 21)
         try:
@@ -77,7 +96,59 @@ def unfuse(model: ir.Model, selection: Any = None
     if not any(graph.domain_name(s.node.domain) == "com.microsoft" for s in graph.walk(model)):
         for holder in (model, *model.functions.values()):
             holder.opset_imports.pop("com.microsoft", None)
-    return done, left, made
+    return done, left, made, folded
+
+
+def _record(name: str, where: str, spec: Any, weight: ir.Value) -> FoldedNode:
+    """The fold report's line for a node folded here (as the fold pass records its own)."""
+    out = types.by_name(spec.float_type)
+    store = types.from_ir(weight.dtype)
+    assert store is not None
+    n = 1
+    for d in spec.x_shape:
+        n *= int(d)
+    narrowing = store.bits < out.bits or (store.name != out.name and store.bits == out.bits)
+    return FoldedNode(
+        name=name, graph=where, output=weight.name or "",
+        op=op_id(spec.domain, spec.op, spec.version),
+        quant_type=spec.quant_type, output_type=out.name, stored_type=store.name,
+        shape=tuple(int(d) for d in spec.x_shape), bytes_quantized=facts.bytes_of(spec)[0],
+        bytes_folded=(n * store.bits + 7) // 8,
+        rounding=f"{out.name}→{store.name}" if narrowing else None)
+
+
+def _fold_float_zero_points(node: ir.Node, spec: Any, fresh: Any, store: np.dtype | None,
+                            in_function: bool) -> tuple[list[ir.Value], ir.Value]:
+    """MatMulNBits with float zero points (HQQ) → MatMul of one float weight (+ Add of the
+    bias): the weight onnxruntime multiplies, ``q·s + (-(zp·s))`` in float32 (the
+    kernel's, bit for bit: the ai.onnx form's Add chain computes the same), in A's type,
+    cast once to ``store``. Folding only the DequantizeLinear of that chain (``q·s``) and
+    casting it to float16 rounded ``q·s`` before the offset was added: weights near zero
+    were off by up to a quarter of themselves. Returns (the inputs the node no longer
+    uses, the weight)."""
+    a = graph.input_value(node, 0)
+    bias = graph.input_value(node, 5)
+    k, n = (int(d) for d in spec.x_shape)
+    a_type = types.by_name(spec.float_type).ir_type
+    out = a_type if store is None else types.from_dtype(store).ir_type
+    attrs = {key: node.attributes[key].as_int() for key in ("bits", "block_size")}
+    values = [graph.input_value(node, i) for i in (1, 2, 3)]
+
+    def weight() -> np.ndarray:
+        b_arr, s_arr, z_arr = (arrays.value_array(v) for v in values)
+        w = kernel.dequantize_matmul_nbits(b_arr, s_arr, z_arr, K=k, N=n, **attrs)
+        return w.astype(types.from_ir(out).dtype, copy=False)
+
+    b = Builder(node, fresh, in_function)
+    w = stored = b.constant("weight", out, (k, n), weight)
+    if out != a_type:  # --dtype: stored narrower (or wider), A's type at run time
+        w = b.op("Cast", [w], "cast", {"to": ir.AttrInt64("to", int(a_type))}, a_type, (k, n))
+    y = b.op("MatMul", [a, w], "matmul", dtype=a.dtype)
+    if bias is not None:
+        y = b.op("Add", [y, bias], "bias", dtype=a.dtype)
+    old = [v for v in node.inputs if v is not None]
+    b.finish(y)
+    return old, stored
 
 
 def _drop(values: list[ir.Value]) -> None:
