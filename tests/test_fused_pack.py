@@ -390,3 +390,44 @@ def test_a_conversion_that_fails_after_writing_early_leaves_nothing(tmp_path, mo
     assert len(started) == 1 and started[0].placed  # weights were being written
     assert sorted(p.name for p in tmp_path.iterdir()) == ["src.onnx", "src.onnx.data"]
     assert not [t for t in threading.enumerate() if t.name.startswith("dqtool-external")]
+
+
+def test_pack_of_a_model_object_writes_the_output_it_is_given(tmp_path):
+    # dqtool.pack(model, OUT) packed the model and wrote nothing, saying nothing.
+    rng = np.random.default_rng(21)
+    original = nbits_model(64, 8, 4, 32, nbits_inputs(rng, 64, 8, 4, 32))
+    up = dqtool.upgrade(ir.serde.deserialize_model(original), 21).model
+    out = tmp_path / "p.onnx"
+    report = dqtool.pack(up, out)
+    assert report.written == [str(out)]
+    written = onnx.load(out)
+    assert [n.op_type for n in written.graph.node] == ["MatMulNBits"]
+    assert _nbits_consts(written) == _nbits_consts(original)
+
+
+def test_every_weight_pack_leaves_is_listed_with_why():
+    # upgrade's per-axis rows below opset 21, a table under --no-gather, a weight with two
+    # MatMuls: each was left with "skipped: []" and "0 left".
+    rng = np.random.default_rng(22)
+    original = nbits_model(64, 8, 4, 32, nbits_inputs(rng, 64, 8, 4, 32), opset=13)
+    low = dqtool.upgrade(ir.serde.deserialize_model(original), 13).model
+    report = dqtool.pack(low)
+    assert report.packed == [] and len(report.skipped) == 1
+    assert "feeds Reshape" in report.skipped[0].why and "--opset 21" in report.skipped[0].why
+
+    table = rng.integers(-8, 8, size=(6, 32)).astype(ml_dtypes.int4)
+    gbq = gbq_model(table, (rng.random((6, 1)) + 0.5).astype(np.float32), None, opset=21)
+    up = dqtool.upgrade(ir.serde.deserialize_model(gbq), 21).model
+    report = dqtool.pack(up, gather=False)
+    assert report.packed == [] and [s.why for s in report.skipped] == ["--no-gather"]
+
+    original = nbits_model(64, 8, 4, 32, nbits_inputs(rng, 64, 8, 4, 32))
+    up = dqtool.upgrade(ir.serde.deserialize_model(original), 21).model
+    dq = next(n for n in up.graph if n.op_type == "DequantizeLinear")
+    a = up.graph.inputs[0]
+    second = ir.node("MatMul", [a, dq.outputs[0]], name="second")
+    up.graph.append(second)
+    second.outputs[0].name, second.outputs[0].dtype = "Y2", ir.DataType.FLOAT
+    up.graph.outputs.append(second.outputs[0])
+    report = dqtool.pack(up)
+    assert report.packed == [] and "2 uses" in report.skipped[0].why

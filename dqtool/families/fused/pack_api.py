@@ -26,8 +26,9 @@ def pack(model_or_path: ir.Model | str | os.PathLike, out: str | os.PathLike | N
          while_writing: Callable[[PackReport], None] | None = None) -> PackReport:
     """Rewrite every DequantizeLinear(constant) → MatMul into MatMulNBits and every
     DequantizeLinear(constant table) → Gather into GatherBlockQuantized, with bit-identical
-    weights. A model object is rewritten in place; a path is written to ``out`` (default
-    ``<stem>.packed.onnx``; ``in_place`` writes it back, atomically). ``external_data``,
+    weights. A model object is rewritten in place (and written to ``out`` when given); a
+    path is written to ``out`` (default ``<stem>.packed.onnx``; ``in_place`` writes it
+    back, atomically). ``external_data``,
     ``shard_size``, ``progress``: how the output is written, as for every writer
     (``dqtool.io.save``'s ``external``, ``shard_size``, ``callback``); ``while_writing``
     is called with the report while the data is written (``report.written`` not yet
@@ -60,7 +61,7 @@ def pack(model_or_path: ir.Model | str | os.PathLike, out: str | os.PathLike | N
             report = FusedPackPass(accuracy_level, zero_points, gather)(model)
         model.ir_version = io.lowest_ir_version(model)
         report.model = model
-        if out is not None and src is not None:
+        if out is not None:  # a model object too (it was never written: nothing said so)
             external = True if shard_size is not None else external_data
             report.written = [str(p) for p in io.save(
                 model, out, external=external, shard_size=shard_size, callback=progress,

@@ -98,6 +98,12 @@ def _unsigned_codes(arr: np.ndarray, bits: int, signed: bool) -> np.ndarray:
     return (a + (1 << (bits - 1)) if signed else a).astype(np.uint8)
 
 
+# Below opset 21 upgrade lays a blocked weight out as per-axis rows, reshaped and
+# transposed back: pack does not take that form.
+_LAYOUT_HINT = {op: "; upgrade's per-axis rows (below opset 21) pack after `dqtool upgrade "
+                    "--opset 21` of the original" for op in ("Reshape", "Transpose")}
+
+
 class FusedPackPass:
     """Rewrites the patterns in the module docstring; ``report`` lists what it did."""
 
@@ -121,7 +127,12 @@ class FusedPackPass:
                 continue
             spec = codecs.read_node(node, site.opsets)
             use = _only_use(node.outputs[0])
+            weight = spec.constant and not spec.errors  # a weight left is said, with why
             if use is None:
+                if weight:
+                    self._skip(node, site, f"its output has {len(node.outputs[0].uses())} "
+                               "uses (or is a graph output): pack takes a weight feeding one "
+                               "MatMul or Gather")
                 continue
             consumer, idx = use
             try:
@@ -136,11 +147,15 @@ class FusedPackPass:
                     how, old = self._gather(node, spec, consumer)
                     op = "GatherBlockQuantized"
                 else:
-                    continue
+                    raise NoMatch("--no-gather" if consumer.op_type == "Gather" else "")
             except NoMatch as e:
                 if str(e):
-                    self.report.skipped.append(Skipped(node.name or "<unnamed>", site.graph,
-                                                       str(e)))
+                    self._skip(node, site, str(e))
+                elif weight:  # not a pattern pack knows: said, with what it feeds
+                    self._skip(node, site, f"it feeds {consumer.op_type} (input {idx}): "
+                               "pack takes DequantizeLinear → MatMul (as its B), the float "
+                               "zero-point chain upgrade writes, or → Gather (as its table)"
+                               + _LAYOUT_HINT.get(consumer.op_type, ""))
                 continue
             replaced.extend(old)
             self.report.packed.append(Packed(node.name or "<unnamed>", site.graph, op, how))
@@ -151,6 +166,9 @@ class FusedPackPass:
                 if any(n.domain == "com.microsoft" for n in fn):
                     fn.opset_imports.setdefault("com.microsoft", 1)
         return self.report
+
+    def _skip(self, node: ir.Node, site: graph.Site, why: str) -> None:
+        self.report.skipped.append(Skipped(node.name or "<unnamed>", site.graph, why))
 
     # --- DequantizeLinear → MatMul ---------------------------------------------------
 
