@@ -270,8 +270,13 @@ def commit(folder: Path, parent: Path, out_name: str, keep: Iterable[Path] = ())
         if renames:
             _rename_locations(model_tmp, renames)
         placed = []
+        # A replaced model's new data files take its permissions too (a private model's
+        # weights were left world-readable beside it).
+        mode = stat.S_IMODE(os.stat(out).st_mode) if out.is_file() else None
         for f in data:
             target = parent / renames.get(f.name, f.name)
+            if mode is not None:
+                os.chmod(f, mode)
             _place(f, target)
             placed.append(target)
         _put_model(model_tmp, out)

@@ -144,6 +144,20 @@ def test_in_place_with_another_output_is_refused_before_anything_is_written(tmp_
     assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before
 
 
+@pytest.mark.parametrize("command", [["upgrade", "--opset", "23"], ["fold"]])
+def test_a_replaced_private_models_data_stays_private(tmp_path, command):
+    # The model kept 600, its new data file came out 644 (world-readable weights).
+    src = _model(tmp_path / "m.onnx", external=True)
+    for p in tmp_path.iterdir():
+        os.chmod(p, 0o600)
+    res = _run(command[0], str(src), *command[1:], "--in-place")
+    assert res.returncode == 0, res.stderr
+    files = sorted(tmp_path.iterdir())
+    assert len(files) == 2 and any(p.name.endswith(".data") for p in files)
+    assert {p.name: stat.S_IMODE(os.stat(p).st_mode) for p in files} == {
+        p.name: 0o600 for p in files}
+
+
 def test_a_replaced_model_keeps_its_permissions(tmp_path):
     src = _model(tmp_path / "m.onnx")
     os.chmod(src, 0o600)
