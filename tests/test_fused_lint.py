@@ -24,8 +24,24 @@ def test_non_onnxruntime_targets_flag_fused_ops(fused_path, target):
     report = dqtool.lint(fused_path, target=target)
     found = [f for f in report.findings if f.code == "DQ109"]
     assert len(found) == 1 and found[0].node == "mm" and found[0].severity == "error"
-    assert "`dqtool upgrade --opset 21`" in found[0].fix and "`dqtool fold`" in found[0].fix
+    # an onnx-opset-N target's fix lands on N (upgrading to 21 for a target of 17 left
+    # the target's other findings); the others take the lowest opset that expresses it
+    command = "`dqtool downgrade --opset 17`" if target == "onnx-opset-17" else \
+        "`dqtool upgrade --opset 21`"
+    assert command in found[0].fix and "`dqtool fold`" in found[0].fix
     assert report.exit_code == 1
+
+
+@pytest.mark.parametrize("target", [13, 17, 19, 21, 25])
+def test_the_fix_of_an_opset_target_leaves_a_model_it_runs(fused_path, tmp_path, target):
+    [found] = [f for f in dqtool.lint(fused_path, target=f"onnx-opset-{target}").findings
+               if f.code == "DQ109"]
+    verb = "downgrade" if target < 21 else "upgrade"
+    assert f"`dqtool {verb} --opset {target}`" in found.fix
+    out = tmp_path / "fixed.onnx"
+    (dqtool.downgrade if target < 21 else dqtool.upgrade)(fused_path, target, out)
+    report = dqtool.lint(out, target=f"onnx-opset-{target}")
+    assert [f.code for f in report.findings if f.severity == "error"] == []
 
 
 @pytest.mark.parametrize("target", ["onnxruntime", "onnxruntime-1.32"])

@@ -84,20 +84,38 @@ def target_findings(ctx: ModelContext, target: str) -> Iterator[Finding]:
         yield ctx.finding(
             RULE, "error", f"{target} cannot run it: com.microsoft {node.op_type} (weight "
             f"{spec.quant_type} dequantized inside the operator) is an onnxruntime contrib "
-            "op", target=target, node=name, where=site.graph, fix=_fix(spec, opset))
+            "op", target=target, node=name, where=site.graph,
+            fix=_fix(spec, opset, _target_opset(target)))
 
 
-def _fix(spec, opset: int) -> str | None:
+def _target_opset(target: str) -> int | None:
+    """N of an ``onnx-opset-N`` target: the opset a fix must land on."""
+    head, _, n = target.rpartition("-")
+    return int(n) if head == "onnx-opset" and n.isdigit() else None
+
+
+def _fix(spec, opset: int, target: int | None = None) -> str | None:
+    """The commands that make the node portable. For an ``onnx-opset-N`` target, the
+    conversion lands on N (a fix that upgraded past it left other findings: measured by a
+    trial running each suggested command); otherwise on the lowest opset at or above the
+    model's that expresses the node."""
+    from dqtool.families.fused.facts import lowest_onnx_opset
     from dqtool.families.fused.to_onnx import Refusal, check
 
     ways = []
-    need = max(needed_opset(spec), opset)
-    try:
-        check(spec, need)
-        ways.append(f"`dqtool upgrade --opset {need}` (ai.onnx DequantizeLinear + "
-                    f"{'MatMul' if spec.op == 'MatMulNBits' else 'Gather'}, exact)")
-    except Refusal:
-        pass
+    form = f"ai.onnx DequantizeLinear + {'MatMul' if spec.op == 'MatMulNBits' else 'Gather'}"
+    if target is not None:
+        lowest = lowest_onnx_opset(spec)
+        if lowest is not None and lowest <= target:
+            verb = "upgrade" if target >= opset else "downgrade"
+            ways.append(f"`dqtool {verb} --opset {target}` ({form}, exact)")
+    else:
+        need = max(needed_opset(spec), opset)
+        try:
+            check(spec, need)
+            ways.append(f"`dqtool upgrade --opset {need}` ({form}, exact)")
+        except Refusal:
+            pass
     if spec.constant and ort_facts.g_idx_refusal(spec.g_idx, spec.zero_point) is None:
         ways.append("`dqtool fold` (float weights)")
     return ", or ".join(ways) or None
