@@ -431,3 +431,19 @@ def test_every_weight_pack_leaves_is_listed_with_why():
     up.graph.outputs.append(second.outputs[0])
     report = dqtool.pack(up)
     assert report.packed == [] and "2 uses" in report.skipped[0].why
+
+
+@pytest.mark.parametrize(("given", "want"), [(None, 4), (0, None), (1, 1)])
+def test_upgrade_then_pack_keeps_accuracy_level_unless_told(tmp_path, given, want):
+    # upgrade → pack dropped accuracy_level=4, changing onnxruntime's outputs; check took
+    # the difference for onnxruntime's own rounding.
+    rng = np.random.default_rng(23)
+    original = nbits_model(64, 8, 4, 32, nbits_inputs(rng, 64, 8, 4, 32), accuracy_level=4)
+    src, up = tmp_path / "m.onnx", tmp_path / "u.onnx"
+    onnx.save(original, src)
+    dqtool.upgrade(src, 21, up)  # through a file: the note is saved with the model
+    out = tmp_path / "p.onnx"
+    dqtool.pack(up, out, accuracy_level=given)
+    node = _node(onnx.load(out), "MatMulNBits")
+    attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+    assert attrs.get("accuracy_level") == want

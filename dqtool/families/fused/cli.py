@@ -12,17 +12,18 @@ from dqtool.cli.options import parse_size, progress_bar, writer_options
 @click.command("pack")
 @click.argument("model", type=click.Path(dir_okay=True, path_type=str))
 @writer_options("<stem>.packed.onnx next to MODEL")
-@click.option("--accuracy-level", type=click.IntRange(0, 4), default=0, show_default=True,
+@click.option("--accuracy-level", type=click.IntRange(0, 4), default=None,
               help="MatMulNBits accuracy_level written (0 leaves it out; >0 lets "
-              "onnxruntime quantize or downcast A, so outputs change by design).")
+              "onnxruntime quantize or downcast A, so outputs change by design). Default: "
+              "the level upgrade noted from the original MatMulNBits, else none.")
 @click.option("--zero-points", type=click.Choice(["auto", "packed"]), default="auto",
               show_default=True, help="auto: leave zero points out when all are "
               "2^(bits-1) (onnxruntime's symmetric form); packed: always write them.")
 @click.option("--no-gather", is_flag=True, help="Leave DequantizeLinear → Gather alone.")
 @click.pass_obj
 @user_errors
-def pack_cmd(app: App, model: str, out: str | None, accuracy_level: int, zero_points: str,
-             no_gather: bool, as_json: bool, in_place: bool, external_data: bool,
+def pack_cmd(app: App, model: str, out: str | None, accuracy_level: int | None,
+             zero_points: str, no_gather: bool, as_json: bool, in_place: bool, external_data: bool,
              shard_size: str | None, progress: bool | None) -> None:
     """Turn DequantizeLinear(constant) → MatMul into com.microsoft MatMulNBits and
     DequantizeLinear(constant table) → Gather into GatherBlockQuantized.

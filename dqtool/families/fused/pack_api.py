@@ -20,15 +20,16 @@ def default_output(src: str | os.PathLike) -> Path:
 
 
 def pack(model_or_path: ir.Model | str | os.PathLike, out: str | os.PathLike | None = None, *,
-         accuracy_level: int = 0, zero_points: str = "auto", gather: bool = True,
+         accuracy_level: int | None = None, zero_points: str = "auto", gather: bool = True,
          in_place: bool = False, external_data: bool | None = None,
          shard_size: int | None = None, progress: Any = None,
          while_writing: Callable[[PackReport], None] | None = None) -> PackReport:
     """Rewrite every DequantizeLinear(constant) → MatMul into MatMulNBits and every
     DequantizeLinear(constant table) → Gather into GatherBlockQuantized, with bit-identical
-    weights. A model object is rewritten in place (and written to ``out`` when given); a
-    path is written to ``out`` (default ``<stem>.packed.onnx``; ``in_place`` writes it
-    back, atomically). ``external_data``,
+    weights. ``accuracy_level``: the MatMulNBits attribute written; None: the level
+    ``upgrade`` noted from the original node, else none. A model object is rewritten in
+    place (and written to ``out`` when given); a path is written to ``out`` (default
+    ``<stem>.packed.onnx``; ``in_place`` writes it back, atomically). ``external_data``,
     ``shard_size``, ``progress``: how the output is written, as for every writer
     (``dqtool.io.save``'s ``external``, ``shard_size``, ``callback``); ``while_writing``
     is called with the report while the data is written (``report.written`` not yet
@@ -36,7 +37,7 @@ def pack(model_or_path: ir.Model | str | os.PathLike, out: str | os.PathLike | N
     from dqtool import external_data as external_data_writer
     from dqtool import io
 
-    if accuracy_level not in (0, 1, 2, 3, 4):
+    if accuracy_level not in (None, 0, 1, 2, 3, 4):
         raise UsageError(f"--accuracy-level must be 0..4, got {accuracy_level}")
     if zero_points not in ("auto", "packed"):
         raise UsageError(f"--zero-points must be auto or packed, got {zero_points!r}")

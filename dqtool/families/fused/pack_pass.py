@@ -107,7 +107,7 @@ _LAYOUT_HINT = {op: "; upgrade's per-axis rows (below opset 21) pack after `dqto
 class FusedPackPass:
     """Rewrites the patterns in the module docstring; ``report`` lists what it did."""
 
-    def __init__(self, accuracy_level: int = 0, zero_points: str = "auto",
+    def __init__(self, accuracy_level: int | None = None, zero_points: str = "auto",
                  gather: bool = True) -> None:
         if zero_points not in ("auto", "packed"):
             raise ValueError(f"zero_points must be auto or packed, got {zero_points!r}")
@@ -266,7 +266,7 @@ class FusedPackPass:
                                      lambda: packing.pack(zps(), bits, 1 << (bits - 1))))
         if bias is not None:
             inputs += [None] * (5 - len(inputs)) + [bias]
-        y = self._mnb(b, inputs, k, n, bits, block)
+        y = self._mnb(b, inputs, k, n, bits, block, dq)
         old = [v for v in dq.inputs if v is not None]
         b.nodes.append(y.producer())
         b.finish(y)
@@ -306,10 +306,17 @@ class FusedPackPass:
             return None, None
         return other, add
 
-    def _mnb(self, b: Builder, inputs, k, n, bits, block) -> ir.Value:
+    def _mnb(self, b: Builder, inputs, k, n, bits, block, dq: ir.Node) -> ir.Value:
+        from dqtool.families.fused.to_onnx import ACCURACY_KEY
+
         attrs = {"K": k, "N": n, "bits": bits, "block_size": block}
-        if self.accuracy_level:
-            attrs["accuracy_level"] = self.accuracy_level
+        # Unless told, the level upgrade noted from the original MatMulNBits (dropping it
+        # changed onnxruntime's outputs, and check took that for its own rounding).
+        noted = dq.metadata_props.get(ACCURACY_KEY, "0")
+        level = self.accuracy_level if self.accuracy_level is not None else \
+            int(noted) if noted in ("1", "2", "3", "4") else 0
+        if level:
+            attrs["accuracy_level"] = level
         node = ir.node("MatMulNBits", inputs, attrs, domain="com.microsoft",
                        name=f"{b.base}/nbits")
         out = node.outputs[0]
@@ -393,7 +400,7 @@ class FusedPackPass:
         inputs: list[ir.Value | None] = [a, bq, s, z]
         if bias is not None:
             inputs += [None, bias]
-        y = self._mnb(b, inputs, k, n, bits, block)
+        y = self._mnb(b, inputs, k, n, bits, block, dq)
         b.nodes.append(y.producer())
         b.finish(y)
         chain = [mm, tail, last, add, neg, mul, reshape, dq, mul.inputs[0].producer(),

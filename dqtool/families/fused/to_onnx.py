@@ -105,6 +105,9 @@ _WIDE = {ir.DataType.UINT4: (ir.DataType.UINT8, np.uint8),
 
 
 BITS_KEY = "dqtool.fused.bits"
+# The original MatMulNBits' accuracy_level (> 0), on its DequantizeLinear: pack writes it
+# back unless told another.
+ACCURACY_KEY = "dqtool.fused.accuracy_level"
 _NARROW_BITS = {ir.DataType.UINT4: 4, ir.DataType.INT4: 4, ir.DataType.UINT2: 2,
                 ir.DataType.INT2: 2}
 
@@ -307,6 +310,9 @@ def rewrite(node: ir.Node, opsets: dict[str, int], target: int, fresh,
     old_inputs = [v for v in node.inputs if v is not None]
     if spec.op == "MatMulNBits":
         y, how = matmul_nbits(node, spec, b, unpacked)
+        if spec.accuracy_level > 0:
+            for dq in (n for n in b.nodes if n.op_type == "DequantizeLinear"):
+                dq.metadata_props[ACCURACY_KEY] = str(spec.accuracy_level)
     else:
         y, how = gather_block_quantized(node, spec, b)
     if target < native_opset(spec) and _widen(b):
