@@ -209,3 +209,5 @@ def test_op_types_of_a_fused_node_select_it_without_a_warning():
     assert doc["summary"]["folded"] == 2 and len(doc["fused_left"]) == 1  # the Gather
     res = run("fold", str(src), "--op-types", "Matmulnbits", "--dry-run")
     assert res.exit_code == 0 and "did you mean MatMulNBits?" in res.stderr
+    res = run("fold", str(src), "--op-types", "MatMulNBits", "--dry-run")
+    assert "0 left (0 refused), 1 fused left;" in res.stdout  # the Gather, counted

@@ -41,7 +41,8 @@ def render(app: App, report) -> None:
         _line(app, f"left fused {name}: {why}")
     _line(app,
         f"{len(report.folded)} {verb}, {len(report.left)} left ({len(report.refused)} "
-        f"refused); initializers {_size(report.bytes_before)} → {_size(report.bytes_after)}; "
+        f"refused)" + (f", {len(report.fused_left)} fused left" if report.fused_left else "")
+        + f"; initializers {_size(report.bytes_before)} → {_size(report.bytes_after)}; "
         f"removed {len(report.removed)}, kept {len(report.kept)} still used"
         + (f"; {report.guarded} prepack-guarded" if report.guarded else ""))
     if report.files:
