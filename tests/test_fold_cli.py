@@ -211,3 +211,20 @@ def test_op_types_of_a_fused_node_select_it_without_a_warning():
     assert res.exit_code == 0 and "did you mean MatMulNBits?" in res.stderr
     res = run("fold", str(src), "--op-types", "MatMulNBits", "--dry-run")
     assert "0 left (0 refused), 1 fused left;" in res.stdout  # the Gather, counted
+
+
+def test_a_model_object_with_external_data_folds_to_external_data(tmp_path):
+    # dqtool.fold(ir.load(m), OUT) wrote OUT inline (its tensors, all replaced, no longer
+    # said where they came from), where dqtool.upgrade of the same object wrote OUT.data.
+    import onnx_ir as ir
+
+    import dqtool
+
+    src = big_model(tmp_path)
+    assert (tmp_path / "big.onnx.data").exists()
+    out = tmp_path / "o" / "f.onnx"
+    out.parent.mkdir()
+    report = dqtool.fold(ir.load(src), out)
+    assert report.external_data and sorted(p.name for p in out.parent.iterdir()) == [
+        "f.onnx", "f.onnx.data"]
+    assert report.files == [str(out.parent / "f.onnx.data"), str(out)]

@@ -76,6 +76,9 @@ def fold(
         model = io.load(src)
     target = _output(src, out, dry_run=dry_run, in_place=in_place)
     before = io.tensor_bytes(model)
+    # Read before the fold replaces them: a model object that used external data keeps
+    # it (a file loaded by dqtool remembers that; an onnx_ir model did not: written inline)
+    used_external = io.external_choice(model, None)
     # Families that fold by rewriting first (MatMulNBits / GatherBlockQuantized into
     # DequantizeLinear + MatMul / Gather, exactly), then the pass folds the result.
     # Those nodes answer to --op-types by their own op type too (fused.fold.why_not).
@@ -100,6 +103,8 @@ def fold(
     )
     if target is not None:
         external = True if shard_size is not None else (external_data or None)
+        if external is None and used_external:
+            external = True
         report.external_data = io.external_choice(model, external)
         written = io.save(model, target, external=external, shard_size=shard_size,
                           callback=progress)
