@@ -126,3 +126,16 @@ def test_g_idx_and_accuracy_level_are_reported_below_error(tmp_path):
     assert sorted((f.code, f.severity) for f in report.findings) == [
         ("FU005", "warning"), ("FU006", "info")]
     assert report.exit_code == 0
+
+
+def test_lint_of_a_model_object_says_it_takes_paths(fused_path):
+    # It raised a raw OSError ("File name too long") on the model's repr.
+    import onnx_ir as ir
+
+    from dqtool.errors import UsageError
+
+    model = ir.load(fused_path)
+    for arg in (model, [model], [fused_path, model]):
+        with pytest.raises(UsageError, match="lint takes model paths, got Model"):
+            dqtool.lint(arg)
+    assert dqtool.lint((fused_path,)).exit_code == 0

@@ -43,8 +43,12 @@ def lint(
     "DQ101"); arguments override ``config`` (the [tool.dqtool.lint] table, if passed).
     Unreadable models raise ``InputError``; an unknown target, or a code or prefix that
     matches no rule, ``UsageError``. Every path is checked before any model is linted."""
-    if isinstance(paths, (str, os.PathLike)):
-        paths = [paths]
+    if isinstance(paths, (str, os.PathLike)) or not isinstance(paths, Sequence):
+        paths = [paths]  # type: ignore[list-item]
+    for p in paths:  # a model object (or a list of them) fails clearly, not on its repr
+        if not isinstance(p, (str, os.PathLike)):
+            raise UsageError(f"lint takes model paths, got {type(p).__name__}: save the "
+                             "model first (dqtool.save)")
     cfg = config or LintConfig()
     known = registry.load()
     where = f"{cfg.source}: [tool.dqtool.lint] " if cfg.source else "[tool.dqtool.lint] "
