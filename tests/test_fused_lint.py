@@ -139,3 +139,11 @@ def test_lint_of_a_model_object_says_it_takes_paths(fused_path):
         with pytest.raises(UsageError, match="lint takes model paths, got Model"):
             dqtool.lint(arg)
     assert dqtool.lint((fused_path,)).exit_code == 0
+
+
+def test_lint_takes_any_iterable_of_paths(fused_path):
+    # A generator (Path.glob) was refused as if it were a model object.
+    folder = fused_path.parent
+    report = dqtool.lint(folder.glob("*.onnx"))
+    assert report.exit_code == 0 and len(report.inputs) == 1
+    assert dqtool.lint({fused_path}).exit_code == 0

@@ -447,3 +447,17 @@ def test_upgrade_then_pack_keeps_accuracy_level_unless_told(tmp_path, given, wan
     node = _node(onnx.load(out), "MatMulNBits")
     attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
     assert attrs.get("accuracy_level") == want
+
+
+def test_pack_of_an_onnx_ir_model_that_used_external_data_writes_external_data(tmp_path):
+    # It wrote the output inline: its new tensors no longer said where the model came from.
+    rng = np.random.default_rng(24)
+    original = nbits_model(256, 64, 4, 32, nbits_inputs(rng, 256, 64, 4, 32))
+    up = dqtool.upgrade(ir.serde.deserialize_model(original), 21).model
+    src = tmp_path / "u.onnx"
+    ir.save(up, src, external_data="u.onnx.data")
+    out = tmp_path / "o" / "p.onnx"
+    out.parent.mkdir()
+    report = dqtool.pack(ir.load(src), out)
+    assert sorted(p.name for p in out.parent.iterdir()) == ["p.onnx", "p.onnx.data"]
+    assert report.written[-1] == str(out)

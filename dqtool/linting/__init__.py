@@ -43,8 +43,9 @@ def lint(
     "DQ101"); arguments override ``config`` (the [tool.dqtool.lint] table, if passed).
     Unreadable models raise ``InputError``; an unknown target, or a code or prefix that
     matches no rule, ``UsageError``. Every path is checked before any model is linted."""
-    if isinstance(paths, (str, os.PathLike)) or not isinstance(paths, Sequence):
+    if isinstance(paths, (str, os.PathLike)) or not isinstance(paths, Iterable):
         paths = [paths]  # type: ignore[list-item]
+    paths = list(paths)  # a generator (Path.glob) is read once
     for p in paths:  # a model object (or a list of them) fails clearly, not on its repr
         if not isinstance(p, (str, os.PathLike)):
             raise UsageError(f"lint takes model paths, got {type(p).__name__}: save the "

@@ -50,8 +50,11 @@ def unfuse(model: ir.Model, selection: Any = None, store: np.dtype | None = None
     """Rewrite every fused node with a constant weight that ``selection`` picks; returns
     (names rewritten, (name, reason) of those left, output names of the DequantizeLinear
     nodes made, which the fold must fold, the nodes folded here). ``store``: the type of
-    ``--dtype`` (None: keep); a MatMulNBits with float zero points is folded here, into
-    one weight of it."""
+    ``--dtype`` (None: keep). A MatMulNBits with float zero points is rewritten into its
+    ai.onnx form (a DequantizeLinear of ``q·s`` and an Add chain of the offsets, computed
+    in float32), whose DequantizeLinear the fold streams; only a ``--dtype`` narrower than
+    float32 folds it here instead, into one weight of that type (rounding ``q·s`` to it
+    before the offsets were added put weights near zero off by up to a quarter)."""
     fresh = ModelNames(model)
     done: list[str] = []
     left: list[tuple[str, str]] = []
@@ -67,7 +70,8 @@ def unfuse(model: ir.Model, selection: Any = None, store: np.dtype | None = None
         if why is not None:
             left.append((name, why))
             continue
-        if spec.op == "MatMulNBits" and spec.zero_point == "float":
+        if spec.op == "MatMulNBits" and spec.zero_point == "float" and store is not None \
+                and np.dtype(store) != np.float32:
             try:
                 to_onnx.check(spec, 21)
             except to_onnx.Refusal as e:
@@ -119,13 +123,13 @@ def _record(name: str, where: str, spec: Any, weight: ir.Value) -> FoldedNode:
 
 def _fold_float_zero_points(node: ir.Node, spec: Any, fresh: Any, store: np.dtype | None,
                             in_function: bool) -> tuple[list[ir.Value], ir.Value]:
-    """MatMulNBits with float zero points (HQQ) → MatMul of one float weight (+ Add of the
-    bias): the weight onnxruntime multiplies, ``q·s + (-(zp·s))`` in float32 (the
-    kernel's, bit for bit: the ai.onnx form's Add chain computes the same), in A's type,
-    cast once to ``store``. Folding only the DequantizeLinear of that chain (``q·s``) and
-    casting it to float16 rounded ``q·s`` before the offset was added: weights near zero
-    were off by up to a quarter of themselves. Returns (the inputs the node no longer
-    uses, the weight)."""
+    """MatMulNBits with float zero points (HQQ) → Cast of one weight of ``store`` →
+    MatMul (+ Add of the bias): the weight onnxruntime multiplies, ``q·s + (-(zp·s))`` in
+    float32 (the kernel's, bit for bit: the ai.onnx form's Add chain computes the same),
+    in A's type, cast once to ``store``. Computed whole when saved (not streamed: a weight
+    of K x N takes ~13 bytes an element at its peak); behind its Cast or an Identity
+    onnxruntime does not prepack it. Returns (the inputs the node no longer uses, the
+    weight)."""
     a = graph.input_value(node, 0)
     bias = graph.input_value(node, 5)
     k, n = (int(d) for d in spec.x_shape)
@@ -141,8 +145,11 @@ def _fold_float_zero_points(node: ir.Node, spec: Any, fresh: Any, store: np.dtyp
 
     b = Builder(node, fresh, in_function)
     w = stored = b.constant("weight", out, (k, n), weight)
-    if out != a_type:  # --dtype: stored narrower (or wider), A's type at run time
+    if out != a_type:  # --dtype: stored narrower, A's type at run time
         w = b.op("Cast", [w], "cast", {"to": ir.AttrInt64("to", int(a_type))}, a_type, (k, n))
+    else:  # a constant B onnxruntime would prepack, summing in another order (the fold
+        # pass's prepack guard, as for the weights it folds itself)
+        w = b.op("Identity", [w], "noprepack", dtype=a_type, shape=(k, n))
     y = b.op("MatMul", [a, w], "matmul", dtype=a.dtype)
     if bias is not None:
         y = b.op("Add", [y, bias], "bias", dtype=a.dtype)

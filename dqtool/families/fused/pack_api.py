@@ -53,6 +53,9 @@ def pack(model_or_path: ir.Model | str | os.PathLike, out: str | os.PathLike | N
         model = io.load(src)
     if in_place and src is None:
         raise UsageError("in_place needs a path")
+    # Read before the pass replaces the weights: a model object that used external data
+    # keeps it (an onnx_ir model does not say so once its tensors are new), as fold does.
+    used_external = io.external_choice(model, None)
     # The data file is written as the pass makes the packed weights (``Eager``).
     eager = io.start_eager(model, out, progress) if out is not None and src is not None \
         and shard_size is None and external_data is not False \
@@ -64,6 +67,8 @@ def pack(model_or_path: ir.Model | str | os.PathLike, out: str | os.PathLike | N
         report.model = model
         if out is not None:  # a model object too (it was never written: nothing said so)
             external = True if shard_size is not None else external_data
+            if external is None and used_external:
+                external = True
             report.written = [str(p) for p in io.save(
                 model, out, external=external, shard_size=shard_size, callback=progress,
                 prefill=eager,
