@@ -35,7 +35,8 @@ def render(app: App, report) -> None:
     if report.fused:
         # Which ops these are is the family's business: the line names the nodes.
         _line(app, f"{len(report.fused)} fused node(s) (dequantization inside the operator) "
-                   f"rewritten exactly into DequantizeLinear form before folding: "
+                   f"rewritten exactly into DequantizeLinear form before folding (or "
+                   f"folded whole, listed above): "
                    f"{_some(report.fused)}")
     for name, why in report.fused_left:
         _line(app, f"left fused {name}: {why}")

@@ -23,7 +23,7 @@ import onnx_ir as ir
 
 from dqtool import graph, types
 from dqtool.cleanup import ModelNames
-from dqtool.families.fused import arrays, facts, kernel, read, to_onnx
+from dqtool.families.fused import arrays, kernel, read, to_onnx
 from dqtool.families.fused.surgery import Builder
 from dqtool.folding.report import FoldedNode
 from dqtool.spec import op_id
@@ -116,7 +116,8 @@ def _record(name: str, where: str, spec: Any, weight: ir.Value) -> FoldedNode:
         name=name, graph=where, output=weight.name or "",
         op=op_id(spec.domain, spec.op, spec.version),
         quant_type=spec.quant_type, output_type=out.name, stored_type=store.name,
-        shape=tuple(int(d) for d in spec.x_shape), bytes_quantized=facts.bytes_of(spec)[0],
+        shape=tuple(int(d) for d in spec.x_shape),
+        bytes_quantized=graph.stored_bytes("uint8", spec.stored_shape),  # B, as the pass
         bytes_folded=(n * store.bits + 7) // 8,
         rounding=f"{out.name}→{store.name}" if narrowing else None)
 

@@ -147,7 +147,8 @@ class FusedPackPass:
                     how, old = self._gather(node, spec, consumer)
                     op = "GatherBlockQuantized"
                 else:
-                    raise NoMatch("--no-gather" if consumer.op_type == "Gather" else "")
+                    raise NoMatch("--no-gather" if consumer.op_type == "Gather" and weight
+                                  else "")
             except NoMatch as e:
                 if str(e):
                     self._skip(node, site, str(e))
