@@ -85,7 +85,7 @@ def target_findings(ctx: ModelContext, target: str) -> Iterator[Finding]:
             RULE, "error", f"{target} cannot run it: com.microsoft {node.op_type} (weight "
             f"{spec.quant_type} dequantized inside the operator) is an onnxruntime contrib "
             "op", target=target, node=name, where=site.graph,
-            fix=_fix(spec, opset, _target_opset(target)))
+            fix=_fix(spec, opset, _target_opset(target), recheck=True))
 
 
 def _target_opset(target: str) -> int | None:
@@ -94,11 +94,13 @@ def _target_opset(target: str) -> int | None:
     return int(n) if head == "onnx-opset" and n.isdigit() else None
 
 
-def _fix(spec, opset: int, target: int | None = None) -> str | None:
+def _fix(spec, opset: int, target: int | None = None, recheck: bool = False) -> str | None:
     """The commands that make the node portable. For an ``onnx-opset-N`` target, the
     conversion lands on N (a fix that upgraded past it left other findings: measured by a
     trial running each suggested command); otherwise on the lowest opset at or above the
-    model's that expresses the node."""
+    model's that expresses the node, and with ``recheck`` (a target with its own limits
+    on DequantizeLinear: DirectML, oneDNN Graph, opmx) the fix says that the node it
+    makes is linted against them in turn (a trial found DQ101/DQ103/DQ107 after it)."""
     from dqtool.families.fused.facts import lowest_onnx_opset
     from dqtool.families.fused.to_onnx import Refusal, check
 
@@ -113,7 +115,9 @@ def _fix(spec, opset: int, target: int | None = None) -> str | None:
         need = max(needed_opset(spec), opset)
         try:
             check(spec, need)
-            ways.append(f"`dqtool upgrade --opset {need}` ({form}, exact)")
+            then = "; then lint it again: this target has its own limits on DequantizeLinear" \
+                if recheck else ""
+            ways.append(f"`dqtool upgrade --opset {need}` ({form}, exact{then})")
         except Refusal:
             pass
     if spec.constant and ort_facts.g_idx_refusal(spec.g_idx, spec.zero_point) is None:
