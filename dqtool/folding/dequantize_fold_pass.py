@@ -7,7 +7,7 @@ import onnx_ir as ir
 from dqtool import cleanup, codecs, families, graph, types
 from dqtool.folding.compute import FoldedTensor, Folding
 from dqtool.folding.plan import not_constant_reason, plan
-from dqtool.folding.report import FoldedNode, LeftNode
+from dqtool.folding.report import FoldedNode, LeftNode, rounding
 from dqtool.folding.selection import Selection
 
 # Inputs onnxruntime prepacks when they are constant initializers: its GEMM then sums in
@@ -208,7 +208,6 @@ class DequantizeFoldPass(ir.passes.InPlacePass):
     def _record(self, name: str, site: graph.Site, spec, folding: Folding) -> FoldedNode:
         store = types.from_dtype(folding.store_dtype)
         out = types.from_dtype(folding.out_dtype)
-        narrowing = store.bits < out.bits or (store.name != out.name and store.bits == out.bits)
         n = 1
         for d in folding.shape:
             n *= d
@@ -221,5 +220,5 @@ class DequantizeFoldPass(ir.passes.InPlacePass):
             op=spec.op_id, quant_type=spec.quant_type,
             output_type=out.name, stored_type=store.name, shape=folding.shape,
             bytes_quantized=stored, bytes_folded=(n * store.bits + 7) // 8, pair=pair,
-            rounding=f"{out.name}→{store.name}" if narrowing else None,
+            rounding=rounding(out, store),
         )

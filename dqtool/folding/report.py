@@ -3,9 +3,19 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import onnx_ir as ir
+
+if TYPE_CHECKING:
+    from dqtool import types
+
+
+def rounding(out: types.ElemType, store: types.ElemType) -> str | None:
+    """``FoldedNode.rounding``: "float→float16" when ``--dtype`` stores a type that cannot
+    hold every value of the node's own type, else None."""
+    narrowing = store.bits < out.bits or (store.name != out.name and store.bits == out.bits)
+    return f"{out.name}→{store.name}" if narrowing else None
 
 
 @dataclass(frozen=True)

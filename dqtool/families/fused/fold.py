@@ -25,7 +25,7 @@ from dqtool import graph, types
 from dqtool.cleanup import ModelNames
 from dqtool.families.fused import arrays, kernel, read, to_onnx
 from dqtool.families.fused.surgery import Builder
-from dqtool.folding.report import FoldedNode
+from dqtool.folding.report import FoldedNode, rounding
 from dqtool.spec import op_id
 
 # The float op each fused op becomes once folded: what ``--op-types`` matches it by.
@@ -111,7 +111,6 @@ def _record(name: str, where: str, spec: Any, weight: ir.Value) -> FoldedNode:
     n = 1
     for d in spec.x_shape:
         n *= int(d)
-    narrowing = store.bits < out.bits or (store.name != out.name and store.bits == out.bits)
     return FoldedNode(
         name=name, graph=where, output=weight.name or "",
         op=op_id(spec.domain, spec.op, spec.version),
@@ -119,7 +118,7 @@ def _record(name: str, where: str, spec: Any, weight: ir.Value) -> FoldedNode:
         shape=tuple(int(d) for d in spec.x_shape),
         bytes_quantized=graph.stored_bytes("uint8", spec.stored_shape),  # B, as the pass
         bytes_folded=(n * store.bits + 7) // 8,
-        rounding=f"{out.name}→{store.name}" if narrowing else None)
+        rounding=rounding(out, store))
 
 
 def _fold_float_zero_points(node: ir.Node, spec: Any, fresh: Any, store: np.dtype | None,
