@@ -111,3 +111,21 @@ def test_nothing_is_deferred_once_onnx_ir_is_loaded() -> None:
         print(type(sys.modules["sympy"]).__name__)
     """)
     assert out == "module"
+
+
+def test_the_command_line_quiets_openblas_before_numpy_loads() -> None:
+    """OPENBLAS_THREAD_TIMEOUT is read once, when numpy loads OpenBLAS: ``entry`` sets it
+    before any import of numpy (none comes with ``dqtool.cli``), and a user's value wins."""
+    out = _run("""
+        import os, sys
+        os.environ.pop("OPENBLAS_THREAD_TIMEOUT", None)
+        import dqtool.cli
+        assert "numpy" not in sys.modules
+        dqtool.cli.quiet_blas()
+        first = os.environ["OPENBLAS_THREAD_TIMEOUT"]
+        os.environ["OPENBLAS_THREAD_TIMEOUT"] = "20"
+        dqtool.cli.quiet_blas()
+        print(first, os.environ["OPENBLAS_THREAD_TIMEOUT"])
+    """)
+    assert out == "4 20"
+
