@@ -270,3 +270,28 @@ def test_an_inline_save_streams_fused_weights_in_c(tmp_path, monkeypatch):
     monkeypatch.setattr(native, "_state", {"fn": None, "why": "off (test)"})
     dqtool.upgrade(src, 21, tmp_path / "np.onnx", external_data=False)
     assert (tmp_path / "c.onnx").read_bytes() == (tmp_path / "np.onnx").read_bytes()
+
+
+@pytest.mark.parametrize("as_json", [False, True])
+def test_upgrade_check_of_an_external_data_model_gives_its_verdict(tmp_path, as_json):
+    """--check of a model read from its files runs once the save wrote it: the fused
+    weights' counterparts are read from the data file (onnx's evaluator, given a model
+    in memory, cannot follow a file reference; this raised a traceback), and the verdict
+    is printed after the writing (it came before it, and was lost)."""
+    src = _nbits_model(tmp_path, [(64, 96), (96, 64)])
+    out = tmp_path / "up.onnx"
+    args = ["upgrade", str(src), "--opset", "21", "-o", str(out), "--check"]
+    result = CliRunner().invoke(cli, args + (["--json"] if as_json else []))
+    assert result.exit_code == 0, result.output
+    assert "Traceback" not in result.output
+    if as_json:
+        import json
+
+        check = json.loads(result.output)["check"]
+        assert check["ok"] is True, check
+    else:
+        assert "check (bit-identical outputs on random inputs):" in result.output
+        assert "2 fused weight(s) (MatMulNBits / GatherBlockQuantized) bit-identical" \
+            in result.output
+        assert result.output.index("check (") < result.output.index(f"wrote {out}")
+    assert out.exists() and (tmp_path / "up.onnx.data").exists()

@@ -132,7 +132,9 @@ def _convert(app: App, direction: str, model: str, opset: int, out: str | None,
     try:
         with progress_bar(app, model, progress) as bar:
             report = fn(source, opset, None if in_place and not first else out, progress=bar,
-                        while_writing=None if as_json else
+                        # with --check the verdict comes after the writing (a model read
+                        # from its files is checked once saved): rendered at the end
+                        while_writing=None if as_json or kwargs.get("check") else
                         lambda r: heads.append(summary(app, r)), **kwargs)
     except (convert.ConversionRefused, convert.CheckFailed) as e:
         render(app, e.report, as_json)

@@ -59,6 +59,12 @@ def fused_weight(node: ir.Node) -> np.ndarray | None:
         bits=a.get("bits", 4))
 
 
+def _in_memory(tensor: ir.TensorProtocol) -> ir.TensorProtocol:
+    if isinstance(tensor, ir.Tensor):
+        return tensor
+    return ir.Tensor(tensor.numpy(), dtype=tensor.dtype, name=tensor.name)
+
+
 def _evaluate(value: ir.Value) -> np.ndarray | None:
     """A value computed from constants only, evaluated; None if it needs a graph input."""
     const = graph.constant_array(value)
@@ -84,7 +90,10 @@ def _evaluate(value: ir.Value) -> np.ndarray | None:
     from dqtool.families.evaluator import reference_evaluator
 
     protos = [ir.serde.serialize_node(n) for n in order]
-    tensors = [ir.serde.serialize_tensor(v.const_value) for v in inits.values()]
+    # with their bytes: a tensor in external data would be a file reference onnx's
+    # evaluator cannot follow (it is given a model, not a path)
+    tensors = [ir.serde.serialize_tensor(_in_memory(graph.constant_tensor(v)))
+               for v in inits.values()]
     for t, name in zip(tensors, inits, strict=True):
         t.name = name
     g = onnx.helper.make_graph(protos, "w", [], [onnx.helper.make_tensor_value_info(
