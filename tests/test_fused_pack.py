@@ -72,6 +72,38 @@ def test_upgrade_then_pack_restores_the_original_tensors(dtype, bits, zp, k, blo
     assert np.array_equal(bits_of(run_ort(original, eye)[0]), bits_of(run_ort(back, eye)[0]))
 
 
+@pytest.mark.parametrize("opset", [21, 25])
+def test_a_2bit_hqq_round_trip_comes_back_at_2_bits(opset):
+    """Below opset 25 upgrade widens 2-bit codes to uint8 (int2 / uint2 are opset 25's) and
+    notes the width; pack of the float-zero-point chain read the note no more than an
+    8-bit weight, and wrote bits=8 with float zero points, which onnxruntime refuses."""
+    rng = np.random.default_rng(7)
+    k, n, block = 64, 12, 32
+    inputs = nbits_inputs(rng, k, n, 2, block, np.float32, "float")
+    original = nbits_model(k, n, 2, block, inputs)
+    back = _roundtrip(original, opset)
+    node = _node(back, "MatMulNBits")
+    assert {a.name: a.i for a in node.attribute} == {"K": k, "N": n, "bits": 2,
+                                                     "block_size": block}
+    got, want = _inits(back), _inits(original)
+    assert [got[i] for i in node.input[1:4]] == [want["B"], want["scales"],
+                                                 want["zero_points"]]
+    eye = {"A": np.eye(k, dtype=np.float32)}
+    assert np.array_equal(bits_of(run_ort(original, eye)[0]), bits_of(run_ort(back, eye)[0]))
+
+
+def test_an_8bit_float_zero_point_chain_is_left_with_the_reason():
+    rng = np.random.default_rng(8)
+    inputs = nbits_inputs(rng, 64, 12, 8, 32, np.float32, "float")
+    up = dqtool.upgrade(ir.serde.deserialize_model(nbits_model(64, 12, 8, 32, inputs)), 21)
+    report = dqtool.pack(up.model)
+    assert report.packed == []
+    assert [s.why for s in report.skipped] == [
+        "8-bit codes with float zero points: onnxruntime's CPU kernel rejects such a "
+        "MatMulNBits (FU007)"]
+    assert not any(n.op_type == "MatMulNBits" for n in report.model.graph)
+
+
 def test_pack_signed_per_axis_weight_and_options():
     m = model("""
         <ir_version: 10, opset_import: ["" : 21]>

@@ -371,6 +371,11 @@ class FusedPackPass:
             raise NoMatch("")
         mm = nxt[0]
         _, _, bits, block = self._weight_facts(spec, (rows, n))
+        # 2-bit codes upgrade widened to 8 (int2 / uint2 are opset 25's) go back to 2 bits
+        bits = self._narrower(dq, spec, bits) or bits
+        if bits == 8:
+            raise NoMatch("8-bit codes with float zero points: onnxruntime's CPU kernel "
+                          "rejects such a MatMulNBits (FU007)")
         kb = rows // block if spec.granularity == "blocked" else 1
         if spec.granularity != "blocked":
             block = rows
