@@ -293,5 +293,5 @@ def test_upgrade_check_of_an_external_data_model_gives_its_verdict(tmp_path, as_
         assert "check (bit-identical outputs on random inputs):" in result.output
         assert "2 fused weight(s) (MatMulNBits / GatherBlockQuantized) bit-identical" \
             in result.output
-        assert result.output.index("check (") < result.output.index(f"wrote {out}")
+        assert result.output.index("check (") < result.output.index("wrote ")
     assert out.exists() and (tmp_path / "up.onnx.data").exists()

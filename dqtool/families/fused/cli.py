@@ -20,11 +20,16 @@ from dqtool.cli.options import parse_size, progress_bar, writer_options
               show_default=True, help="auto: leave zero points out when all are "
               "2^(bits-1) (onnxruntime's symmetric form); packed: always write them.")
 @click.option("--no-gather", is_flag=True, help="Leave DequantizeLinear → Gather alone.")
+@click.option("--fuse-bias", is_flag=True,
+              help="Take every constant bias Add after the MatMul into MatMulNBits (default: "
+              "only the one upgrade made from a MatMulNBits' bias; onnxruntime sums a bias "
+              "inside the node in its own order, so outputs may move by an ulp).")
 @click.pass_obj
 @user_errors
 def pack_cmd(app: App, model: str, out: str | None, accuracy_level: int | None,
-             zero_points: str, no_gather: bool, as_json: bool, in_place: bool, external_data: bool,
-             shard_size: str | None, progress: bool | None) -> None:
+             zero_points: str, no_gather: bool, fuse_bias: bool, as_json: bool,
+             in_place: bool, external_data: bool, shard_size: str | None,
+             progress: bool | None) -> None:
     """Turn DequantizeLinear(constant) → MatMul into com.microsoft MatMulNBits and
     DequantizeLinear(constant table) → Gather into GatherBlockQuantized.
 
@@ -44,7 +49,7 @@ def pack_cmd(app: App, model: str, out: str | None, accuracy_level: int | None,
 
     with progress_bar(app, model, progress) as bar:
         report = pack(model, out, accuracy_level=accuracy_level, zero_points=zero_points,
-                      gather=not no_gather, in_place=in_place,
+                      gather=not no_gather, fuse_bias=fuse_bias, in_place=in_place,
                       external_data=external_data or None,
                       shard_size=parse_size(shard_size), progress=bar,
                       while_writing=None if as_json else summary)

@@ -21,13 +21,15 @@ def default_output(src: str | os.PathLike) -> Path:
 
 def pack(model_or_path: ir.Model | str | os.PathLike, out: str | os.PathLike | None = None, *,
          accuracy_level: int | None = None, zero_points: str = "auto", gather: bool = True,
-         in_place: bool = False, external_data: bool | None = None,
+         fuse_bias: bool = False, in_place: bool = False, external_data: bool | None = None,
          shard_size: int | None = None, progress: Any = None,
          while_writing: Callable[[PackReport], None] | None = None) -> PackReport:
     """Rewrite every DequantizeLinear(constant) → MatMul into MatMulNBits and every
     DequantizeLinear(constant table) → Gather into GatherBlockQuantized, with bit-identical
     weights. ``accuracy_level``: the MatMulNBits attribute written; None: the level
-    ``upgrade`` noted from the original node, else none. A model object is rewritten in
+    ``upgrade`` noted from the original node, else none. A MatMul's bias ``Add`` goes into
+    the node when ``upgrade`` made it from the node's bias input, or any constant bias with
+    ``fuse_bias`` (onnxruntime then sums it in its own order). A model object is rewritten in
     place (and written to ``out`` when given); a path is written to ``out`` (default
     ``<stem>.packed.onnx``; ``in_place`` writes it back, atomically). ``external_data``,
     ``shard_size``, ``progress``: how the output is written, as for every writer
@@ -62,7 +64,7 @@ def pack(model_or_path: ir.Model | str | os.PathLike, out: str | os.PathLike | N
         and io.uses_external_data(model) else None
     try:
         with external_data_writer.writing_early(eager):
-            report = FusedPackPass(accuracy_level, zero_points, gather)(model)
+            report = FusedPackPass(accuracy_level, zero_points, gather, fuse_bias)(model)
         model.ir_version = io.lowest_ir_version(model)
         report.model = model
         if out is not None:  # a model object too (it was never written: nothing said so)

@@ -108,12 +108,13 @@ class FusedPackPass:
     """Rewrites the patterns in the module docstring; ``report`` lists what it did."""
 
     def __init__(self, accuracy_level: int | None = None, zero_points: str = "auto",
-                 gather: bool = True) -> None:
+                 gather: bool = True, fuse_bias: bool = False) -> None:
         if zero_points not in ("auto", "packed"):
             raise ValueError(f"zero_points must be auto or packed, got {zero_points!r}")
         self.accuracy_level = accuracy_level
         self.zero_points = zero_points
         self.gather = gather
+        self.fuse_bias = fuse_bias
         self.report = PackReport()
 
     def __call__(self, model: ir.Model) -> PackReport:
@@ -297,10 +298,18 @@ class FusedPackPass:
         return bool(np.all(zps() == (1 << (bits - 1))))
 
     def _bias(self, mm: ir.Node, n: int, s_type: str | None):
+        """(bias, Add) when the MatMul's one use is an Add of a constant bias that goes
+        into the node: the one upgrade made from a MatMulNBits' bias input, or, with
+        ``fuse_bias``, any. Else (None, None): the Add stays (inside the node the bias is
+        summed in onnxruntime's own order, which moved float16 outputs by an ulp)."""
+        from dqtool.families.fused.to_onnx import BIAS_KEY
+
         use = _only_use(mm.outputs[0])
         if use is None or use[0].op_type != "Add":
             return None, None
         add = use[0]
+        if not self.fuse_bias and add.metadata_props.get(BIAS_KEY) != "1":
+            return None, None
         other = add.inputs[1 - use[1]]
         if other is None or graph.constant_tensor(other) is None or \
                 graph.shape_of(other) != (n,) or graph.elem_type(other) != s_type:

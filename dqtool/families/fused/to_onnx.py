@@ -108,6 +108,10 @@ BITS_KEY = "dqtool.fused.bits"
 # The original MatMulNBits' accuracy_level (> 0), on its DequantizeLinear: pack writes it
 # back unless told another.
 ACCURACY_KEY = "dqtool.fused.accuracy_level"
+# On the bias Add made from a MatMulNBits' own bias input: pack takes this one back into
+# the node (an Add that was in the original model stays an Add: a bias inside the node
+# is summed in its own order, so outputs moved).
+BIAS_KEY = "dqtool.fused.bias"
 _NARROW_BITS = {ir.DataType.UINT4: 4, ir.DataType.INT4: 4, ir.DataType.UINT2: 2,
                 ir.DataType.INT2: 2}
 
@@ -239,6 +243,7 @@ def matmul_nbits(node: ir.Node, spec: FusedSpec, b: Builder, unpacked: bool = Fa
     how_parts.append("MatMul")
     if bias is not None:
         y = b.op("Add", [y, bias], "bias", dtype=a.dtype)
+        y.producer().metadata_props[BIAS_KEY] = "1"
         how_parts.append("Add (bias)")
     return y, " → ".join(how_parts)
 
