@@ -136,6 +136,13 @@ class ModelNames:
             self._taken.update(v.name for v in (*g.inputs, *g.outputs) if v.name)
             self._taken.update(g.initializers)
 
+    def claim(self, name: str) -> bool:
+        """Take ``name`` itself if nothing has it; whether it was free."""
+        if name in self._taken:
+            return False
+        self._taken.add(name)
+        return True
+
     def __call__(self, base: str) -> str:
         name, i = base, 1
         while name in self._taken:

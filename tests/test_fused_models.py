@@ -33,6 +33,11 @@ def _nodes(proto: onnx.ModelProto) -> list:
                                          for a in n.attribute)) for n in proto.graph.node]
 
 
+def _names(proto: onnx.ModelProto) -> tuple:
+    return ([(n.name, list(n.input), list(n.output)) for n in proto.graph.node],
+            sorted(t.name for t in proto.graph.initializer))
+
+
 @pytest.mark.parametrize("name", sorted(SAMPLES))
 def test_inspect_counts_every_fused_op(name):
     doc = dqtool.inspect(MODELS / name).to_json()
@@ -60,6 +65,9 @@ def test_upgrade_leaves_none_and_pack_restores_the_original(name, tmp_path):
     restored = onnx.load(back)
     assert _tensors(restored) == _tensors(original)
     assert _nodes(restored) == _nodes(original)
+    # and by name: every node's name, inputs and outputs, every initializer's (upgrade
+    # notes the originals' names; pack gives them back)
+    assert _names(restored) == _names(original)
     assert np.array_equal(run_ort(restored, FEEDS)[0], run_ort(original, FEEDS)[0])
 
 

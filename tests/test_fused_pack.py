@@ -493,3 +493,21 @@ def test_pack_of_an_onnx_ir_model_that_used_external_data_writes_external_data(t
     report = dqtool.pack(ir.load(src), out)
     assert sorted(p.name for p in out.parent.iterdir()) == ["p.onnx", "p.onnx.data"]
     assert report.written[-1] == str(out)
+
+
+def test_pack_gives_back_the_original_names_where_they_are_free():
+    rng = np.random.default_rng(9)
+    original = nbits_model(64, 12, 4, 32, nbits_inputs(rng, 64, 12, 4, 32))
+    up = dqtool.upgrade(ir.serde.deserialize_model(original), 21).model
+    assert "B" not in up.graph.initializers  # upgrade's own names for its constants
+    back = ir.serde.serialize_model(dqtool.pack(up).model)
+    node = _node(back, "MatMulNBits")
+    assert (node.name, list(node.input)) == ("mm", ["A", "B", "scales", "zero_points"])
+    # a name something else has now is left alone: the input A renamed "B"
+    up = dqtool.upgrade(ir.serde.deserialize_model(original), 21).model
+    up.graph.inputs[0].name = "B"
+    back = ir.serde.serialize_model(dqtool.pack(up).model)
+    node = _node(back, "MatMulNBits")
+    assert node.input[0] == "B" and node.input[1] != "B"
+    assert node.input[2:] == ["scales", "zero_points"]
+    onnx.checker.check_model(back)

@@ -120,6 +120,7 @@ class FusedPackPass:
     def __call__(self, model: ir.Model) -> PackReport:
         fresh = ModelNames(model)
         self.fresh = fresh
+        self._named: list[tuple[ir.Node, str | None, set[str]]] = []
         replaced: list[ir.Value] = []
         for site in list(graph.walk(model)):
             node = site.node
@@ -162,12 +163,18 @@ class FusedPackPass:
             replaced.extend(old)
             self.report.packed.append(Packed(node.name or "<unnamed>", site.graph, op, how))
         _drop_unused(replaced)
+        _restore_names(model, self._named)
         if self.report.packed:
             model.opset_imports.setdefault("com.microsoft", 1)
             for fn in model.functions.values():
                 if any(n.domain == "com.microsoft" for n in fn):
                     fn.opset_imports.setdefault("com.microsoft", 1)
         return self.report
+
+    def _note_names(self, node: ir.Node, dq: ir.Node, b: Builder) -> None:
+        from dqtool.families.fused.to_onnx import NAMES_KEY
+
+        self._named.append((node, dq.metadata_props.get(NAMES_KEY), set(b.created)))
 
     def _skip(self, node: ir.Node, site: graph.Site, why: str) -> None:
         self.report.skipped.append(Skipped(node.name or "<unnamed>", site.graph, why))
@@ -272,6 +279,7 @@ class FusedPackPass:
         old = [v for v in dq.inputs if v is not None]
         b.nodes.append(y.producer())
         b.finish(y)
+        self._note_names(y.producer(), dq, b)
         _remove_unused([mm, dq])
         how = (f"{spec.quant_type} ({k}, {n}) {spec.granularity} → MatMulNBits bits={bits} "
                f"block_size={block}" + (" + bias" if bias is not None else "")
@@ -418,6 +426,7 @@ class FusedPackPass:
         y = self._mnb(b, inputs, k, n, bits, block, dq)
         b.nodes.append(y.producer())
         b.finish(y)
+        self._note_names(y.producer(), dq, b)
         chain = [mm, tail, last, add, neg, mul, reshape, dq, mul.inputs[0].producer(),
                  mul.inputs[1].producer(), *(u.node for u in last.outputs[0].uses())]
         old = _remove_unused([n for n in chain if n is not None])
@@ -499,10 +508,43 @@ class FusedPackPass:
         old = [v for v in dq.inputs if v is not None]
         b.nodes.append(node)
         b.finish(out)
+        self._note_names(node, dq, b)
         _remove_unused([dq])
         how = (f"{q} table {shape} blocked axis {qa} → GatherBlockQuantized bits={bits} "
                f"block_size={block} gather_axis={ga}")
         return how, old
+
+
+def _restore_names(model: ir.Model, named: list[tuple[ir.Node, str | None, set[str]]]
+                   ) -> None:
+    """The names upgrade noted from the original fused node (``NAMES_KEY``) back on the
+    packed node and on the constants made for it, each where nothing in the model has it
+    now (after the pass, so that the values it replaced are gone)."""
+    import json
+
+    from dqtool.families.fused.to_onnx import NAME_ROLES
+
+    notes = [(node, json.loads(text), created) for node, text, created in named
+             if text and node.graph is not None]
+    if not notes:
+        return
+    taken = ModelNames(model)
+    node_names: dict[int, set[str]] = {}
+    for node, names, created in notes:
+        in_graph = node_names.setdefault(
+            id(node.graph), {n.name for n in node.graph if n.name})
+        want = names.get("node")
+        if want and want != node.name and want not in in_graph:
+            in_graph.add(want)
+            node.name = want
+        for role, i in NAME_ROLES[node.op_type].items():
+            v, want = graph.input_value(node, i), names.get(role)
+            if v is None or not want or v.name == want or v.name not in created \
+                    or not v.is_initializer() or not taken.claim(want):
+                continue
+            v.name = want
+            if v.const_value is not None:
+                v.const_value.name = want
 
 
 def _remove_unused(nodes: list[ir.Node]) -> list[ir.Value]:

@@ -112,6 +112,13 @@ ACCURACY_KEY = "dqtool.fused.accuracy_level"
 # the node (an Add that was in the original model stays an Add: a bias inside the node
 # is summed in its own order, so outputs moved).
 BIAS_KEY = "dqtool.fused.bias"
+# The original node's name and its constant inputs' names (JSON, by role), on its
+# DequantizeLinear: pack gives them back where they are free, so upgrade then pack gives
+# back the original model's names too.
+NAMES_KEY = "dqtool.fused.names"
+# role -> input index, of each fused op
+NAME_ROLES = {"MatMulNBits": {"B": 1, "scales": 2, "zero_points": 3},
+              "GatherBlockQuantized": {"data": 0, "scales": 2, "zero_points": 3}}
 _NARROW_BITS = {ir.DataType.UINT4: 4, ir.DataType.INT4: 4, ir.DataType.UINT2: 2,
                 ir.DataType.INT2: 2}
 
@@ -320,6 +327,9 @@ def rewrite(node: ir.Node, opsets: dict[str, int], target: int, fresh,
                 dq.metadata_props[ACCURACY_KEY] = str(spec.accuracy_level)
     else:
         y, how = gather_block_quantized(node, spec, b)
+    names = _names(node)
+    for dq in (n for n in b.nodes if n.op_type == "DequantizeLinear"):
+        dq.metadata_props[NAMES_KEY] = names
     if target < native_opset(spec) and _widen(b):
         how += (f"; {spec.quant_type} codes widened to 8 bits (DequantizeLinear-"
                 f"{native_opset(spec)} is the first to take {spec.quant_type})")
@@ -334,6 +344,17 @@ def rewrite(node: ir.Node, opsets: dict[str, int], target: int, fresh,
     if spec.g_idx == "trivial":
         how += "; g_idx (every row in its own block) dropped"
     return old_inputs, how, why, b.nodes
+
+
+def _names(node: ir.Node) -> str:
+    import json
+
+    names: dict[str, str] = {"node": node.name} if node.name else {}
+    for role, i in NAME_ROLES[node.op_type].items():
+        v = graph.input_value(node, i)
+        if v is not None and v.name and v.is_initializer():
+            names[role] = v.name
+    return json.dumps(names, sort_keys=True)
 
 
 def convert(node: ir.Node, step) -> object:
