@@ -123,3 +123,13 @@ def test_external_data_models_convert_and_pack_from_their_files(tmp_path):
     assert np.array_equal(packed.run(None, idx)[0], want)
     assert [n.op_type for n in onnx.load(back, load_external_data=False).graph.node] == \
         ["GatherBlockQuantized"]
+
+
+def test_lowered_below_opset_21_the_model_keeps_a_low_ir_version(tmp_path):
+    """Node metadata needs IR version 10: upgrade's name notes (for pack) go only where the
+    model is IR 10 anyway, so an 8-bit model lowered to opset 13 stays IR 7."""
+    out = tmp_path / "o13.onnx"
+    dqtool.downgrade(MODELS / "ort_matmulnbits_8bit_b32.onnx", 13, out)
+    m = onnx.load(out)
+    assert m.ir_version == 7
+    assert not [n for n in m.graph.node if n.metadata_props]

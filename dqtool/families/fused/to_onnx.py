@@ -327,9 +327,12 @@ def rewrite(node: ir.Node, opsets: dict[str, int], target: int, fresh,
                 dq.metadata_props[ACCURACY_KEY] = str(spec.accuracy_level)
     else:
         y, how = gather_block_quantized(node, spec, b)
-    names = _names(node)
-    for dq in (n for n in b.nodes if n.op_type == "DequantizeLinear"):
-        dq.metadata_props[NAMES_KEY] = names
+    # Only where the model is IR version 10 anyway (opset 21 on): node metadata needs 10,
+    # and a model lowered for an older runtime keeps its lower IR version.
+    if target >= 21:
+        names = _names(node)
+        for dq in (n for n in b.nodes if n.op_type == "DequantizeLinear"):
+            dq.metadata_props[NAMES_KEY] = names
     if target < native_opset(spec) and _widen(b):
         how += (f"; {spec.quant_type} codes widened to 8 bits (DequantizeLinear-"
                 f"{native_opset(spec)} is the first to take {spec.quant_type})")
