@@ -24,6 +24,7 @@ def test_non_onnxruntime_targets_flag_fused_ops(fused_path, target):
     report = dqtool.lint(fused_path, target=target)
     found = [f for f in report.findings if f.code == "DQ109"]
     assert len(found) == 1 and found[0].node == "mm" and found[0].severity == "error"
+    assert found[0].op == "com.microsoft:MatMulNBits-1"  # was None in --json
     # an onnx-opset-N target's fix lands on N (upgrading to 21 for a target of 17 left
     # the target's other findings); the others take the lowest opset that expresses it
     command = "`dqtool downgrade --opset 17`" if target == "onnx-opset-17" else \
@@ -103,6 +104,7 @@ def test_an_invalid_fused_node_is_an_error_with_or_without_a_target(tmp_path, ho
     report = dqtool.lint(path, target=target)
     found = [f for f in report.findings if f.code == code]
     assert len(found) == 1 and found[0].severity == "error" and found[0].node == "mm"
+    assert found[0].op == "com.microsoft:MatMulNBits-1"
     assert report.exit_code == 1
     assert code in {p.code for n in dqtool.inspect(path).nodes for p in n.spec.problems}
 

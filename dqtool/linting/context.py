@@ -59,14 +59,15 @@ class ModelContext:
 
     def finding(self, code: str, severity: Severity, text: str, q: QuantSite | None = None,
                 *, target: str | None = None, fix: str | None = None,
-                node: str | None = None, where: str | None = None) -> Finding:
-        """A finding whose message is one line naming the model and the node."""
+                node: str | None = None, where: str | None = None,
+                op: str | None = None) -> Finding:
+        """A finding whose message is one line naming the model and the node (``op``: how
+        reports name its operator, ``spec.op_id``)."""
         if q is not None:
             node, where = q.node.name or "<unnamed>", q.site.graph
             op = q.spec.op_id
             subject = q.label
         else:
-            op = None
             subject = f"node '{node}'" if node else "model"
             if node and where and where != "main":
                 subject += f" in {where}"

@@ -61,7 +61,8 @@ def node_problems(ctx: ModelContext) -> Iterator[Finding]:
         name = site.node.name or f"<unnamed {site.node.op_type}>"
         for p in spec.problems:
             if p.code in _NODE_CODES:
-                yield ctx.finding(p.code, p.severity, p.message, node=name, where=site.graph)
+                yield ctx.finding(p.code, p.severity, p.message, node=name, where=site.graph,
+                                  op=_op(site))
 
 
 def target_findings(ctx: ModelContext, target: str) -> Iterator[Finding]:
@@ -79,13 +80,21 @@ def target_findings(ctx: ModelContext, target: str) -> Iterator[Finding]:
             if rejected:
                 yield ctx.finding(RULE, "error", f"onnxruntime cannot run it: "
                                   f"{rejected[0].message}", target=target, node=name,
-                                  where=site.graph, fix=_fix(spec, opset))
+                                  where=site.graph, fix=_fix(spec, opset), op=_op(site))
             continue
         yield ctx.finding(
             RULE, "error", f"{target} cannot run it: com.microsoft {node.op_type} (weight "
             f"{spec.quant_type} dequantized inside the operator) is an onnxruntime contrib "
             "op", target=target, node=name, where=site.graph,
-            fix=_fix(spec, opset, _target_opset(target), recheck=True))
+            fix=_fix(spec, opset, _target_opset(target), recheck=True), op=_op(site))
+
+
+def _op(site) -> str:
+    """The node's operator as reports name it: ``com.microsoft:MatMulNBits-1``."""
+    from dqtool.spec import op_id
+
+    node = site.node
+    return op_id(node.domain, node.op_type, site.opsets.get(node.domain))
 
 
 def _target_opset(target: str) -> int | None:
