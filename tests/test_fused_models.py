@@ -9,7 +9,7 @@ import numpy as np
 import onnx
 import onnx_ir as ir
 import pytest
-from helpers.fused import run_ort
+from helpers.fused import nbits_inputs, nbits_model, run_ort
 
 import dqtool
 
@@ -126,10 +126,27 @@ def test_external_data_models_convert_and_pack_from_their_files(tmp_path):
 
 
 def test_lowered_below_opset_21_the_model_keeps_a_low_ir_version(tmp_path):
-    """Node metadata needs IR version 10: upgrade's name notes (for pack) go only where the
-    model is IR 10 anyway, so an 8-bit model lowered to opset 13 stays IR 7."""
+    """Node metadata needs IR version 10: upgrade's notes for pack (names, bias, accuracy
+    level, width) go only where the model is IR 10 anyway, so an 8-bit model lowered to
+    opset 13 stays IR 7, with a bias and an accuracy level too; and a fold, at any
+    opset, leaves none of them."""
     out = tmp_path / "o13.onnx"
     dqtool.downgrade(MODELS / "ort_matmulnbits_8bit_b32.onnx", 13, out)
     m = onnx.load(out)
     assert m.ir_version == 7
     assert not [n for n in m.graph.node if n.metadata_props]
+    rng = np.random.default_rng(3)
+    src = tmp_path / "biased.onnx"
+    onnx.save(nbits_model(64, 16, 8, 64, nbits_inputs(rng, 64, 16, 8, 64),
+                          bias=rng.random(16).astype(np.float32), accuracy_level=4,
+                          opset=17), src)
+    for make in (lambda o: dqtool.upgrade(src, 17, o),
+                 lambda o: dqtool.fold(src, o)):
+        out = tmp_path / "out.onnx"
+        make(out)
+        m = onnx.load(out)
+        assert m.ir_version < 10, m.ir_version
+        assert [n.op_type for n in m.graph.node if n.metadata_props] == []
+    up = dqtool.upgrade(src, 21).model
+    assert {k for n in up.graph for k in n.metadata_props} == {
+        "dqtool.fused.names", "dqtool.fused.accuracy_level", "dqtool.fused.bias"}

@@ -511,3 +511,31 @@ def test_pack_gives_back_the_original_names_where_they_are_free():
     assert node.input[0] == "B" and node.input[1] != "B"
     assert node.input[2:] == ["scales", "zero_points"]
     onnx.checker.check_model(back)
+
+
+def test_pack_gives_back_the_names_of_tables_it_takes_as_stored_and_of_unnamed_nodes():
+    """A uint8-packed GatherBlockQuantized table is renamed by upgrade (a new view of the
+    same bytes) and taken as stored by pack: its name comes back too; and a MatMulNBits
+    without a name comes back without one."""
+    rng = np.random.default_rng(10)
+    table = rng.integers(0, 256, (16, 32), dtype=np.uint8)  # 16 rows of 64 4-bit codes
+    scales = (rng.random((16, 2)) + .1).astype(np.float32)
+    zps = rng.integers(0, 256, (16, 1), dtype=np.uint8)
+    original = gbq_model(table, scales, zps, block=32)
+    back = _roundtrip(original)
+    node = _node(back, "GatherBlockQuantized")
+    assert (node.name, list(node.input)) == ("gbq", ["data", "indices", "scales",
+                                                     "zero_points"])
+    assert _inits(back) == _inits(original)
+    # without zero points: the default (8) upgrade made explicit is left out again
+    original = gbq_model(table, scales, None, block=32)
+    back = _roundtrip(original)
+    assert _inits(back) == _inits(original)
+    assert list(_node(back, "GatherBlockQuantized").input) == ["data", "indices", "scales"]
+    ids = {"indices": np.array([0, 3, 15, 7, 3], np.int64)}
+    assert np.array_equal(run_ort(back, ids)[0], run_ort(original, ids)[0])
+    inputs = nbits_inputs(rng, 64, 12, 4, 32)
+    original = nbits_model(64, 12, 4, 32, inputs)
+    original.graph.node[0].name = ""
+    back = _roundtrip(original)
+    assert [n.name for n in back.graph.node] == [""]

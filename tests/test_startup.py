@@ -129,3 +129,16 @@ def test_the_command_line_quiets_openblas_before_numpy_loads() -> None:
     """)
     assert out == "4 20"
 
+
+
+def test_entry_quiets_openblas_before_the_command_runs() -> None:
+    out = _run("""
+        import os, sys
+        os.environ.pop("OPENBLAS_THREAD_TIMEOUT", None)
+        import dqtool.cli as cli
+        def main():  # what entry() runs: the command, numpy and all
+            print(os.environ.get("OPENBLAS_THREAD_TIMEOUT"), "numpy" in sys.modules)
+        cli.main = main
+        cli.entry()
+    """)
+    assert out == "4 False"

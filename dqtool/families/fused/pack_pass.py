@@ -4,8 +4,9 @@ MatMulNBits / GatherBlockQuantized, with bit-identical weights.
 Cases rewritten (``FusedPackPass``):
 - ``DequantizeLinear(x const (K, N), scale, zp)`` blocked along axis 0 (block a power of 2
   ≥ 16) or per-axis on axis 1 (or per-tensor), 2/4/8-bit, whose only use is MatMul's B
-  → MatMulNBits; an ``Add`` of a constant ``(N,)`` bias that is the MatMul's only use
-  becomes its bias input. Signed codes move to unsigned ones with the zero point
+  → MatMulNBits; the ``Add`` of a constant ``(N,)`` bias that is the MatMul's only use
+  becomes its bias input when ``upgrade`` made it from a MatMulNBits' bias (``BIAS_KEY``),
+  or any such Add with ``fuse_bias``. Signed codes move to unsigned ones with the zero point
   (``q - zp`` is unchanged); a ragged last block is padded with code 0 and unused
   zero-point slots with ``2^(bits-1)``, as onnxruntime's quantizer writes them; zero
   points that are all ``2^(bits-1)`` are left out (``zero_points="auto"``), as that
@@ -13,7 +14,8 @@ Cases rewritten (``FusedPackPass``):
 - the float-zero-point chain ``upgrade`` writes for HQQ weights (DequantizeLinear with a
   float32 scale → Reshape → Add(-(zp·s), from the stored zero points) → Reshape (→ Slice)
   (→ Cast) → MatMul)
-  → MatMulNBits with float zero points.
+  → MatMulNBits with float zero points (2 or 4 bits: onnxruntime refuses 8-bit codes with
+  float zero points, so an 8-bit chain is left).
 - ``DequantizeLinear(table const, blocked along one axis) → Gather`` on another axis
   → GatherBlockQuantized (int4/uint4 tables reused as stored; uint8 → bits 8; uint2 →
   uint8-packed bits 2).
@@ -170,6 +172,19 @@ class FusedPackPass:
                 if any(n.domain == "com.microsoft" for n in fn):
                     fn.opset_imports.setdefault("com.microsoft", 1)
         return self.report
+
+    def _noted(self, dq: ir.Node) -> dict:
+        """What upgrade noted of the original fused node on this DequantizeLinear."""
+        import json
+
+        from dqtool.families.fused.to_onnx import NAMES_KEY
+
+        text = dq.metadata_props.get(NAMES_KEY)
+        try:
+            noted = json.loads(text) if text else {}
+        except ValueError:
+            return {}
+        return noted if isinstance(noted, dict) else {}
 
     def _note_names(self, node: ir.Node, dq: ir.Node, b: Builder) -> None:
         from dqtool.families.fused.to_onnx import NAMES_KEY
@@ -463,7 +478,20 @@ class FusedPackPass:
         reshaped = spec.granularity != "blocked"
         s_val = scale if not reshaped else b.constant(
             "scales", s_type, s_shape, lambda: _array(scale).reshape(s_shape))
-        if q in ("int4", "uint4"):
+        if q == "uint4" and self._noted(dq).get("data_type") == "uint8" and ga == 0 \
+                and qa == rank - 1 and shape[-1] % 2 == 0 and not reshaped:
+            # a table upgrade read from uint8-packed codes (its note): the same bytes as
+            # uint8 again, zero points packed by row, left out if upgrade made them up
+            bits, data = 4, b.existing(arrays.same_bytes(
+                _t(x), ir.DataType.UINT8, (*shape[:-1], shape[-1] // 2)), "data")
+            z = None
+            if zp is not None:
+                zcodes = _array(zp).astype(np.uint8).reshape(s_shape)
+                if "zero_points" in self._noted(dq) or not np.all(zcodes == 8):
+                    z = b.constant("zero_points", ir.DataType.UINT8,
+                                   (*s_shape[:-1], -(-s_shape[-1] // 2)),
+                                   lambda: packing.pack(zcodes, 4))
+        elif q in ("int4", "uint4"):
             bits, data = 4, x
             z = zp
             if zp is not None and reshaped:
@@ -524,8 +552,14 @@ def _restore_names(model: ir.Model, named: list[tuple[ir.Node, str | None, set[s
 
     from dqtool.families.fused.to_onnx import NAME_ROLES
 
-    notes = [(node, json.loads(text), created) for node, text, created in named
-             if text and node.graph is not None]
+    notes = []
+    for node, text, created in named:
+        try:
+            noted = json.loads(text) if text and node.graph is not None else None
+        except ValueError:  # a note edited by hand: the names pack made stay
+            noted = None
+        if isinstance(noted, dict):
+            notes.append((node, noted, created))
     if not notes:
         return
     taken = ModelNames(model)
@@ -534,13 +568,22 @@ def _restore_names(model: ir.Model, named: list[tuple[ir.Node, str | None, set[s
         in_graph = node_names.setdefault(
             id(node.graph), {n.name for n in node.graph if n.name})
         want = names.get("node")
-        if want and want != node.name and want not in in_graph:
+        if not isinstance(want, str):
+            want = None
+        if want == "":  # the original had no name
+            node.name = None
+        elif want and want != node.name and want not in in_graph:
             in_graph.add(want)
             node.name = want
         for role, i in NAME_ROLES[node.op_type].items():
             v, want = graph.input_value(node, i), names.get(role)
-            if v is None or not want or v.name == want or v.name not in created \
-                    or not v.is_initializer() or not taken.claim(want):
+            if not isinstance(want, str):
+                continue
+            # a constant made here, or one upgrade made that pack took as stored (a table,
+            # a scale), when this node alone reads it
+            if v is None or not want or v.name == want or not v.is_initializer() \
+                    or not (v.name in created or all(u.node is node for u in v.uses())) \
+                    or not taken.claim(want):
                 continue
             v.name = want
             if v.const_value is not None:

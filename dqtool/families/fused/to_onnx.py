@@ -123,8 +123,9 @@ _NARROW_BITS = {ir.DataType.UINT4: 4, ir.DataType.INT4: 4, ir.DataType.UINT2: 2,
                 ir.DataType.INT2: 2}
 
 
-def _widen(b: Builder) -> bool:
-    """Give every new DequantizeLinear 8-bit codes in place of 2/4-bit ones (exact)."""
+def _widen(b: Builder, note: bool) -> bool:
+    """Give every new DequantizeLinear 8-bit codes in place of 2/4-bit ones (exact);
+    ``note``: say so on it (``BITS_KEY``)."""
     done = False
     for dq in [n for n in b.nodes if n.op_type == "DequantizeLinear"]:
         for i in (0, 2):
@@ -140,7 +141,8 @@ def _widen(b: Builder) -> bool:
                 b.graph.initializers.pop(v.name, None)
             # What the codes were, so ``pack`` can give back the original width (it checks
             # that every code still fits before it believes this).
-            dq.metadata_props[BITS_KEY] = str(_NARROW_BITS[v.dtype])
+            if note:
+                dq.metadata_props[BITS_KEY] = str(_NARROW_BITS[v.dtype])
             done = True
     return done
 
@@ -250,21 +252,8 @@ def matmul_nbits(node: ir.Node, spec: FusedSpec, b: Builder, unpacked: bool = Fa
     how_parts.append("MatMul")
     if bias is not None:
         y = b.op("Add", [y, bias], "bias", dtype=a.dtype)
-        y.producer().metadata_props[BIAS_KEY] = "1"
         how_parts.append("Add (bias)")
     return y, " → ".join(how_parts)
-
-
-def _same_bytes(tensor: ir.TensorProtocol, dtype: ir.DataType, shape: tuple[int, ...]
-                ) -> ir.TensorProtocol:
-    """The stored bytes of ``tensor`` read as another packed type and shape (no copy when
-    they live in a data file)."""
-    if isinstance(tensor, ir.ExternalTensor):
-        return ir.ExternalTensor(tensor.location, tensor.offset, tensor.length, dtype,
-                                 shape=ir.Shape(shape), name=tensor.name,
-                                 base_dir=tensor.base_dir)
-    raw = np.frombuffer(tensor.tobytes(), np.uint8)
-    return ir.PackedTensor(raw, dtype, shape=shape)
 
 
 def gather_block_quantized(node: ir.Node, spec: FusedSpec, b: Builder
@@ -277,7 +266,7 @@ def gather_block_quantized(node: ir.Node, spec: FusedSpec, b: Builder
     s_type = types.by_name(spec.scale_type).ir_type
     notes = []
     if stored == "uint8" and spec.bits != 8:
-        x = b.existing(_same_bytes(_tensor(data), code_t, logical), "x")
+        x = b.existing(arrays.same_bytes(_tensor(data), code_t, logical), "x")
         notes.append(f"uint8-packed codes read as {spec.quant_type} {logical} (same bytes)")
     else:
         x = data
@@ -322,18 +311,16 @@ def rewrite(node: ir.Node, opsets: dict[str, int], target: int, fresh,
     old_inputs = [v for v in node.inputs if v is not None]
     if spec.op == "MatMulNBits":
         y, how = matmul_nbits(node, spec, b, unpacked)
-        if spec.accuracy_level > 0:
-            for dq in (n for n in b.nodes if n.op_type == "DequantizeLinear"):
-                dq.metadata_props[ACCURACY_KEY] = str(spec.accuracy_level)
     else:
         y, how = gather_block_quantized(node, spec, b)
-    # Only where the model is IR version 10 anyway (opset 21 on): node metadata needs 10,
-    # and a model lowered for an older runtime keeps its lower IR version.
-    if target >= 21:
-        names = _names(node)
-        for dq in (n for n in b.nodes if n.op_type == "DequantizeLinear"):
-            dq.metadata_props[NAMES_KEY] = names
-    if target < native_opset(spec) and _widen(b):
+    # What pack needs to give the original back (width, accuracy level, bias, names), as
+    # node metadata: only where the model is IR version 10 anyway (opset 21 on; metadata
+    # needs 10, and a model lowered for an older runtime keeps its lower IR version), and
+    # never in a fold (whose nodes pack does not read).
+    notes = target >= 21 and not unpacked
+    if notes:
+        _note(node, spec, b, y)
+    if target < native_opset(spec) and _widen(b, notes):
         how += (f"; {spec.quant_type} codes widened to 8 bits (DequantizeLinear-"
                 f"{native_opset(spec)} is the first to take {spec.quant_type})")
     b.finish(y)
@@ -349,10 +336,23 @@ def rewrite(node: ir.Node, opsets: dict[str, int], target: int, fresh,
     return old_inputs, how, why, b.nodes
 
 
+def _note(node: ir.Node, spec: FusedSpec, b: Builder, y: ir.Value) -> None:
+    dqs = [n for n in b.nodes if n.op_type == "DequantizeLinear"]
+    names = _names(node)
+    for dq in dqs:
+        dq.metadata_props[NAMES_KEY] = names
+        if spec.op == "MatMulNBits" and spec.accuracy_level > 0:
+            dq.metadata_props[ACCURACY_KEY] = str(spec.accuracy_level)
+    if spec.op == "MatMulNBits" and graph.input_value(node, 5) is not None:
+        y.producer().metadata_props[BIAS_KEY] = "1"  # the Add made of the bias input
+
+
 def _names(node: ir.Node) -> str:
     import json
 
-    names: dict[str, str] = {"node": node.name} if node.name else {}
+    names: dict[str, str] = {"node": node.name or ""}
+    if node.op_type == "GatherBlockQuantized":  # uint8-packed codes, or int4/uint4
+        names["data_type"] = graph.elem_type(graph.input_value(node, 0)) or ""
     for role, i in NAME_ROLES[node.op_type].items():
         v = graph.input_value(node, i)
         if v is not None and v.name and v.is_initializer():
