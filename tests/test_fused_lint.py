@@ -26,13 +26,45 @@ def test_non_onnxruntime_targets_flag_fused_ops(fused_path, target):
     assert len(found) == 1 and found[0].node == "mm" and found[0].severity == "error"
     assert found[0].op == "com.microsoft:MatMulNBits-1"  # was None in --json
     # an onnx-opset-N target's fix lands on N (upgrading to 21 for a target of 17 left
-    # the target's other findings); the others take the lowest opset that expresses it
-    command = "`dqtool downgrade --opset 17`" if target == "onnx-opset-17" else \
-        "`dqtool upgrade --opset 21`"
+    # the target's other findings); a target with limits of its own on DequantizeLinear
+    # gets the conversion whose result it runs (below)
+    command = {"onnx-opset-17": "`dqtool downgrade --opset 17`",
+               "onnx-opset-21": "`dqtool upgrade --opset 21`",
+               "directml-fl6.2": "`dqtool downgrade --opset 20`",  # int8/uint8, per-axis
+               "onednn-graph": "`dqtool upgrade --opset 21`",
+               "opmx": "`dqtool upgrade --opset 21`"}[target]
     assert command in found[0].fix and "`dqtool fold`" in found[0].fix
-    # a target with limits of its own on DequantizeLinear: the node made is linted in turn
-    assert ("lint it again" in found[0].fix) == (not target.startswith("onnx-opset"))
+    assert ("lints clean for" in found[0].fix) == (not target.startswith("onnx-opset"))
     assert report.exit_code == 1
+
+
+@pytest.mark.parametrize("target", ["directml-fl6.2", "directml-fl6.0", "directml-fl6.3",
+                                    "directml-fl3.0", "onednn-graph", "opmx"])
+@pytest.mark.parametrize(("bits", "k", "zp", "block"), [
+    (4, 64, "packed", 32), (4, 100, "none", 32), (8, 64, "none", 32), (2, 96, "packed", 32),
+    (4, 64, "float", 32)])
+def test_the_fix_for_a_target_with_its_own_limits_gives_a_model_it_runs(
+        tmp_path, target, bits, k, zp, block):
+    """DirectML, oneDNN Graph and opmx limit DequantizeLinear themselves (codes' type,
+    blocks, zero points, ragged blocks): the fix named is one whose result the target
+    runs, found by trying (an `upgrade --opset 21` said for DirectML FL6.2 left its
+    errors), or fold alone when no conversion gives such a model."""
+    rng = np.random.default_rng(bits * 1000 + k)
+    path = tmp_path / "m.onnx"
+    onnx.save(nbits_model(k, 8, bits, block, nbits_inputs(rng, k, 8, bits, block, zp=zp)),
+              path)
+    [found] = [f for f in dqtool.lint(path, target=target).findings if f.code == "DQ109"]
+    assert "`dqtool fold`" in found.fix
+    commands = [c for c in found.fix.split("`")[1::2] if c != "dqtool fold"]
+    out = tmp_path / "fixed.onnx"
+    if not commands:
+        return  # no DequantizeLinear form runs there: fold is the fix (checked elsewhere)
+    (command,) = commands
+    verb, _, opset, *rest = command.split()[1:]
+    (dqtool.upgrade if verb == "upgrade" else dqtool.downgrade)(
+        path, int(opset), out, per_axis=rest == ["--per-axis"])
+    errors = [f for f in dqtool.lint(out, target=target).findings if f.severity == "error"]
+    assert errors == []
 
 
 @pytest.mark.parametrize("target", [13, 17, 19, 21, 25])

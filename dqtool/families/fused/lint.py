@@ -18,8 +18,9 @@ define(RULE, "target-fused-op", "error",
        "the target cannot run a com.microsoft MatMulNBits / GatherBlockQuantized "
        "(dequantization inside an onnxruntime contrib op)",
        "node 'mm': directml-fl6.2 cannot run it: com.microsoft MatMulNBits (weight uint4 "
-       "dequantized inside the operator) is an onnxruntime contrib op; fix: `dqtool upgrade "
-       "--opset 21` (ai.onnx DequantizeLinear + MatMul, exact), or `dqtool fold`")
+       "dequantized inside the operator) is an onnxruntime contrib op; fix: `dqtool "
+       "downgrade --opset 20` (ai.onnx DequantizeLinear + MatMul, exact; its result lints "
+       "clean for directml-fl6.2), or `dqtool fold` (float weights)")
 
 
 # The problems read finds in a fused node (FusedSpec.problems), as lint rules of the same
@@ -82,11 +83,17 @@ def target_findings(ctx: ModelContext, target: str) -> Iterator[Finding]:
                                   f"{rejected[0].message}", target=target, node=name,
                                   where=site.graph, fix=_fix(spec, opset), op=_op(site))
             continue
+        if _target_opset(target) is None:  # a target with limits of its own: tried
+            from dqtool.families.fused.lint_fix import clean_fix
+
+            fix = _fix(spec, opset, tried=clean_fix(node, site.opsets, opset, target),
+                       target_name=target)
+        else:
+            fix = _fix(spec, opset, _target_opset(target))
         yield ctx.finding(
             RULE, "error", f"{target} cannot run it: com.microsoft {node.op_type} (weight "
             f"{spec.quant_type} dequantized inside the operator) is an onnxruntime contrib "
-            "op", target=target, node=name, where=site.graph,
-            fix=_fix(spec, opset, _target_opset(target), recheck=True), op=_op(site))
+            "op", target=target, node=name, where=site.graph, fix=fix, op=_op(site))
 
 
 def _op(site) -> str:
@@ -103,13 +110,15 @@ def _target_opset(target: str) -> int | None:
     return int(n) if head == "onnx-opset" and n.isdigit() else None
 
 
-def _fix(spec, opset: int, target: int | None = None, recheck: bool = False) -> str | None:
+def _fix(spec, opset: int, target: int | None = None, tried: str | None = None,
+         target_name: str | None = None) -> str | None:
     """The commands that make the node portable. For an ``onnx-opset-N`` target, the
     conversion lands on N (a fix that upgraded past it left other findings: measured by a
-    trial running each suggested command); otherwise on the lowest opset at or above the
-    model's that expresses the node, and with ``recheck`` (a target with its own limits
-    on DequantizeLinear: DirectML, oneDNN Graph, opmx) the fix says that the node it
-    makes is linted against them in turn (a trial found DQ101/DQ103/DQ107 after it)."""
+    trial running each suggested command). For a target with its own limits on
+    DequantizeLinear (DirectML, oneDNN Graph, opmx: ``target_name``), the conversion
+    whose result lints clean for it (``tried``, see ``lint_fix``), if one does; else
+    ``fold``. With neither (onnxruntime rejecting a combination), the lowest opset at or
+    above the model's that expresses the node."""
     from dqtool.families.fused.facts import lowest_onnx_opset
     from dqtool.families.fused.to_onnx import Refusal, check
 
@@ -120,13 +129,15 @@ def _fix(spec, opset: int, target: int | None = None, recheck: bool = False) -> 
         if lowest is not None and lowest <= target:
             verb = "upgrade" if target >= opset else "downgrade"
             ways.append(f"`dqtool {verb} --opset {target}` ({form}, exact)")
+    elif target_name is not None:
+        if tried is not None:
+            ways.append(f"{tried} ({form}, exact; its result lints clean for "
+                        f"{target_name})")
     else:
         need = max(needed_opset(spec), opset)
         try:
             check(spec, need)
-            then = "; then lint it again: this target has its own limits on DequantizeLinear" \
-                if recheck else ""
-            ways.append(f"`dqtool upgrade --opset {need}` ({form}, exact{then})")
+            ways.append(f"`dqtool upgrade --opset {need}` ({form}, exact)")
         except Refusal:
             pass
     if spec.constant and ort_facts.g_idx_refusal(spec.g_idx, spec.zero_point) is None:
