@@ -128,13 +128,26 @@ class ModelNames:
 
     def __init__(self, model: ir.Model) -> None:
         self._taken: set[str] = set()
+        self._nodes: set[str] = set()  # node names: onnxruntime refuses two alike
         for site in graph.walk(model):
+            if site.node.name:
+                self._nodes.add(site.node.name)
             for v in (*site.node.inputs, *site.node.outputs):
                 if v is not None and v.name:
                     self._taken.add(v.name)
         for g in model.graphs():
             self._taken.update(v.name for v in (*g.inputs, *g.outputs) if v.name)
             self._taken.update(g.initializers)
+
+    def node(self, base: str) -> str:
+        """A node name no node of the model has (``base``, or ``base_1``, ...): a new
+        node named after the one it replaces may meet a name the model already uses,
+        and onnxruntime refuses a graph with two nodes of one name."""
+        name, i = base, 1
+        while name in self._nodes:
+            name, i = f"{base}_{i}", i + 1
+        self._nodes.add(name)
+        return name
 
     def claim(self, name: str) -> bool:
         """Take ``name`` itself if nothing has it; whether it was free."""

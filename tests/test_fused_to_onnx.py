@@ -281,3 +281,32 @@ def test_per_axis_follows_the_usual_lowering_exactly(bits, zp, opset):
     assert "--per-axis" in report.changes[0].why
     eye = {"A": np.eye(100, dtype=np.float32)}
     assert np.array_equal(bits_of(run_ort(original, eye)[0]), bits_of(run_ort(converted, eye)[0]))
+
+
+def test_new_nodes_never_take_a_name_the_model_already_has(tmp_path):
+    """upgrade names its nodes after the one they replace (``mm/matmul``) and pack its
+    MatMulNBits ``<MatMul's name>/nbits``: a model whose other nodes already have those
+    names got two nodes of one name, which onnxruntime refuses to load."""
+    import collections
+
+    rng = np.random.default_rng(11)
+    m = nbits_model(64, 64, 4, 32, nbits_inputs(rng, 64, 64, 4, 32), m=2)
+    m.graph.node[0].output[0] = "h"
+    m.graph.node.append(onnx.helper.make_node("Relu", ["h"], ["Y"], name="mm/matmul"))
+    up = dqtool.upgrade(ir.serde.deserialize_model(m), 21).model
+    names = [n.name for n in up.graph]
+    assert [k for k, c in collections.Counter(names).items() if c > 1] == []
+    assert "mm/matmul" in names  # the model's own node keeps its name
+    proto = ir.serde.serialize_model(up)
+    a = {"A": rng.random((2, 64)).astype(np.float32)}
+    assert np.allclose(run_ort(proto, a)[0], run_ort(m, a)[0], rtol=1e-5, atol=1e-6)
+    # pack: a QDQ model (no names noted) whose Relu is named as pack names MatMulNBits
+    for n in up.graph:
+        n.metadata_props.clear()
+    relu = next(n for n in up.graph if n.op_type == "Relu")
+    matmul = next(n for n in up.graph if n.op_type == "MatMul")
+    relu.name = f"{matmul.name}/nbits"
+    packed = ir.serde.serialize_model(dqtool.pack(up).model)
+    names = [n.name for n in packed.graph.node]
+    assert [k for k, c in collections.Counter(names).items() if c > 1] == []
+    assert run_ort(packed, a)[0].shape == (2, 64)

@@ -73,7 +73,8 @@ class Step:
         tensor = ir.LazyTensor(make, dtype=dtype, shape=ir.Shape(shape), name=name)
         if self.in_function:
             # Functions have no initializers: a Constant node holds the value.
-            cnode = ir.node("Constant", [], {"value": tensor}, name=f"{self.node.name}/{base}")
+            cnode = ir.node("Constant", [], {"value": tensor},
+                            name=self.ctx.fresh.node(f"{self.node.name}/{base}"))
             self.node.graph.insert_before(self.node, cnode)
             out = cnode.outputs[0]
             out.name = name
@@ -117,7 +118,8 @@ class Step:
         nodes: list[ir.Node] = []
         prev = y
         for op, extra, attrs, role in chain:
-            n = ir.node(op, [prev, *extra], attrs, name=f"{self.node.name}/{role}")
+            n = ir.node(op, [prev, *extra], attrs,
+                        name=self.ctx.fresh.node(f"{self.node.name}/{role}"))
             nodes.append(n)
             prev = n.outputs[0]
         last = prev

@@ -49,7 +49,7 @@ def decompose(step: Step, spec: QuantSpec, reasons: list[str]) -> Outcome:
     nodes: list[ir.Node] = []
 
     def add(op: str, inputs: list, attrs: dict, role: str) -> ir.Value:
-        n = ir.node(op, inputs, attrs, name=f"{node.name}/{role}")
+        n = ir.node(op, inputs, attrs, name=step.ctx.fresh.node(f"{node.name}/{role}"))
         n.outputs[0].name = step.ctx.fresh(f"{node.outputs[0].name}/{role}")
         nodes.append(n)
         return n.outputs[0]

@@ -351,7 +351,7 @@ class FusedPackPass:
         if level:
             attrs["accuracy_level"] = level
         node = ir.node("MatMulNBits", inputs, attrs, domain="com.microsoft",
-                       name=f"{b.base}/nbits")
+                       name=b.node_name(f"{b.base}/nbits"))
         out = node.outputs[0]
         out.name = self.fresh(f"{b.base}/nbits")
         return out
@@ -530,7 +530,7 @@ class FusedPackPass:
         if bits != 4:  # 4 is the default; onnxruntime's quantizer leaves it out
             attrs["bits"] = bits
         node = ir.node("GatherBlockQuantized", inputs, attrs, domain="com.microsoft",
-                       name=f"{b.base}/gbq")
+                       name=b.node_name(f"{b.base}/gbq"))
         out = node.outputs[0]
         out.name = self.fresh(f"{b.base}/gbq")
         old = [v for v in dq.inputs if v is not None]

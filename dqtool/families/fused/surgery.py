@@ -128,6 +128,12 @@ class Builder:
         self.created: set[str] = set()  # initializers made here
         self.base = node.name or node.outputs[0].name or node.op_type
 
+    def node_name(self, base: str) -> str:
+        """``base``, or a variant no node of the model has (when ``fresh`` keeps node
+        names too: ``cleanup.ModelNames``)."""
+        unique = getattr(self.fresh, "node", None)
+        return unique(base) if unique is not None else base
+
     def constant(self, role: str, dtype: ir.DataType, shape: Sequence[int],
                  make: Callable[[], ir.TensorProtocol | np.ndarray]) -> ir.Value:
         """A constant computed only when the model is saved (``LazyTensor``)."""
@@ -162,7 +168,8 @@ class Builder:
     def value_of(self, tensor: ir.TensorProtocol, name: str, dtype: ir.DataType,
                  shape: tuple[int, ...]) -> ir.Value:
         if self.in_function:
-            cnode = ir.node("Constant", [], {"value": tensor}, name=f"{self.base}/{name}")
+            cnode = ir.node("Constant", [], {"value": tensor},
+                            name=self.node_name(f"{self.base}/{name}"))
             self.nodes.append(cnode)
             out = cnode.outputs[0]
             out.name, out.dtype, out.shape = name, dtype, ir.Shape(shape)
@@ -180,7 +187,8 @@ class Builder:
     def op(self, op_type: str, inputs: Sequence[ir.Value | None], role: str,
            attributes: dict | None = None, dtype: ir.DataType | None = None,
            shape: Sequence[int | str | None] | None = None) -> ir.Value:
-        n = ir.node(op_type, list(inputs), attributes or {}, name=f"{self.base}/{role}")
+        n = ir.node(op_type, list(inputs), attributes or {},
+                    name=self.node_name(f"{self.base}/{role}"))
         out = n.outputs[0]
         out.name = self.fresh(f"{self.base}/{role}")
         if dtype is not None:
