@@ -150,3 +150,6 @@ def test_lowered_below_opset_21_the_model_keeps_a_low_ir_version(tmp_path):
     up = dqtool.upgrade(src, 21).model
     assert {k for n in up.graph for k in n.metadata_props} == {
         "dqtool.fused.names", "dqtool.fused.accuracy_level", "dqtool.fused.bias"}
+    # and lowered again: the notes go (they kept a downgraded upgrade at IR 10)
+    low = dqtool.downgrade(up, 17).model
+    assert low.ir_version < 10 and not [n for n in low.graph if n.metadata_props]

@@ -69,6 +69,8 @@ def run(model_or_path: ir.Model | str | os.PathLike, opset: int,
     except InputError as e:
         raise InputError(f"{source}: {e}") from None
     _set_opsets(model, opset)
+    if opset < 21:
+        _drop_fused_notes(model)
     model.ir_version = io.lowest_ir_version(model)
     report.to_ir_version = model.ir_version
     if declared is not None:
@@ -251,3 +253,13 @@ def _set_opsets(model: ir.Model, opset: int) -> None:
 def default_output(path: str | os.PathLike, opset: int) -> Path:
     p = Path(path)
     return p.with_name(f"{p.stem}.opset{opset}{p.suffix or '.onnx'}")
+
+
+def _drop_fused_notes(model: ir.Model) -> None:
+    """The notes ``upgrade`` left for ``pack`` (``dqtool.fused.*`` node metadata) go below
+    opset 21: node metadata needs IR version 10, which a model lowered for an older
+    runtime must not keep for them (a downgrade of an upgraded model stayed IR 10)."""
+    for site in graph.walk(model):
+        props = site.node.metadata_props
+        for key in [k for k in props if k.startswith("dqtool.fused.")]:
+            del props[key]
