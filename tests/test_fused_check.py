@@ -322,3 +322,21 @@ def test_indices_into_a_small_table_are_drawn_inside_it(tmp_path):
     report = dqtool.check(up, against=src)
     assert report.passed and report.comparisons
     assert all(c.outputs for c in report.comparisons)
+
+
+@pytest.mark.parametrize("keep", [False, True])
+def test_upgrade_check_passes_a_fused_node_kept_for_its_computed_weight(tmp_path, keep):
+    """A MatMulNBits whose B is a graph input stays as it is (upgrade keeps it, with the
+    reason): --check found "not found (the original's weight is not constant)" and failed
+    a correct conversion, even with --keep-contrib."""
+    rng = np.random.default_rng(12)
+    m = nbits_model(64, 16, 4, 32, nbits_inputs(rng, 64, 16, 4, 32), m=2)
+    b = next(t for t in m.graph.initializer if t.name == "B")
+    m.graph.input.append(onnx.helper.make_tensor_value_info("B", b.data_type, list(b.dims)))
+    m.graph.initializer.remove(b)
+    src = tmp_path / "b_input.onnx"
+    onnx.save(m, src)
+    report = dqtool.upgrade(src, 21, tmp_path / "up.onnx", check=True, keep_contrib=keep)
+    assert report.check.ok
+    weights = dqtool.check(tmp_path / "up.onnx", against=src).weights
+    assert [(w.status, w.same) for w in weights] == [("kept", True)]

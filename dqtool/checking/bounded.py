@@ -38,7 +38,7 @@ def apply(comparisons: Sequence[RuntimeComparison], weights: Sequence[Any],
         return tuple(comparisons)
     ref = next((c for c in comparisons if c.runtime == REFERENCE), None)
     ref_ok = ref is not None and ref.skipped is None and ref.passed
-    bad_weights = [w for w in weights if w.status != "bit-identical"]
+    bad_weights = [w for w in weights if not w.same]
     beyond = [b for b in bounds if b.status == "beyond"]
     unbounded = [b for b in bounds if b.status == "unbounded"]
     # A node that could have been compared and was not (its output gone from the checked

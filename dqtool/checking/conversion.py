@@ -255,7 +255,7 @@ def _fused_weights(plan: _Plan) -> tuple[str | None, str]:
         return None, ""
     for s in supports:
         weights = s.weights(plan.converted.ir_model(), plan.original.ir_model())
-        bad = [w for w in weights if w.status != "bit-identical"]
+        bad = [w for w in weights if not w.same]
         if bad:
             return "; ".join(f"{w.node}: {w.status} ({w.detail})" for w in bad), ""
         plan.notes.append(f"{len(weights)} {s.weights_label} bit-identical in the converted "

@@ -214,7 +214,9 @@ class CheckSupport:
       ``bounds`` are then called with the two models' places swapped.
     - ``weights``: ``(checked model, original model) → comparisons`` of each of the
       original's family weights with its counterpart in the checked model (objects with
-      ``node``, ``op``, ``status`` — "bit-identical" or not — and ``detail``).
+      ``node``, ``op``, ``status`` — "bit-identical" or not — ``detail``, and ``same``:
+      whether the checked model computes the weight as the original does, bit-identical
+      or by the very same node).
     - ``weights_label``: how a conversion check's note names them ("fused weight(s) ...").
     - ``tolerated``: why final outputs may still differ when every weight is bit-identical
       (the operator sums in its own order); a conversion check then tolerates them.

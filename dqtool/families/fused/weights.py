@@ -24,12 +24,18 @@ from dqtool.families.fused import kernel, read
 class WeightComparison:
     node: str
     op: str
-    status: str  # "bit-identical", "differ", "not found"
+    status: str  # "bit-identical", "kept" (the same node, its weight computed), "differ",
+    # "not found"
     detail: str = ""
 
     @property
     def passed(self) -> bool:
         return self.status != "differ"
+
+    @property
+    def same(self) -> bool:
+        """The checked model computes this weight as the original does."""
+        return self.status in ("bit-identical", "kept")
 
     def to_json(self) -> dict[str, Any]:
         return {"node": self.node, "op": self.op, "status": self.status,
@@ -129,6 +135,16 @@ def _counterpart(model_values: dict[str, ir.Value], node: ir.Node) -> np.ndarray
     return _evaluate(p.inputs[0])
 
 
+def _kept(values: dict[str, ir.Value], node: ir.Node) -> bool:
+    """Whether the checked model has ``node`` itself: the same op on inputs of the same
+    names, making the same output (a conversion leaves a node whose weight is computed)."""
+    y = values.get(node.outputs[0].name)
+    twin = y.producer() if y is not None else None
+    return twin is not None and (twin.op_type, twin.domain) == (node.op_type, node.domain) \
+        and [v.name if v is not None else None for v in twin.inputs] == \
+        [v.name if v is not None else None for v in node.inputs]
+
+
 def _scope(function: ir.Function | None) -> tuple[str, str, str] | None:
     """Value names are looked up within their scope: the graphs, or one function."""
     return None if function is None else function.identifier()
@@ -149,8 +165,12 @@ def compare_weights(model: ir.Model, original: ir.Model) -> list[WeightCompariso
         name = node.name or node.outputs[0].name
         want = fused_weight(node)
         if want is None:
-            out.append(WeightComparison(name, node.op_type, "not found",
-                                        "the original's weight is not constant"))
+            if _kept(values, node):
+                out.append(WeightComparison(name, node.op_type, "kept", "the same node in "
+                                            "both models (its weight is not constant)"))
+            else:
+                out.append(WeightComparison(name, node.op_type, "not found",
+                                            "the original's weight is not constant"))
             continue
         got = _counterpart(values, node)
         if isinstance(got, str) or got is None:
