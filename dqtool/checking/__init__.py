@@ -80,7 +80,7 @@ def check(
         # (a conversion from them), else the checked model (a conversion into them, as
         # `pack` makes), whose nodes are then compared with the original's in their place.
         sides = ((loaded, proto), (other_loaded, other))
-        weights, bounds = [], []
+        weights, bounds, exposed = [], [], {}
         for support in families.check_supports():
             if support.holds_weights is None:
                 continue
@@ -89,11 +89,13 @@ def check(
             if support.weights is not None:
                 weights += support.weights(mine[0].ir_model(), theirs[0].ir_model())
             if support.bounds is not None and bounded.needs_bounds(comparisons):
-                bounds += support.bounds(mine[1], theirs[1], mine[0].ir_model(),
-                                         theirs[0].ir_model(), feeds, mine[0].external_dir,
-                                         theirs[0].external_dir)
+                got = support.bounds(mine[1], theirs[1], mine[0].ir_model(),
+                                     theirs[0].ir_model(), feeds, mine[0].external_dir,
+                                     theirs[0].external_dir)
+                exposed.update(getattr(got, "exposed", {}))
+                bounds += got
         if bounds:
-            comparisons = bounded.apply(comparisons, weights, bounds, notes)
+            comparisons = bounded.apply(comparisons, weights, bounds, notes, exposed)
         comparisons = faithful.apply(comparisons, per_op, notes)
         fused = next((r for support in families.check_supports() if support.fused_run
                       for r in [support.fused_run(proto, other, feeds)] if r is not None),

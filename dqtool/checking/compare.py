@@ -204,3 +204,16 @@ def bit_identical(actual: np.ndarray, expected: np.ndarray) -> bool:
 
 # Every float type dqtool knows, ml_dtypes' too (bfloat16, float8 …: numpy kind "V", not "f").
 _FLOATS = frozenset(t.dtype for t in types.TYPES.values() if not t.is_integer)
+
+
+def max_abs_difference(a: np.ndarray, b: np.ndarray) -> float:
+    """The largest absolute difference of two outputs in float64 (inf for other shapes or
+    a NaN in one only; NaN against NaN is no difference)."""
+    a, b = np.asarray(a), np.asarray(b)
+    if a.shape != b.shape:
+        return float("inf")
+    a64, b64 = a.astype(np.float64), b.astype(np.float64)
+    if (np.isnan(a64) != np.isnan(b64)).any():
+        return float("inf")
+    diff = np.abs(np.where(np.isnan(a64), 0.0, a64) - np.where(np.isnan(b64), 0.0, b64))
+    return float(np.max(diff)) if diff.size else 0.0
