@@ -192,3 +192,17 @@ def test_float_zero_points_keep_their_exact_chain_otherwise(dtype, store):
     if dtype == np.float32:  # float16: onnxruntime's fused op rounds once (docs/fused.md)
         a = {"A": rng.standard_normal((2, 300)).astype(dtype)}
         assert np.array_equal(bits_of(run_ort(original, a)[0]), bits_of(run_ort(folded, a)[0]))
+
+
+def test_fold_to_float16_of_upgraded_hqq_keeps_the_weight_before_its_offsets(tmp_path):
+    """upgrade writes an HQQ weight as DequantizeLinear → Reshape → Add(-(zp·s)): folded
+    to float16 before that Add, q·s was rounded where the Add then cancels most of it
+    (weights near zero up to 90x off). That node keeps its own type: exact."""
+    rng = np.random.default_rng(13)
+    src, up, out = tmp_path / "m.onnx", tmp_path / "up.onnx", tmp_path / "f.onnx"
+    onnx.save(nbits_model(64, 16, 4, 32, nbits_inputs(rng, 64, 16, 4, 32, zp="float")), src)
+    dqtool.upgrade(src, 21, up)
+    report = dqtool.fold(up, out, dtype="float16")
+    assert [f.stored_type for f in report.folded] == ["float"]  # float32, unrounded
+    weights = dqtool.check(out, against=src).weights
+    assert [w.status for w in weights] == ["bit-identical"]

@@ -100,7 +100,8 @@ class DequantizeFoldPass(ir.passes.InPlacePass):
             reason = "; ".join(p.message for p in spec.errors)
             self.left.append(LeftNode(name, site.graph, reason, refused=True))
             return False
-        folding = plan(node, spec, site.opsets, self.dtype)
+        folding = plan(node, spec, site.opsets,
+                       "keep" if _offset_follows(node) else self.dtype)
         if isinstance(folding, str):
             self.left.append(LeftNode(name, site.graph, folding, refused=True))
             return False
@@ -222,3 +223,16 @@ class DequantizeFoldPass(ir.passes.InPlacePass):
             bytes_quantized=stored, bytes_folded=(n * store.bits + 7) // 8, pair=pair,
             rounding=rounding(out, store),
         )
+
+
+def _offset_follows(node: ir.Node) -> bool:
+    """Whether the node's output goes on through a Reshape into an Add (the offsets
+    ``-(zp·s)`` that ``upgrade`` writes after an HQQ weight's DequantizeLinear): rounded
+    to a narrower ``--dtype`` before that Add, weights near zero came out up to 90x off
+    (the Add cancels most of ``q·s``), so such a node keeps its own type; the fused fold
+    of the original node rounds the sum once."""
+    uses = node.outputs[0].uses()
+    if len(uses) != 1 or uses[0].node.op_type != "Reshape" or uses[0].idx != 0:
+        return False
+    after = uses[0].node.outputs[0].uses()
+    return len(after) == 1 and after[0].node.op_type == "Add"
