@@ -206,3 +206,27 @@ def test_fold_to_float16_of_upgraded_hqq_keeps_the_weight_before_its_offsets(tmp
     assert [f.stored_type for f in report.folded] == ["float"]  # float32, unrounded
     weights = dqtool.check(out, against=src).weights
     assert [w.status for w in weights] == ["bit-identical"]
+
+
+def test_fold_in_a_function_leaves_none_of_the_fused_nodes_constants(tmp_path):
+    """In a function the weight's B, scales and zero points are Constant nodes: a fold
+    left them there, unused (the model kept their bytes)."""
+    from onnx import helper
+
+    rng = np.random.default_rng(14)
+    inner = nbits_model(64, 32, 4, 32, nbits_inputs(rng, 64, 32, 4, 32), m=2)
+    consts = [helper.make_node("Constant", [], [t.name], value=t)
+              for t in inner.graph.initializer]
+    f = helper.make_function("local", "QLayer", ["A"], ["Y"], [*consts, inner.graph.node[0]],
+                             list(inner.opset_import))
+    g = helper.make_graph([helper.make_node("QLayer", ["x"], ["y"], domain="local")], "g",
+                          [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [2, 64])],
+                          [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [2, 32])])
+    m = helper.make_model(g, ir_version=10, functions=[f], opset_imports=[
+        *inner.opset_import, helper.make_opsetid("local", 1)])
+    src, out = tmp_path / "m.onnx", tmp_path / "f.onnx"
+    onnx.save(m, src)
+    dqtool.fold(src, out)
+    (fn,) = onnx.load(out).functions
+    consts = [n for n in fn.node if n.op_type == "Constant"]
+    assert len(consts) == 1 and consts[0].attribute[0].t.data_type == onnx.TensorProto.FLOAT

@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 import onnx_ir as ir
 
-from dqtool import graph, types
+from dqtool import cleanup, graph, types
 from dqtool.cleanup import ModelNames
 from dqtool.families.fused import arrays, kernel, read, to_onnx
 from dqtool.families.fused.surgery import Builder
@@ -159,8 +159,6 @@ def _fold_float_zero_points(node: ir.Node, spec: Any, fresh: Any, store: np.dtyp
 
 
 def _drop(values: list[ir.Value]) -> None:
-    for v in values:
-        if v.uses() or v.is_graph_output() or v.is_graph_input():
-            continue
-        if v.is_initializer() and v.graph is not None:
-            v.graph.initializers.pop(v.name, None)
+    """The replaced node's constants nothing uses now: initializers, and the Constant
+    nodes that hold them in a function (they stayed there, unused)."""
+    cleanup.remove_unused(values, producers=frozenset({"Constant"}))
