@@ -122,7 +122,7 @@ class FusedPackPass:
     def __call__(self, model: ir.Model) -> PackReport:
         fresh = ModelNames(model)
         self.fresh = fresh
-        self._named: list[tuple[ir.Node, str | None, set[str]]] = []
+        self._named: list[tuple[ir.Node, dict, set[str]]] = []
         replaced: list[ir.Value] = []
         for site in list(graph.walk(model)):
             node = site.node
@@ -187,9 +187,9 @@ class FusedPackPass:
         return noted if isinstance(noted, dict) else {}
 
     def _note_names(self, node: ir.Node, dq: ir.Node, b: Builder) -> None:
-        from dqtool.families.fused.to_onnx import NAMES_KEY
-
-        self._named.append((node, dq.metadata_props.get(NAMES_KEY), set(b.created)))
+        noted = self._noted(dq)
+        if noted:
+            self._named.append((node, noted, set(b.created)))
 
     def _skip(self, node: ir.Node, site: graph.Site, why: str) -> None:
         self.report.skipped.append(Skipped(node.name or "<unnamed>", site.graph, why))
@@ -543,23 +543,13 @@ class FusedPackPass:
         return how, old
 
 
-def _restore_names(model: ir.Model, named: list[tuple[ir.Node, str | None, set[str]]]
-                   ) -> None:
+def _restore_names(model: ir.Model, named: list[tuple[ir.Node, dict, set[str]]]) -> None:
     """The names upgrade noted from the original fused node (``NAMES_KEY``) back on the
     packed node and on the constants made for it, each where nothing in the model has it
     now (after the pass, so that the values it replaced are gone)."""
-    import json
-
     from dqtool.families.fused.to_onnx import NAME_ROLES
 
-    notes = []
-    for node, text, created in named:
-        try:
-            noted = json.loads(text) if text and node.graph is not None else None
-        except ValueError:  # a note edited by hand: the names pack made stay
-            noted = None
-        if isinstance(noted, dict):
-            notes.append((node, noted, created))
+    notes = [n for n in named if n[0].graph is not None]
     if not notes:
         return
     taken = ModelNames(model)
