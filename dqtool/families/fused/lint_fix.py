@@ -82,7 +82,7 @@ def _dims(node: ir.Node) -> tuple[int, int] | None:
 def _candidates(model_opset: int) -> list[tuple[int, bool]]:
     need = max(21, model_opset)
     out = [(need, False), (need, True)]
-    out += [(k, False) for k in (20, 19, 17, 13) if k != model_opset or k >= 21]
+    out += [(k, False) for k in (20, 19, 17, 13) if k != model_opset]
     return out
 
 
@@ -114,9 +114,9 @@ def _search(node: ir.Node, opsets: dict[str, int], model_opset: int, target: str
 
 
 def _miniature(node: ir.Node, model_opset: int, opsets: dict[str, int]) -> ir.Model | None:
-    """A model of one node of ``node``'s form: its attributes and input types, the
-    smallest shapes they allow, codes and scales that break no rule (None if the form
-    is not one this knows)."""
+    """A model of one node of ``node``'s form: its attributes and input types, small
+    shapes with the facts of the real ones (``_dims``), codes and scales that break no
+    rule (None if the form is not one this knows)."""
     t = {i: graph.elem_type(v) for i, v in enumerate(node.inputs) if v is not None}
     dims = _dims(node)
     if dims is None:
@@ -151,9 +151,8 @@ def _model(node: ir.Node, inputs: list[ir.Value | None], graph_in: ir.Value,
            opsets: dict[str, int]) -> ir.Model:
     from dqtool import types
 
-    attrs = {k: a for k, a in node.attributes.items()}
-    new = ir.Node(node.domain, node.op_type, inputs, attributes=list(attrs.values()),
-                  name="n", version=node.version)
+    new = ir.Node(node.domain, node.op_type, inputs,
+                  attributes=list(node.attributes.values()), name="n", version=node.version)
     new.outputs[0].name = "y"
     new.outputs[0].dtype = types.by_name(out_type or "float").ir_type
     g = ir.Graph([graph_in], [new.outputs[0]], nodes=[new], initializers=inits,
@@ -182,11 +181,9 @@ def _mini_matmul_nbits(node: ir.Node, t: dict, dims: tuple[int, int], model_opse
             z = _tensor("z", np.full(s_shape, 1.0, _np(t[3])), t[3])
         inputs.append(z)
         inits.append(z)
-    node_k = ir.AttrInt64("K", k)
-    node_n = ir.AttrInt64("N", n)
     m = _model(node, inputs, a, inits, a_type, model_opset, opsets)
     only = next(iter(m.graph))
-    only.attributes["K"], only.attributes["N"] = node_k, node_n
+    only.attributes["K"], only.attributes["N"] = ir.AttrInt64("K", k), ir.AttrInt64("N", n)
     return m
 
 
