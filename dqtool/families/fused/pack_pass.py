@@ -218,7 +218,8 @@ class FusedPackPass:
         return k, n, _BITS[spec.quant_type], block
 
     def _scales_zps(self, dq: ir.Node, spec: QuantSpec, k: int, n: int, bits: int, block: int):
-        """(scales (N, kb) as stored, unsigned zero-point codes (N, kb)) as lazy makers."""
+        """(scales (N, kb) as stored, unsigned zero-point codes (N, kb), the same codes
+        (kb, N) as the DequantizeLinear holds them) as lazy makers."""
         kb = -(-k // block)
         scale, zp = graph.input_value(dq, 1), graph.input_value(dq, 2)
         signed = types.by_name(spec.quant_type).signed
@@ -232,12 +233,15 @@ class FusedPackPass:
         def scales() -> np.ndarray:
             return np.ascontiguousarray(kn(scale).T)
 
-        def zps() -> np.ndarray:
+        def zp_codes() -> np.ndarray:  # (kb, N), as the DequantizeLinear holds them
             if zp is None:
-                return np.full((n, kb), (1 << (bits - 1)) if signed else 0, np.uint8)
-            return np.ascontiguousarray(_unsigned_codes(kn(zp), bits, signed).T)
+                return np.full((kb, n), (1 << (bits - 1)) if signed else 0, np.uint8)
+            return _unsigned_codes(kn(zp), bits, signed)
 
-        return scales, zps, kb, signed
+        def zps() -> np.ndarray:
+            return np.ascontiguousarray(zp_codes().T)
+
+        return scales, zps, zp_codes, kb, signed
 
     def _matmul(self, dq: ir.Node, spec: QuantSpec, mm: ir.Node) -> tuple[str, list]:
         x = graph.input_value(dq, 0)
@@ -252,9 +256,9 @@ class FusedPackPass:
             raise NoMatch("A is 1-D")
         narrowed = self._narrower(dq, spec, bits)
         bits = narrowed or bits
-        scales, zps, kb, signed = self._scales_zps(dq, spec, k, n, bits, block)
+        scales, zps, zp_codes, kb, signed = self._scales_zps(dq, spec, k, n, bits, block)
         zp_present = graph.input_value(dq, 2) is not None
-        omit_zp = self.zero_points == "auto" and self._all_default(zps, bits)
+        omit_zp = self.zero_points == "auto" and self._all_default(zp_codes, bits)
         bias, add = self._bias(mm, n, spec.scale_type)
         b = Builder(mm if add is None else add, self.fresh, self.in_function)
         b.base = mm.name or dq.name or "matmul"
@@ -317,8 +321,10 @@ class FusedPackPass:
                 return None
         return narrow
 
-    def _all_default(self, zps, bits: int) -> bool:
-        return bool(np.all(zps() == (1 << (bits - 1))))
+    def _all_default(self, zp_codes, bits: int) -> bool:
+        # on the codes as stored: the transpose the packed form needs costs more than
+        # the test (0.1 ms a weight of the bench model), and is made only if they are kept
+        return bool(np.all(zp_codes() == (1 << (bits - 1))))
 
     def _bias(self, mm: ir.Node, n: int, s_type: str | None):
         """(bias, Add) when the MatMul's one use is an Add of a constant bias that goes
@@ -555,8 +561,9 @@ def _restore_names(model: ir.Model, named: list[tuple[ir.Node, dict, set[str]]])
     taken = ModelNames(model)
     node_names: dict[int, set[str]] = {}
     for node, names, created in notes:
-        in_graph = node_names.setdefault(
-            id(node.graph), {n.name for n in node.graph if n.name})
+        in_graph = node_names.get(id(node.graph))
+        if in_graph is None:  # once a graph (setdefault would walk it for every node)
+            in_graph = node_names[id(node.graph)] = {n.name for n in node.graph if n.name}
         want = names.get("node")
         if not isinstance(want, str):
             want = None
