@@ -7,11 +7,12 @@
 The model (float16, external data): a GatherBlockQuantized embedding, then 32 layers of 7
 MatMulNBits (q, k, v, o: D→D; gate, up: D→F; down: F→D), 4-bit symmetric, block 128. Its
 data file is written a few MB at a time, never held in memory. Each command runs in its
-own subprocess (the CLI), timed by wall clock, with its own peak RSS, right after its
-peer is timed: copying the data file. The copy's time swings 0.5-4.5 s from one minute
-to the next on a shared machine (write-back of earlier gigabytes), so each command is
-measured DQTOOL_BENCH_REPEAT times (default 3), interleaved with its copy, and the
-median of the ratios is what counts. This machine is a VM whose free memory goes back to
+own subprocess (the CLI), timed by wall clock, with its own peak RSS, between two timed
+runs of its peer: copying the data file (copy, upgrade, copy, pack, copy, upgrade, ...;
+a command's peer time is the mean of the copies on both sides of it). The copy's time
+swings 0.5-4.5 s from one minute to the next on a shared machine (write-back of earlier
+gigabytes, other tenants), so each command is measured DQTOOL_BENCH_REPEAT times (default
+5) and the median of the ratios is what counts. This machine is a VM whose free memory goes back to
 its host ~2 s after it is freed (free page reporting), and the first touch of such memory
 waits for the host: a copy of the data file takes 1.5-2.3 s on it against 0.57-0.67 s on
 memory freed just before. Every timed step (command and copy alike) therefore starts
@@ -51,10 +52,11 @@ D = 256 if QUICK else 3072  # hidden size
 F = 512 if QUICK else 8192  # MLP size
 V = 1024 if QUICK else 32000  # vocabulary
 BLOCK = 128
-# Rounds of (copy, upgrade, copy, pack); fold (~20 s at full size) and its copy run
-# FOLD_REPEAT times. The figures are medians of the rounds.
-REPEAT = int(os.environ.get("DQTOOL_BENCH_REPEAT") or (1 if QUICK else 3))
-FOLD_REPEAT = int(os.environ.get("DQTOOL_BENCH_FOLD_REPEAT") or 1)
+# Rounds of (upgrade, copy, pack, copy) after a first copy; fold (~6-12 s at full size)
+# and its copy of as many bytes run FOLD_REPEAT times. The figures are medians of the
+# rounds.
+REPEAT = int(os.environ.get("DQTOOL_BENCH_REPEAT") or (1 if QUICK else 5))
+FOLD_REPEAT = int(os.environ.get("DQTOOL_BENCH_FOLD_REPEAT") or (1 if QUICK else 2))
 # Touch memory before each timed step (see above); bytes beyond what a step writes.
 WARM = os.environ.get("DQTOOL_BENCH_WARM", "1") != "0"
 WARM_EXTRA = 512 << 20
@@ -259,35 +261,53 @@ def main() -> int:
         data = folder / "model.onnx.data"
         runs: dict[str, list[tuple[float, float, float]]] = {}  # (seconds, MB, peer seconds)
         cpu: dict[str, list[float]] = {"upgrade": [], "pack": [], "fold": []}
+        copies: list[float] = []  # every copy of the data file, in order
+        pending: list[tuple[str, float, float]] = []  # commands timed since the last copy
+
+        def copy_now(nbytes: int | None = None) -> None:
+            """A copy (the peer), which closes the commands timed since the one before: the
+            peer of each is the mean of the copies on both sides of it. Why both: the
+            copy's time drifts from one minute to the next (the disk's write-back, other
+            tenants), and a command timed between two copies is compared with the
+            machine's state across its own run, not only with what came before it."""
+            c = copy_time(data, folder / "copy.data", nbytes)
+            before = copies[-1] if copies else None
+            copies.append(c)
+            for name, t, rss in pending:
+                runs.setdefault(name, []).append(
+                    (t, rss, c if before is None else (before + c) / 2))
+            pending.clear()
+
+        def timed(name: str, *args: str, writes: int) -> None:
+            t, rss, _ = run(name, *args, writes=writes)
+            cpu[name].append(CPU[name])
+            pending.append((name, t, rss))
+
+        copy_now()
         for r in range(REPEAT):
-            # Each command right after its own copy: the disk's state (how much waits to
-            # be written back) changes the copy's time by 5x from one minute to the next.
             up, back = folder / f"up{r}.onnx", folder / f"back{r}.onnx"
-            copy = copy_time(data, folder / "copy.data")
-            t, rss, _ = run("upgrade", str(src), "--opset", "21", "-o", str(up), writes=size)
-            runs.setdefault("upgrade", []).append((t, rss, copy))
-            cpu["upgrade"].append(CPU["upgrade"])
-            copy = copy_time(data, folder / "copy.data")
-            t, rss, _ = run("pack", str(up), "-o", str(back), writes=size)
-            runs.setdefault("pack", []).append((t, rss, copy))
-            cpu["pack"].append(CPU["pack"])
+            timed("upgrade", str(src), "--opset", "21", "-o", str(up), writes=size)
+            copy_now()
+            timed("pack", str(up), "-o", str(back), writes=size)
+            copy_now()
             if r < REPEAT - 1:  # the last ones are checked below
                 for m in (up, back):
                     for f in folder.glob(m.name + "*"):
                         f.unlink()
         folded = folder / "fp16.onnx"
         fold_guess = 4 * size  # float16 for every 4-bit code (the scales go)
+        data_copies = list(copies)
+        copies.clear()  # the fold's peer copies as many bytes as it writes
         for _ in range(FOLD_REPEAT):
             for f in folder.glob(folded.name + "*"):
                 f.unlink()
-            t, rss, _ = run("fold", str(src), "--dtype", "float16", "-o", str(folded),
-                           writes=fold_guess)
-            cpu["fold"].append(CPU["fold"])
+            timed("fold", str(src), "--dtype", "float16", "-o", str(folded),
+                  writes=fold_guess)
             # The fold writes ~4x the bytes: its peer is copying as many bytes, measured (a
             # machine's write speed drops once gigabytes wait for the disk, so the copy of
-            # the data file scaled by 4 would flatter the peer).
-            copy_fold = copy_time(data, folder / "copy.data", data_bytes(folded))
-            runs.setdefault("fold", []).append((t, rss, copy_fold))
+            # the data file scaled by 4 would flatter the peer). The first fold has only
+            # the copy after it (its size is known once it is written).
+            copy_now(data_bytes(folded))
         fold_bytes = data_bytes(folded)
         loads = {"upgrade": ort_loads(up), "pack": ort_loads(back)}
         loads["fold"] = ort_loads(folded) if available_mb() > 3 * fold_bytes / 2**20 \
@@ -298,6 +318,8 @@ def main() -> int:
             "data_bytes": size, "fold_bytes": fold_bytes,
             "runs": {k: [{"s": round(t, 3), "rss_mb": round(m, 1), "copy_s": round(c, 3)}
                          for t, m, c in v] for k, v in runs.items()},
+            "copies_s": {"data file": [round(c, 3) for c in data_copies],
+                         "fold's bytes": [round(c, 3) for c in copies]},
             "median_ratio": {k: round(_median(v), 3) for k, v in ratios.items()},
             "peak_rss_mb": {k: round(max(m for _, m, _ in v), 1) for k, v in runs.items()},
             "cpu_s": {k: [round(x, 3) for x in v] for k, v in cpu.items()},
@@ -312,7 +334,7 @@ def main() -> int:
         }
         print(json.dumps(result))
         print(f"data file {size / 2**30:.2f} GiB; fold writes {fold_bytes / 2**30:.2f} GiB; "
-              f"each command timed right after a copy (its peer), {REPEAT} rounds "
+              f"each command timed between two copies (its peer: their mean), {REPEAT} rounds "
               f"({FOLD_REPEAT} for fold); "
               + (f"memory warmed before each step ({min(WARMED, default=0):.0%} of the "
                  f"wanted bytes at least)" if WARM else "memory not warmed"))
