@@ -10,12 +10,15 @@ releases the tensor (``release_rows``). As a whole (``numpy()``) it is the same 
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import numpy as np
 import onnx_ir as ir
 
 from dqtool.families.fused import packing
-from dqtool.folding.by_table import PackedRows
+
+if TYPE_CHECKING:  # (importing dqtool.folding cost `upgrade` ~7 ms before its first write)
+    from dqtool.folding.by_table import PackedRows
 
 
 class CodeRows(ir.LazyTensor):
@@ -55,6 +58,8 @@ class CodeRows(ir.LazyTensor):
     def packed_rows(self, r0: int, r1: int) -> PackedRows | None:
         """Rows ``r0:r1`` of 2- or 4-bit codes transposed but still packed (for a fold by
         table, which reads them as they are); None where ``rows`` must unpack first."""
+        from dqtool.folding.by_table import PackedRows
+
         per = 8 // self.bits
         if self.bits == 8 or self.n * self.bits % 8 or r0 % per or (
                 r1 % per and r1 != self.n_rows):
