@@ -142,3 +142,23 @@ def test_entry_quiets_openblas_before_the_command_runs() -> None:
         cli.entry()
     """)
     assert out == "4 False"
+
+
+def test_the_fused_converter_does_not_load_the_fold() -> None:
+    """``upgrade`` imports the fused converter before its first weight is written; the fold
+    (``dqtool.folding``, ~7 ms of imports) comes only with a fold's packed rows."""
+    out = _run("""
+        import sys
+        from dqtool.deferred_imports import defer_sympy
+        defer_sympy()
+        import dqtool.families.fused.to_onnx
+        before = "dqtool.folding" in sys.modules
+        import numpy as np
+        from dqtool.families.fused.rows import CodeRows
+        import onnx_ir as ir
+        b = np.arange(16, dtype=np.uint8).reshape(2, 1, 8)  # N=2, K=16, 4-bit
+        t = CodeRows(lambda: b, 16, 2, 4, ir.DataType.UINT4)
+        rows = t.packed_rows(0, 16)
+        print(before, "dqtool.folding" in sys.modules, type(rows).__name__)
+    """)
+    assert out == "False True PackedRows"
