@@ -238,24 +238,29 @@ def test_cli_upgrade_and_keep_contrib(tmp_path):
     assert _ops(onnx.load(tmp_path / "b.onnx")) == ["MatMulNBits"]
 
 
-def test_fused_node_inside_a_function_uses_constant_nodes():
-    rng = np.random.default_rng(14)
-    inputs = nbits_inputs(rng, 32, 4, 4, 32)
+def _in_a_function(k: int, n: int, bits: int, block: int, seed: int,
+                   opset: int = 21) -> onnx.ModelProto:
+    """One MatMulNBits in a model-local function, its weight in Constant nodes; X (k, k)."""
+    inputs = nbits_inputs(np.random.default_rng(seed), k, n, bits, block)
     consts = [onnx.helper.make_node("Constant", [], [name], value=onnx.numpy_helper.from_array(
         arr, name)) for name, arr in (("B", inputs["B"]), ("scales", inputs["scales"]),
                                       ("zero_points", inputs["zero_points"]))]
     body = [*consts, onnx.helper.make_node(
         "MatMulNBits", ["A", "B", "scales", "zero_points"], ["Y"], name="mm",
-        domain="com.microsoft", K=32, N=4, bits=4, block_size=32)]
+        domain="com.microsoft", K=k, N=n, bits=bits, block_size=block)]
     fn = onnx.helper.make_function("local", "Lin", ["A"], ["Y"], body, [
-        onnx.helper.make_opsetid("", 21), onnx.helper.make_opsetid("com.microsoft", 1)])
+        onnx.helper.make_opsetid("", opset), onnx.helper.make_opsetid("com.microsoft", 1)])
     g = onnx.helper.make_graph(
         [onnx.helper.make_node("Lin", ["X"], ["Z"], domain="local")], "g",
-        [onnx.helper.make_tensor_value_info("X", onnx.TensorProto.FLOAT, [32, 32])],
-        [onnx.helper.make_tensor_value_info("Z", onnx.TensorProto.FLOAT, [32, 4])])
-    original = onnx.helper.make_model(g, ir_version=10, functions=[fn], opset_imports=[
-        onnx.helper.make_opsetid("", 21), onnx.helper.make_opsetid("local", 1),
+        [onnx.helper.make_tensor_value_info("X", onnx.TensorProto.FLOAT, [k, k])],
+        [onnx.helper.make_tensor_value_info("Z", onnx.TensorProto.FLOAT, [k, n])])
+    return onnx.helper.make_model(g, ir_version=10, functions=[fn], opset_imports=[
+        onnx.helper.make_opsetid("", opset), onnx.helper.make_opsetid("local", 1),
         onnx.helper.make_opsetid("com.microsoft", 1)])
+
+
+def test_fused_node_inside_a_function_uses_constant_nodes():
+    original = _in_a_function(32, 4, 4, 32, seed=14)
     report = dqtool.inspect(ir.serde.deserialize_model(original))
     assert report.summary["fused_nodes"] == 1 and report.nodes[0].graph.startswith("function")
     converted, _ = _upgrade(original)
@@ -268,6 +273,44 @@ def test_fused_node_inside_a_function_uses_constant_nodes():
     assert [n.op_type for n in back.functions[0].node if n.op_type != "Constant"] == \
         ["MatMulNBits"]
     assert np.array_equal(bits_of(run_ort(original, eye)[0]), bits_of(run_ort(back, eye)[0]))
+
+
+@pytest.mark.parametrize(("bits", "how", "opset"), [
+    (2, "upgrade", 21), (4, "downgrade", 13), (2, "downgrade", 13), (4, "upgraded, then down", 13),
+    (2, "fold", None), (4, "fold float16", None)])
+def test_codes_widened_in_a_function_leave_no_narrow_constant(bits, how, opset):
+    """2/4-bit codes a function's DequantizeLinear cannot take at the target are widened to
+    8 bits; the Constant nodes of the narrow codes went unused but stayed, with their uint2
+    / uint4 type (onnxruntime refused the model, onnx's checker too), and were put after
+    the node that reads the wide ones. A downgrade of the upgraded model was refused for
+    those Constants' type before its DequantizeLinear was widened."""
+    original = _in_a_function(64, 6, bits, 32, seed=bits + 60)
+    model = ir.serde.deserialize_model(original)
+    if how == "upgrade":
+        out = dqtool.upgrade(model, opset).model
+    elif how == "downgrade":
+        out = dqtool.downgrade(model, opset).model
+    elif how.startswith("upgraded"):
+        out = dqtool.downgrade(dqtool.upgrade(model, 21).model, opset).model
+    else:
+        out = dqtool.fold(model, dtype="float16" if how.endswith("float16") else "keep").model
+    proto = ir.serde.serialize_model(out)
+    onnx.checker.check_model(proto, full_check=True)
+    body = proto.functions[0].node
+    made = {o for node in body for o in node.output}
+    read = {i for node in body for i in node.input} | set(proto.functions[0].output)
+    assert made <= read, made - read  # no Constant left unused
+    narrow = {onnx.TensorProto.UINT2, onnx.TensorProto.UINT4, onnx.TensorProto.INT2,
+              onnx.TensorProto.INT4}
+    assert not [n.output[0] for n in body if n.op_type == "Constant"
+                and n.attribute[0].t.data_type in narrow]
+    assert "MatMulNBits" not in [n.op_type for n in body]
+    eye = {"X": np.eye(64, dtype=np.float32)}
+    want, got = run_ort(original, eye)[0], run_ort(proto, eye)[0]
+    if how == "fold float16":  # the weight rounded to float16, then multiplied in float32
+        assert np.array_equal(got, want.astype(np.float16).astype(np.float32))
+    else:
+        assert np.array_equal(bits_of(want), bits_of(got))
 
 
 @pytest.mark.parametrize(("bits", "zp", "opset"), [(4, "packed", 21), (4, "float", 21),

@@ -135,6 +135,37 @@ def test_if_subgraph_and_local_function() -> None:
     assert_bits_equal(_ort(m, {"c": np.array(True)}), want, "ort")
 
 
+def test_callers_new_ops_run_inside_local_functions_too() -> None:
+    """onnx builds a function's evaluator without the caller's new_ops: check's layout-free
+    MatMul ran in the main graph only, and a weight made through Transpose inside a
+    function gave outputs 1e-6 apart from the same weight stored whole."""
+    from onnx.reference.op_run import OpRun
+
+    class Neg(OpRun):  # stands in for a caller's own implementation of an ai.onnx op
+        op_domain = ""
+
+        def _run(self, x):
+            return (np.full_like(x, 42.0),)
+
+    fn = helper.make_function("local", "F", ["x"], ["y"], [helper.make_node("Neg", ["x"], ["y"])],
+                              [helper.make_opsetid("", 13)])
+    g = helper.make_graph(
+        [helper.make_node("Neg", ["x"], ["a"]), helper.make_node("F", ["x"], ["b"],
+                                                                 domain="local")], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
+        [helper.make_tensor_value_info("a", TensorProto.FLOAT, [2]),
+         helper.make_tensor_value_info("b", TensorProto.FLOAT, [2])])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 13),
+                                            helper.make_opsetid("local", 1)],
+                          functions=[fn], ir_version=8)
+    x = np.array([1.0, -2.0], np.float32)
+    a, b = reference_evaluator(m, new_ops=[Neg]).run(None, {"x": x})
+    assert a.tolist() == b.tolist() == [42.0, 42.0]
+    # and an evaluator made without them runs onnx's own
+    a, b = reference_evaluator(m).run(None, {"x": x})
+    assert a.tolist() == b.tolist() == [-1.0, 2.0]
+
+
 def _one(node: onnx.NodeProto, inits: list, out_type: int) -> onnx.ModelProto:
     return node_model(node.op_type, inits, out_type, node=node, ir_version=10)
 

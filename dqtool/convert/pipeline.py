@@ -51,7 +51,22 @@ def run(model_or_path: ir.Model | str | os.PathLike, opset: int,
         model = working_copy(model)
     ctx = Context(model, opset, options, report)
     reg = registry or default_registry()
-    for site in list(graph.walk(model)):
+    sites = list(graph.walk(model))
+    # Constant nodes last: a rewrite of their readers may leave them unused (a function's
+    # uint4 codes a DequantizeLinear below opset 21 reads widened to uint8), and such a
+    # Constant goes rather than be refused for a type the target lacks.
+    def is_constant(s: graph.Site) -> bool:
+        return s.node.op_type == "Constant" and s.node.domain == ""
+
+    order = [s for s in sites if not is_constant(s)] + [None] + \
+        [s for s in sites if is_constant(s)]
+    for site in order:
+        if site is None:  # between the two: what the rewrites replaced, if unused now
+            # (a scale shared by a Q and a DQ stays); Q nodes stay: a conversion removes no
+            # computation.
+            cleanup.remove_unused(ctx.replaced, producers=frozenset({"Constant"}))
+            ctx.replaced.clear()
+            continue
         if site.node.graph is None:
             continue  # removed by an earlier rewrite
         node = site.node  # its identity before rewrites
@@ -61,8 +76,7 @@ def run(model_or_path: ir.Model | str | os.PathLike, opset: int,
         _record(report, site, op, outcome)
     if report.refusals:
         raise ConversionRefused(report)
-    # What the rewrites replaced, if nothing else uses it (a scale shared by a Q and a DQ
-    # stays); Q nodes stay: a conversion removes no computation.
+    # Those the Constants' own rewrites replaced.
     cleanup.remove_unused(ctx.replaced, producers=frozenset({"Constant"}))
     try:
         report.warnings.extend(graph.sort_if_needed(model))

@@ -29,11 +29,22 @@ def _ops() -> tuple[type[Any], ...]:
 
 
 class DqtoolReferenceEvaluator(ReferenceEvaluator):
-    """ReferenceEvaluator that always runs the families' operators with dqtool's kernel."""
+    """ReferenceEvaluator that always runs the families' operators with dqtool's kernel,
+    and the caller's ``new_ops`` in model-local functions too."""
+
+    _carried: tuple[type[Any], ...] = ()  # the caller's new_ops, for functions' evaluators
 
     def __init__(self, proto: Any, *args: Any, new_ops: list | None = None, **kwargs: Any):
+        if new_ops:
+            # onnx builds each function's evaluator with ``self.__class__`` and no new_ops:
+            # a class that carries them gives them to those too (a layout-free MatMul ran
+            # in the main graph only, and a weight made through Transpose inside a function
+            # gave outputs 1e-6 apart from the same weight stored whole).
+            cls = type(self)
+            self.__class__ = type(cls.__name__, (cls,),
+                                  {"_carried": (*new_ops, *cls._carried)})
         # Caller's ops first: on a clash ReferenceEvaluator keeps the first one.
-        super().__init__(proto, *args, new_ops=[*(new_ops or []), *_ops()], **kwargs)
+        super().__init__(proto, *args, new_ops=[*self._carried, *_ops()], **kwargs)
 
 
 def reference_evaluator(model: Any, **kwargs: Any) -> ReferenceEvaluator:

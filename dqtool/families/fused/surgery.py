@@ -125,7 +125,8 @@ class Builder:
         # Functions have no initializers: constants are Constant nodes there.
         self.in_function = in_function
         self.nodes: list[ir.Node] = []
-        self.created: set[str] = set()  # initializers made here
+        # constants made here: initializers, or in a function Constant nodes' outputs
+        self.created: set[str] = set()
         self.base = node.name or node.outputs[0].name or node.op_type
 
     def node_name(self, base: str) -> str:
@@ -173,6 +174,7 @@ class Builder:
             self.nodes.append(cnode)
             out = cnode.outputs[0]
             out.name, out.dtype, out.shape = name, dtype, ir.Shape(shape)
+            self.created.add(name)
             return out
         value = ir.Value(name=name, const_value=tensor, type=ir.TensorType(dtype),
                          shape=ir.Shape(shape))

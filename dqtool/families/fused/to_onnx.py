@@ -136,9 +136,20 @@ def _widen(b: Builder, note: bool) -> bool:
             shape = tuple(int(d) for d in _tensor(v).shape)
             wide = b.constant(f"{'x' if i == 0 else 'zero_point'}_8bit", wide_t, shape,
                               lambda v=v, np_t=np_t: arrays.value_array(v).astype(np_t))
+            made = wide.producer()
+            if made is not None:  # in a function, a Constant node: before its reader
+                b.nodes.remove(made)
+                b.nodes.insert(b.nodes.index(dq), made)
             dq.replace_input_with(i, wide)
             if v.name in b.created and not v.uses():
-                b.graph.initializers.pop(v.name, None)
+                # the narrow codes go: an initializer, or in a function the Constant node
+                # holding them (left, it kept its 2/4-bit type in a model lowered below
+                # the opset that has it: onnxruntime refused the model)
+                old = v.producer()
+                if old is not None and any(n is old for n in b.nodes):
+                    b.nodes.remove(old)
+                else:
+                    b.graph.initializers.pop(v.name, None)
             # What the codes were, so ``pack`` can give back the original width (it checks
             # that every code still fits before it believes this).
             if note:
