@@ -95,7 +95,11 @@ def check(
                 exposed.update(getattr(got, "exposed", {}))
                 bounds += got
         if bounds:
-            comparisons = bounded.apply(comparisons, weights, bounds, notes, exposed)
+            comparisons = bounded.apply(
+                comparisons, weights, bounds, notes, exposed,
+                drift_cause=lambda: runners.roundings_skipped_cause(
+                    [(name, proto, loaded.external_dir),
+                     (other_name, other, other_loaded.external_dir)]))
         comparisons = faithful.apply(comparisons, per_op, notes)
         fused = next((r for support in families.check_supports() if support.fused_run
                       for r in [support.fused_run(proto, other, feeds)] if r is not None),

@@ -13,7 +13,7 @@ by rtol/atol alone, as for any model.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from dqtool.checking import against
@@ -50,11 +50,13 @@ def needs_bounds(comparisons: Sequence[RuntimeComparison]) -> bool:
 
 def apply(comparisons: Sequence[RuntimeComparison], weights: Sequence[Any],
           bounds: Sequence[Any], notes: list[str],
-          exposed: Mapping[str, float] | None = None) -> tuple[RuntimeComparison, ...]:
+          exposed: Mapping[str, float] | None = None,
+          drift_cause: Callable[[], str] | None = None) -> tuple[RuntimeComparison, ...]:
     """The comparisons with onnxruntime's outputs tolerated where (1)–(3) hold; ``notes``
     gets the reason either way. ``exposed``: each output's difference in the runs behind
     the bounds (``Bounds.exposed``); an output that differs otherwise in the run compared
-    was not what the bounds describe."""
+    was not what the bounds describe, unless ``drift_cause()`` names why (onnxruntime's
+    own graph skips roundings the model asks for, which exposing the values restores)."""
     if not bounds:
         return tuple(comparisons)
     ref = next((c for c in comparisons if c.runtime == REFERENCE), None)
@@ -69,6 +71,10 @@ def apply(comparisons: Sequence[RuntimeComparison], weights: Sequence[Any],
     open_nodes = [b for b in unbounded if not getattr(b, "hidden", False)]
     why_not = None
     drift = moved_when_exposed(comparisons, exposed or {})
+    cause = drift_cause() if drift and drift_cause is not None else ""
+    if cause:
+        notes.append(f"{drift}, because {cause}")
+        drift = ""
     if drift:
         why_not = drift
     elif not weights or bad_weights:

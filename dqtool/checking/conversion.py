@@ -230,12 +230,14 @@ def _beyond_bounds(plan: _Plan, feeds: dict[str, np.ndarray],
     """Why onnxruntime's final differences are not its rounding: the original's fused
     nodes beyond the family's rounding bound (``CheckSupport.bounds``) or not bounded at
     all (outside a subgraph or function, which no run can expose), or final outputs that
-    differ otherwise when the nodes' values are exposed (the runs behind the bounds);
-    "" when none."""
+    differ otherwise when the nodes' values are exposed (the runs behind the bounds) for
+    no reason onnxruntime's own graph gives (``runners.roundings_skipped_cause``: then
+    the notes say so); "" when none."""
     from dqtool import families
     from dqtool.checking.compare import max_abs_difference
 
-    bad = []
+    bad: list[str] = []
+    drift: list[str] = []
     for s in families.check_supports():
         if s.bounds is None or s.holds_weights is None or \
                 not s.holds_weights(plan.original.proto):
@@ -250,8 +252,16 @@ def _beyond_bounds(plan: _Plan, feeds: dict[str, np.ndarray],
             if name in got_a and name in got_b:
                 here = max_abs_difference(got_a[name], got_b[name])
                 if here != seen:
-                    bad.append(f"onnxruntime's {name} differs by {here:.6g} here, by "
-                               f"{seen:.6g} when the nodes' values are exposed")
+                    drift.append(f"onnxruntime's {name} differs by {here:.6g} here, by "
+                                 f"{seen:.6g} when the nodes' values are exposed")
+    if drift:
+        cause = runners.roundings_skipped_cause(
+            [("the original", plan.original.proto, plan.original.external_dir),
+             ("the converted model", plan.converted.proto, plan.converted.external_dir)])
+        if cause:
+            plan.notes.append(f"{drift[0]}, because {cause}")
+        else:
+            bad += drift
     return "; ".join(bad[:3])
 
 

@@ -113,6 +113,79 @@ def ort_session(model: onnx.ModelProto, external_dir: Path | None = None) -> Ses
     return _session(sess, [o.name for o in sess.get_outputs()])
 
 
+def ort_graph(model: onnx.ModelProto, external_dir: Path | None = None
+              ) -> onnx.ModelProto | None:
+    """The graph onnxruntime runs for ``model`` (on CPU, ``ORT_DISABLE_ALL``): what it saves
+    as its optimized model, with the nodes and casts its session inserted (tensors left out:
+    written to a temporary file beside it and not read). None where it cannot say."""
+    import tempfile
+
+    try:
+        import onnxruntime as ort
+    except ImportError:
+        return None
+    with tempfile.TemporaryDirectory(prefix="dqtool-ort-graph-") as tmp:
+        so = ort.SessionOptions()
+        so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+        so.log_severity_level = 4
+        so.optimized_model_filepath = str(Path(tmp) / "graph.onnx")
+        so.add_session_config_entry("session.optimized_model_external_initializers_file_name",
+                                    "tensors.bin")
+        so.add_session_config_entry(
+            "session.optimized_model_external_initializers_min_size_in_bytes", "0")
+        if external_dir is not None:
+            so.add_session_config_entry(EXTERNAL_FOLDER_KEY, str(external_dir))
+        try:
+            ort.InferenceSession(model.SerializeToString(), so, providers=[ORT_PROVIDER])
+            return onnx.load(str(Path(tmp) / "graph.onnx"), load_external_data=False)
+        except Exception:  # no graph is an answer too (the caller says so)
+            return None
+
+
+# onnxruntime's name for a value its session computes in float32 in place of a float16
+# one (its CPU provider lacks the float16 kernel); the Cast it would put back is dropped
+# where the next reader computes in float32 too.
+_FLOAT32_PREFIX = "InsertedPrecisionFreeCast_"
+_HALF = (onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16)
+
+
+def roundings_skipped(model: onnx.ModelProto, ran: onnx.ModelProto) -> list[str]:
+    """The float16/bfloat16 values ``model``'s main graph computes that onnxruntime's graph
+    of it (``ort_graph``) never makes: it computes them in float32 (its own
+    ``InsertedPrecisionFreeCast_`` values) or reads a Cast's float32 input in place of the
+    Cast's rounded output, so the model's roundings to float16 never happen."""
+    names = {v for n in ran.graph.node for v in n.output} | \
+        {i.name for i in ran.graph.input} | {t.name for t in ran.graph.initializer}
+    skipped = []
+    for node in model.graph.node:
+        half_cast = node.op_type == "Cast" and node.domain in ("", "ai.onnx") and any(
+            a.name == "to" and a.i in _HALF for a in node.attribute)
+        for out in node.output:
+            if out and out not in names and (half_cast or _FLOAT32_PREFIX + out in names):
+                skipped.append(out)
+    return skipped
+
+
+def roundings_skipped_cause(models: Sequence[tuple[str, onnx.ModelProto, Path | None]]
+                            ) -> str:
+    """Why onnxruntime's plain runs of these (label, model, external folder) differ from
+    runs that expose every fused node's values, where its own graph says so: the float16
+    values it computes in float32 and never rounds (``roundings_skipped``); exposing a value
+    makes it round it. "" when no graph skips a rounding."""
+    parts = []
+    for label, proto, external_dir in models:
+        ran = ort_graph(proto, external_dir)
+        skipped = roundings_skipped(proto, ran) if ran is not None else []
+        if skipped:
+            more = f" and {len(skipped) - 4} more" if len(skipped) > 4 else ""
+            parts.append(f"{', '.join(skipped[:4])}{more} of {label}")
+    if not parts:
+        return ""
+    return ("onnxruntime never rounds " + "; ".join(parts) + " to float16: its own graph "
+            "computes them in float32 (no float16 CPU kernel for their nodes), against the "
+            "model's arithmetic, which the reference runtime follows")
+
+
 def run_ort(model: onnx.ModelProto, feeds: Mapping[str, np.ndarray],
             outputs: Sequence[str] | None = None,
             external_dir: Path | None = None) -> dict[str, np.ndarray]:
