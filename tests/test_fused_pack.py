@@ -37,16 +37,21 @@ def _node(proto, op):
 @pytest.mark.parametrize("dtype", [np.float32, np.float16])
 @pytest.mark.parametrize(("bits", "zp", "k", "block"), [
     (4, "packed", 100, 32), (4, "none", 64, 32), (4, "float", 100, 32), (8, "packed", 64, 16),
-    (8, "none", 256, 128), (4, "packed", 20, 32), (2, "packed", 96, 32), (2, "none", 64, 32)])
+    (8, "none", 256, 128), (4, "packed", 20, 32), (2, "packed", 96, 32), (2, "none", 64, 32),
+    (4, "packed", 33, 32), (2, "packed", 34, 32), (4, "none", 51, 128), (2, "none", 30, 64)])
 def test_upgrade_then_pack_restores_the_original_tensors(dtype, bits, zp, k, block):
     rng = np.random.default_rng(bits * 100 + k)
     n = 10
     inputs = nbits_inputs(rng, k, n, bits, block, dtype, zp)
     kb = -(-k // block)
-    # onnxruntime's quantizer pads a ragged last block with code 0 and the unused slots of
-    # the last zero-point byte with 2^(bits-1): so do the originals here.
+    # onnxruntime's quantizer pads a ragged last block with code 0, past codes it leaves in
+    # the byte holding K's last one (K·bits not a multiple of 8), and the unused slots of
+    # the last zero-point byte with 2^(bits-1): so do the originals here. (The byte's codes
+    # past K came back 0, and a K under one block came back with the smallest block >= K.)
     codes = packing.unpack(inputs["B"].reshape(n, -1), bits)
     codes[:, k:] = 0
+    end = -(-k // (8 // bits)) * (8 // bits)
+    codes[:, k:end] = rng.integers(1, 1 << bits, size=(n, end - k), dtype=np.uint8)
     inputs["B"] = packing.pack(codes, bits).reshape(n, kb, -1)
     if zp == "packed":
         z = packing.unpack(inputs["zero_points"], bits)[:, :kb]

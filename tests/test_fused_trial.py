@@ -25,7 +25,7 @@ from tools import fused_trial
 SLOW = bool(os.environ.get("DQTOOL_SLOW"))
 DEFAULT = ("float16_4bit_asym_b32", "float32_2bit_asym_b128", "float16_8bit_sym_b32",
            "float32_matmulnbits_bias_input", "float16_4bit_float_zero_points",
-           "float16_4bit_if")
+           "float16_4bit_if", "float32_4bit_asym_b32_odd_k", "float16_4bit_asym_b128_k51")
 # HQQ made here needs torch; the HQQ models under tests/data (made where it was) always run.
 HAS_TORCH = importlib.util.find_spec("torch") is not None
 CASES = [c for c in fused_trial.cases()

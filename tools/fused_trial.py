@@ -180,6 +180,16 @@ def cases(quick: bool = False) -> list[Case]:
     out.append(Case("float16_4bit_if", lambda: quantize(to_float16(float_if()),
                                                         gather=False)))
     out.append(Case("float32_matmulnbits_bias_input", _nbits_with_bias, repack=False))
+    # K's codes end inside a byte (odd K at 4 bits, K % 4 at 2 bits; the quantizer leaves
+    # codes past K there) and a K under one block (upgraded per-axis)
+    out.append(Case("float32_4bit_asym_b32_odd_k",
+                    lambda: quantize(float_lm(d=64, h=33), symmetric=False), ("batch=2",)))
+    out.append(Case("float32_2bit_sym_b32_k34",
+                    lambda: quantize(float_lm(d=64, h=34, gather=False), bits=2,
+                                     gather=False), ("batch=2",)))
+    out.append(Case("float16_4bit_asym_b128_k51",
+                    lambda: quantize(to_float16(float_lm(d=64, h=51)), symmetric=False,
+                                     block=128), ("batch=2",)))
     for dtype in ("float32", "float16"):
         out.append(Case(f"{dtype}_4bit_float_zero_points", lambda d=dtype: _hqq_like(d),
                         ("batch=2",)))

@@ -246,6 +246,8 @@ class FusedPackPass:
     def _matmul(self, dq: ir.Node, spec: QuantSpec, mm: ir.Node) -> tuple[str, list]:
         x = graph.input_value(dq, 0)
         k, n, bits, block = self._weight_facts(spec, graph.shape_of(x))
+        if spec.granularity == "per-axis":  # one block spans K: the original's, if noted
+            block = _noted_block(dq, k) or block
         a = graph.input_value(mm, 0)
         # MatMul's A and B share a type, so an undeclared A has the weight's type.
         if graph.elem_type(a) not in (None, spec.scale_type):
@@ -276,6 +278,16 @@ class FusedPackPass:
                                              bits, block, flip=flip)
             return packing.onnx_to_nbits(_unsigned_codes(_array(x), bits, signed), k, n, bits,
                                          block)
+
+        tail = _noted_tail(dq, k, n, bits, block)
+        if tail is not None:  # (K's codes end inside a byte: never the streamed path)
+            byte, shift, values = tail
+            untailed = b_bytes
+
+            def b_bytes() -> np.ndarray:
+                rows = np.array(untailed(), np.uint8).reshape(n, -1)
+                rows[:, byte] |= values << shift
+                return rows.reshape(n, kb, block * bits // 8)
 
         s_type = types.by_name(spec.scale_type).ir_type
         if on_bytes:  # saved to a data file: written a band of N rows at a time
@@ -585,6 +597,35 @@ def _restore_names(model: ir.Model, named: list[tuple[ir.Node, dict, set[str]]])
             v.name = want
             if v.const_value is not None:
                 v.const_value.name = want
+
+
+def _noted_block(dq: ir.Node, k: int) -> int | None:
+    """The block size ``upgrade`` noted of a MatMulNBits whose one block spans K, if it
+    still does (a power of two >= 16 and >= K); else None."""
+    from dqtool.families.fused.to_onnx import BLOCK_KEY
+
+    note = dq.metadata_props.get(BLOCK_KEY, "")
+    block = int(note) if note.isdigit() else 0
+    return block if _pow2_16(block) and block >= k else None
+
+
+def _noted_tail(dq: ir.Node, k: int, n: int, bits: int, block: int
+                ) -> tuple[int, int, np.ndarray] | None:
+    """(byte, bit, values) of the bits past K's last code that ``upgrade`` noted, to put
+    back in each row of B; None without a note, or one that does not fit this weight."""
+    from dqtool.families.fused.to_onnx import TAIL_KEY, tail_place
+
+    place = tail_place(k, bits, block)
+    note = dq.metadata_props.get(TAIL_KEY)
+    if place is None or not note:
+        return None
+    try:
+        values = np.frombuffer(bytes.fromhex(note), np.uint8)
+    except ValueError:
+        return None
+    if values.size != n or int(values.max(initial=0)) >= 1 << (8 - place[1]):
+        return None
+    return place[0], place[1], values
 
 
 def _remove_unused(nodes: list[ir.Node]) -> list[ir.Value]:
