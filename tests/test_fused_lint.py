@@ -93,6 +93,30 @@ def test_onnxruntime_flags_what_its_cpu_kernel_rejects(tmp_path):
     assert len(found) == 1 and "float zero points" in found[0].message
 
 
+@pytest.mark.parametrize("target", ["onnxruntime", "onnxruntime-1.31", "onnxruntime-1.32"])
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_onnxruntime_flags_an_a_type_its_release_has_no_kernel_for(tmp_path, target, dtype):
+    """A bfloat16 MatMulNBits passed lint for onnxruntime, which cannot load it (no CPU
+    kernel in 1.31 and 1.32, measured: NOT_IMPLEMENTED). The fact is the release's
+    profile; ``onnxruntime`` judges by the installed release, probed."""
+    import ml_dtypes
+
+    from dqtool.runtimes import onnxruntime as ort_profiles
+
+    np_type = np.float16 if dtype == "float16" else ml_dtypes.bfloat16
+    rng = np.random.default_rng(2)
+    path = tmp_path / "m.onnx"
+    onnx.save(nbits_model(64, 8, 4, 32, nbits_inputs(rng, 64, 8, 4, 32, np_type),
+                          dtype=np_type), path)
+    found = [f for f in dqtool.lint(path, target=target).findings if f.code == "DQ109"]
+    release = target.removeprefix("onnxruntime").removeprefix("-") or None
+    runs = dtype in ort_profiles.profile_for(release).matmulnbits_a_types
+    if release is not None:  # the fixed profiles, as measured
+        assert runs == (dtype == "float16")
+    assert [f.node for f in found] == ([] if runs else ["mm"])
+    assert all(f"no MatMulNBits kernel for {dtype} A" in f.message for f in found)
+
+
 def test_after_upgrade_the_fused_finding_is_gone(fused_path, tmp_path):
     out = tmp_path / "u.onnx"
     dqtool.upgrade(fused_path, 21, out)

@@ -3,7 +3,8 @@ deploys, and a probe that measures the installed one with one-node sessions.
 
 A profile says which ai.onnx opset a DequantizeLinear still runs at, which quantized and
 scale types its CPU DequantizeLinear takes, which scale types its com.microsoft
-DequantizeLinear takes, and which custom domains have a DequantizeLinear at all. The lint
+DequantizeLinear takes, which custom domains have a DequantizeLinear at all, and which A
+types its com.microsoft MatMulNBits takes. The lint
 target ``onnxruntime`` is the probed installed runtime; ``onnxruntime-1.31``/``-1.32`` are the
 fixed profiles below, each measured by this module's probe on that release (a test probes
 the installed runtime and compares it with the fixed profile of its release).
@@ -32,6 +33,8 @@ class OrtProfile:
     scale_types: frozenset[str]  # ai.onnx DequantizeLinear scale types (int8 x)
     microsoft_scale_types: frozenset[str]  # com.microsoft DequantizeLinear scale types
     domains: frozenset[str]  # custom domains with a DequantizeLinear ("com.microsoft")
+    # A types of the com.microsoft MatMulNBits its CPU provider has a kernel for
+    matmulnbits_a_types: frozenset[str] = frozenset()
 
     @property
     def name(self) -> str:
@@ -43,9 +46,11 @@ class OrtProfile:
                 "quant_types": sorted(self.quant_types),
                 "scale_types": sorted(self.scale_types),
                 "microsoft_scale_types": sorted(self.microsoft_scale_types),
-                "domains": sorted(self.domains)}
+                "domains": sorted(self.domains),
+                "matmulnbits_a_types": sorted(self.matmulnbits_a_types)}
 
 
+_FLOAT_HALF = frozenset({"float", "float16"})
 _INTS = frozenset({"int2", "int4", "int8", "int16", "int32",
                    "uint2", "uint4", "uint8", "uint16"})
 _F8 = frozenset({"float8e4m3fn", "float8e4m3fnuz", "float8e5m2", "float8e5m2fnuz"})
@@ -53,11 +58,9 @@ _F8 = frozenset({"float8e4m3fn", "float8e4m3fnuz", "float8e5m2", "float8e5m2fnuz
 # Measured with ``probe()`` on onnxruntime 1.31.1 and 1.32.0 (CPU, Linux x86_64).
 FIXED: dict[str, OrtProfile] = {
     "1.31": OrtProfile("1.31", "measured on onnxruntime 1.31.1", 26, 13, _INTS | _F8,
-                       frozenset({"float", "float16"}), frozenset({"float", "float16"}),
-                       frozenset({"com.microsoft"})),
+                       _FLOAT_HALF, _FLOAT_HALF, frozenset({"com.microsoft"}), _FLOAT_HALF),
     "1.32": OrtProfile("1.32", "measured on onnxruntime 1.32.0", 27, 14, _INTS | _F8,
-                       frozenset({"float", "float16"}), frozenset({"float", "float16"}),
-                       frozenset({"com.microsoft"})),
+                       _FLOAT_HALF, _FLOAT_HALF, frozenset({"com.microsoft"}), _FLOAT_HALF),
 }
 
 
@@ -115,6 +118,21 @@ def _dq_model(opset: int, x_type: str = "int8", scale_type: str = "float",
     return helper.make_model(graph, opset_imports=imports, ir_version=ir_version)
 
 
+def _matmulnbits_model(a_type: str) -> onnx.ModelProto:
+    """A one-node com.microsoft MatMulNBits of constants (K 16, N 2, 4-bit, one block), its
+    A and scales of ``a_type``."""
+    t = types.TYPES[a_type]
+    node = helper.make_node("MatMulNBits", ["a", "b", "s"], ["y"], domain="com.microsoft",
+                            K=16, N=2, bits=4, block_size=16)
+    graph = helper.make_graph(
+        [node], "probe", [], [helper.make_tensor_value_info("y", t.ir_type.value, [1, 2])],
+        [numpy_helper.from_array(np.zeros((1, 16), t.dtype), "a"),
+         numpy_helper.from_array(np.zeros((2, 1, 8), np.uint8), "b"),
+         numpy_helper.from_array(np.ones((2, 1), t.dtype), "s")])
+    return helper.make_model(graph, ir_version=10, opset_imports=[
+        helper.make_opsetid("", 21), helper.make_opsetid("com.microsoft", 1)])
+
+
 def _dq_since(opset: int) -> int:
     return onnx.defs.get_schema("DequantizeLinear", opset).since_version
 
@@ -159,9 +177,11 @@ def probe() -> OrtProfile:
     domains = frozenset(d for d, ok in (("com.microsoft", bool(ms)),
                                         ("opmx", _runs(_dq_model(13, domain="opmx"))))
                         if ok)
+    mnb = frozenset(t for t in ("float", "float16", "bfloat16")
+                    if _runs(_matmulnbits_model(t)))
     return OrtProfile(ort.__version__, f"probed from the installed onnxruntime "
                       f"{ort.__version__}", top, _max_ir_version(opset), quant, scales, ms,
-                      domains)
+                      domains, mnb)
 
 
 def profile_for(release: str | None) -> OrtProfile:

@@ -82,6 +82,10 @@ def target_findings(ctx: ModelContext, target: str) -> Iterator[Finding]:
                 yield ctx.finding(RULE, "error", f"onnxruntime cannot run it: "
                                   f"{rejected[0].message}", target=target, node=name,
                                   where=site.graph, fix=_fix(spec, opset), op=_op(site))
+            lacking = _ort_lacks(spec, target)
+            if lacking and not rejected:
+                yield ctx.finding(RULE, "error", lacking, target=target, node=name,
+                                  where=site.graph, op=_op(site))
             continue
         if _target_opset(target) is None:  # a target with limits of its own: tried
             from dqtool.families.fused.lint_fix import clean_fix
@@ -94,6 +98,23 @@ def target_findings(ctx: ModelContext, target: str) -> Iterator[Finding]:
             RULE, "error", f"{target} cannot run it: com.microsoft {node.op_type} (weight "
             f"{spec.quant_type} dequantized inside the operator) is an onnxruntime contrib "
             "op", target=target, node=name, where=site.graph, fix=fix, op=_op(site))
+
+
+def _ort_lacks(spec, target: str) -> str | None:
+    """The kernel the target's onnxruntime CPU provider has not for this node (its A type),
+    from the release's measured profile (``onnxruntime``: the installed one, probed)."""
+    from dqtool.runtimes import onnxruntime as ort_profiles
+
+    a_type = spec.float_type
+    if spec.op != "MatMulNBits" or a_type is None:
+        return None
+    release = target.removeprefix("onnxruntime").removeprefix("-") or None
+    facts = ort_profiles.profile_for(release)
+    if not facts.matmulnbits_a_types or a_type in facts.matmulnbits_a_types:
+        return None
+    return (f"{facts.name} cannot run it: no MatMulNBits kernel for {a_type} A (it has "
+            f"{' and '.join(sorted(facts.matmulnbits_a_types))}; {facts.source}); no "
+            "conversion of the node changes A's type")
 
 
 def _op(site) -> str:
