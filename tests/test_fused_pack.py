@@ -443,8 +443,9 @@ def test_pack_of_a_model_object_writes_the_output_it_is_given(tmp_path):
 
 
 def test_every_weight_pack_leaves_is_listed_with_why():
-    # upgrade's per-axis rows below opset 21, a table under --no-gather, a weight with two
-    # MatMuls: each was left with "skipped: []" and "0 left".
+    # upgrade's per-axis rows below opset 21, a table under --no-gather, a weight a MatMul
+    # and another node read: each was left with "skipped: []" and "0 left". (A weight two
+    # MatMuls share is packed: test_a_weight_two_matmulnbits_share_stays_one.)
     rng = np.random.default_rng(22)
     original = nbits_model(64, 8, 4, 32, nbits_inputs(rng, 64, 8, 4, 32), opset=13)
     low = dqtool.upgrade(ir.serde.deserialize_model(original), 13).model
@@ -461,8 +462,7 @@ def test_every_weight_pack_leaves_is_listed_with_why():
     original = nbits_model(64, 8, 4, 32, nbits_inputs(rng, 64, 8, 4, 32))
     up = dqtool.upgrade(ir.serde.deserialize_model(original), 21).model
     dq = next(n for n in up.graph if n.op_type == "DequantizeLinear")
-    a = up.graph.inputs[0]
-    second = ir.node("MatMul", [a, dq.outputs[0]], name="second")
+    second = ir.node("Relu", [dq.outputs[0]], name="second")
     up.graph.append(second)
     second.outputs[0].name, second.outputs[0].dtype = "Y2", ir.DataType.FLOAT
     up.graph.outputs.append(second.outputs[0])
@@ -544,3 +544,65 @@ def test_pack_gives_back_the_names_of_tables_it_takes_as_stored_and_of_unnamed_n
     original.graph.node[0].name = ""
     back = _roundtrip(original)
     assert [n.name for n in back.graph.node] == [""]
+
+
+def _shared_weight_model(accuracy: tuple[int, int] = (0, 0)) -> onnx.ModelProto:
+    """Two MatMulNBits taking the same B, scales and zero points (one weight, two uses)."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(21)
+    w = nbits_inputs(rng, 64, 40, 4, 32)  # (whole blocks: no padding codes to keep)
+    nodes = [helper.make_node("MatMulNBits", [a, "W", "W_scales", "W_zp"], [y], name=name,
+                              domain="com.microsoft", K=64, N=40, bits=4, block_size=32,
+                              **({"accuracy_level": acc} if acc else {}))
+             for (a, y, name), acc in zip((("x", "p", "mmA"), ("z", "q", "mmB")), accuracy,
+                                          strict=True)]
+    nodes.append(helper.make_node("Add", ["p", "q"], ["y"], name="add"))
+    graph = helper.make_graph(
+        nodes, "g", [helper.make_tensor_value_info(v, TensorProto.FLOAT, [64, 64])
+                     for v in ("x", "z")],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [64, 40])],
+        [numpy_helper.from_array(w["B"], "W"), numpy_helper.from_array(w["scales"], "W_scales"),
+         numpy_helper.from_array(w["zero_points"], "W_zp")])
+    return helper.make_model(graph, ir_version=10, opset_imports=[
+        helper.make_opsetid("", 21), helper.make_opsetid("com.microsoft", 1)])
+
+
+@pytest.mark.parametrize("how", ["upgrade 21", "downgrade 13", "fold"])
+def test_a_weight_two_matmulnbits_share_stays_one(how):
+    """upgrade wrote the codes twice (and fold two float weights), pack then gave back the
+    original weight and a second copy under another name: now one DequantizeLinear feeds
+    both MatMuls, and pack gives back the original model, names and all."""
+    original = _shared_weight_model()
+    m = ir.serde.deserialize_model(original)
+    if how == "fold":
+        out = dqtool.fold(m).model
+    else:
+        verb, opset = how.split()
+        out = getattr(dqtool, verb)(m, int(opset)).model
+    proto = ir.serde.serialize_model(out)
+    onnx.checker.check_model(proto, full_check=True)
+    ops = [n.op_type for n in proto.graph.node]
+    assert ops.count("MatMul") == 2 and ops.count("DequantizeLinear") == (0 if how == "fold"
+                                                                         else 1)
+    weights = [t for t in proto.graph.initializer if len(t.dims) == 2 and t.dims[0] * t.dims[1]
+               >= 64 * 40]
+    assert len(weights) == 1, [t.name for t in weights]
+    eye = {"x": np.eye(64, dtype=np.float32), "z": np.eye(64, dtype=np.float32)}
+    assert np.array_equal(bits_of(run_ort(original, eye)[0]), bits_of(run_ort(proto, eye)[0]))
+    if how == "upgrade 21":
+        back = ir.serde.serialize_model(dqtool.pack(out).model)
+        assert [(n.name, n.op_type, list(n.input)) for n in back.graph.node] == \
+            [(n.name, n.op_type, list(n.input)) for n in original.graph.node]
+        assert _inits(back) == _inits(original)
+
+
+def test_nodes_that_share_a_weight_but_not_the_accuracy_level_keep_their_own():
+    """The level is noted on the DequantizeLinear: one of them cannot note two."""
+    original = _shared_weight_model((0, 4))
+    out = dqtool.upgrade(ir.serde.deserialize_model(original), 21).model
+    assert [n.op_type for n in out.graph].count("DequantizeLinear") == 2
+    back = ir.serde.serialize_model(dqtool.pack(out).model)
+    levels = [{a.name: a.i for a in n.attribute}.get("accuracy_level", 0)
+              for n in back.graph.node if n.op_type == "MatMulNBits"]
+    assert levels == [0, 4]

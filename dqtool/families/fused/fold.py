@@ -60,6 +60,7 @@ def unfuse(model: ir.Model, selection: Any = None, store: np.dtype | None = None
     left: list[tuple[str, str]] = []
     made: list[str] = []
     folded: list[FoldedNode] = []
+    shared: dict = {}  # weights two nodes share are folded once (to_onnx.rewrite)
     for site in list(graph.walk(model)):
         node = site.node
         if node.graph is None or not read.is_fused(node):
@@ -87,7 +88,8 @@ def unfuse(model: ir.Model, selection: Any = None, store: np.dtype | None = None
         try:
             # x unpacked: the fold reads codes, and x itself is never written
             old, _, _, new = to_onnx.rewrite(node, site.opsets, version, fresh,
-                                             site.function is not None, unpacked=True)
+                                             site.function is not None, unpacked=True,
+                                             shared=shared)
         except to_onnx.Refusal as e:
             left.append((name, str(e)))
             continue

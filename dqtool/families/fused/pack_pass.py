@@ -123,6 +123,9 @@ class FusedPackPass:
         fresh = ModelNames(model)
         self.fresh = fresh
         self._named: list[tuple[ir.Node, dict, set[str]]] = []
+        # id(DequantizeLinear) → the B, scales (, zero points) packed for its first MatMul,
+        # which the others that share the weight take as they are
+        self._made: dict[int, list[ir.Value]] = {}
         replaced: list[ir.Value] = []
         for site in list(graph.walk(model)):
             node = site.node
@@ -130,40 +133,9 @@ class FusedPackPass:
                     graph.domain_name(node.domain) != "ai.onnx":
                 continue
             spec = codecs.read_node(node, site.opsets)
-            use = _only_use(node.outputs[0])
             weight = spec.constant and not spec.errors  # a weight left is said, with why
-            if use is None:
-                if weight:
-                    self._skip(node, site, f"its output has {len(node.outputs[0].uses())} "
-                               "uses (or is a graph output): pack takes a weight feeding one "
-                               "MatMul or Gather")
-                continue
-            consumer, idx = use
-            try:
-                self.in_function = site.function is not None
-                if consumer.op_type == "MatMul" and idx == 1:
-                    how, old = self._matmul(node, spec, consumer)
-                    op = "MatMulNBits"
-                elif consumer.op_type == "Reshape" and idx == 0:
-                    how, old = self._float_zp_chain(node, spec, consumer)
-                    op = "MatMulNBits"
-                elif consumer.op_type == "Gather" and idx == 0 and self.gather:
-                    how, old = self._gather(node, spec, consumer)
-                    op = "GatherBlockQuantized"
-                else:
-                    raise NoMatch("--no-gather" if consumer.op_type == "Gather" and weight
-                                  else "")
-            except NoMatch as e:
-                if str(e):
-                    self._skip(node, site, str(e))
-                elif weight:  # not a pattern pack knows: said, with what it feeds
-                    self._skip(node, site, f"it feeds {consumer.op_type} (input {idx}): "
-                               "pack takes DequantizeLinear → MatMul (as its B), the float "
-                               "zero-point chain upgrade writes, or → Gather (as its table)"
-                               + _LAYOUT_HINT.get(consumer.op_type, ""))
-                continue
-            replaced.extend(old)
-            self.report.packed.append(Packed(node.name or "<unnamed>", site.graph, op, how))
+            for consumer, idx in self._consumers(node, site, weight):
+                self._pack_one(node, spec, site, consumer, idx, weight, replaced)
         _drop_unused(replaced)
         _restore_names(model, self._named)
         if self.report.packed:
@@ -172,6 +144,52 @@ class FusedPackPass:
                 if any(n.domain == "com.microsoft" for n in fn):
                     fn.opset_imports.setdefault("com.microsoft", 1)
         return self.report
+
+    def _consumers(self, dq: ir.Node, site: graph.Site, weight: bool
+                   ) -> list[tuple[ir.Node, int]]:
+        """What pack rewrites of ``dq``: its one use, or several MatMuls that take it as B
+        (a weight they share stays one: ``_made``); else nothing (said, for a weight)."""
+        out = dq.outputs[0]
+        use = _only_use(out)
+        if use is not None:
+            return [use]
+        uses = list(out.uses())
+        if uses and not out.is_graph_output() and all(
+                u.node.op_type == "MatMul" and u.idx == 1 for u in uses):
+            return [(u.node, u.idx) for u in uses]
+        if weight:
+            self._skip(dq, site, f"its output has {len(uses)} uses (or is a graph output): "
+                       "pack takes a weight feeding one Gather, or MatMuls only (as B)")
+        return []
+
+    def _pack_one(self, node: ir.Node, spec: QuantSpec, site: graph.Site, consumer: ir.Node,
+                  idx: int, weight: bool, replaced: list[ir.Value]) -> None:
+        """Rewrite ``node`` → ``consumer`` (input ``idx``), or say why not (a weight)."""
+        try:
+            self.in_function = site.function is not None
+            if consumer.op_type == "MatMul" and idx == 1:
+                how, old = self._matmul(node, spec, consumer)
+                op = "MatMulNBits"
+            elif consumer.op_type == "Reshape" and idx == 0:
+                how, old = self._float_zp_chain(node, spec, consumer)
+                op = "MatMulNBits"
+            elif consumer.op_type == "Gather" and idx == 0 and self.gather:
+                how, old = self._gather(node, spec, consumer)
+                op = "GatherBlockQuantized"
+            else:
+                raise NoMatch("--no-gather" if consumer.op_type == "Gather" and weight
+                              else "")
+        except NoMatch as e:
+            if str(e):
+                self._skip(node, site, str(e))
+            elif weight:  # not a pattern pack knows: said, with what it feeds
+                self._skip(node, site, f"it feeds {consumer.op_type} (input {idx}): "
+                           "pack takes DequantizeLinear → MatMul (as its B), the float "
+                           "zero-point chain upgrade writes, or → Gather (as its table)"
+                           + _LAYOUT_HINT.get(consumer.op_type, ""))
+            return
+        replaced.extend(old)
+        self.report.packed.append(Packed(node.name or "<unnamed>", site.graph, op, how))
 
     def _noted(self, dq: ir.Node) -> dict:
         """What upgrade noted of the original fused node on this DequantizeLinear."""
@@ -186,8 +204,10 @@ class FusedPackPass:
             return {}
         return noted if isinstance(noted, dict) else {}
 
-    def _note_names(self, node: ir.Node, dq: ir.Node, b: Builder) -> None:
-        noted = self._noted(dq)
+    def _note_names(self, node: ir.Node, dq: ir.Node, b: Builder,
+                    mm: ir.Node | None = None) -> None:
+        # a MatMul of a weight shared with a node before holds its own node's notes
+        noted = (self._noted(mm) if mm is not None else {}) or self._noted(dq)
         if noted:
             self._named.append((node, noted, set(b.created)))
 
@@ -290,27 +310,33 @@ class FusedPackPass:
                 return rows.reshape(n, kb, block * bits // 8)
 
         s_type = types.by_name(spec.scale_type).ir_type
-        if on_bytes:  # saved to a data file: written a band of N rows at a time
-            bq = b.streamed("B", ir.DataType.UINT8, (n, kb, block * bits // 8), b_bytes,
-                            lambda file: packing.write_onnx_as_nbits(
-                                arrays.raw_bytes(_t(x)), k, n, bits, block, file, flip=flip))
+        made = self._made.get(id(dq))  # B, scales, zero points packed for another MatMul
+        if made is not None:
+            inputs: list[ir.Value | None] = [a, *made]
         else:
-            bq = b.constant("B", ir.DataType.UINT8, (n, kb, block * bits // 8), b_bytes)
-        s = b.constant("scales", s_type, (n, kb), scales)
-        inputs: list[ir.Value | None] = [a, bq, s]
-        if not omit_zp:
-            zl = -(-kb * bits // 8)
-            # Unused slots of the last byte hold 2^(bits-1), as onnxruntime's quantizer
-            # writes them.
-            inputs.append(b.constant("zero_points", ir.DataType.UINT8, (n, zl),
-                                     lambda: packing.pack(zps(), bits, 1 << (bits - 1))))
+            if on_bytes:  # saved to a data file: written a band of N rows at a time
+                bq = b.streamed("B", ir.DataType.UINT8, (n, kb, block * bits // 8), b_bytes,
+                                lambda file: packing.write_onnx_as_nbits(
+                                    arrays.raw_bytes(_t(x)), k, n, bits, block, file,
+                                    flip=flip))
+            else:
+                bq = b.constant("B", ir.DataType.UINT8, (n, kb, block * bits // 8), b_bytes)
+            s = b.constant("scales", s_type, (n, kb), scales)
+            inputs = [a, bq, s]
+            if not omit_zp:
+                zl = -(-kb * bits // 8)
+                # Unused slots of the last byte hold 2^(bits-1), as onnxruntime's quantizer
+                # writes them.
+                inputs.append(b.constant("zero_points", ir.DataType.UINT8, (n, zl),
+                                         lambda: packing.pack(zps(), bits, 1 << (bits - 1))))
+            self._made[id(dq)] = inputs[1:]
         if bias is not None:
             inputs += [None] * (5 - len(inputs)) + [bias]
         y = self._mnb(b, inputs, k, n, bits, block, dq)
         old = [v for v in dq.inputs if v is not None]
         b.nodes.append(y.producer())
         b.finish(y)
-        self._note_names(y.producer(), dq, b)
+        self._note_names(y.producer(), dq, b, mm)
         _remove_unused([mm, dq])
         how = (f"{spec.quant_type} ({k}, {n}) {spec.granularity} → MatMulNBits bits={bits} "
                f"block_size={block}" + (" + bias" if bias is not None else "")

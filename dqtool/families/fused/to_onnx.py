@@ -166,12 +166,34 @@ def _widen(b: Builder, note: bool) -> bool:
     return done
 
 
-def matmul_nbits(node: ir.Node, spec: FusedSpec, b: Builder, unpacked: bool = False
-                 ) -> tuple[ir.Value, str]:
+def shared_weight_key(node: ir.Node, spec: FusedSpec, target: int, unpacked: bool
+                      ) -> tuple | None:
+    """What two MatMulNBits of one graph must share for one dequantized weight to serve
+    both: the same B, scales, zero points and g_idx values, attributes and accuracy level
+    (noted on the DequantizeLinear); None for a node whose weight is not constant."""
+    ins = [graph.input_value(node, i) for i in range(5)]
+    if ins[1] is None or graph.constant_tensor(ins[1]) is None or node.graph is None:
+        return None
+    return (id(node.graph), target, unpacked, spec.x_shape, spec.bits, spec.block_size,
+            spec.accuracy_level, *(None if v is None else id(v) for v in ins[1:]))
+
+
+def matmul_nbits(node: ir.Node, spec: FusedSpec, b: Builder, unpacked: bool = False,
+                 shared: tuple[ir.Node, str] | None = None) -> tuple[ir.Value, str]:
     """The new nodes of a MatMulNBits (in ``b``); returns (result, how). ``unpacked``: x
     holds one code a byte (for a fold, which reads codes and never writes x) instead of
-    the packed bytes a saved model stores."""
+    the packed bytes a saved model stores. ``shared``: (the MatMul made for another
+    MatMulNBits with the same weight, that node's name): this one multiplies by the same
+    dequantized weight (one weight stored, not two): the MatMul's B as it is now (a
+    lowering below opset 21 may have put a Reshape after the DequantizeLinear)."""
     a, bq, scales, zp, _g, bias = (graph.input_value(node, i) for i in range(6))
+    if shared is not None:
+        y = b.op("MatMul", [a, shared[0].inputs[1]], "matmul", dtype=a.dtype)
+        how = f"MatMul by {shared[1]}'s dequantized weight (the same B, scales and zero points)"
+        if bias is not None:
+            y = b.op("Add", [y, bias], "bias", dtype=a.dtype)
+            how += " → Add (bias)"
+        return y, how
     k, n = spec.x_shape
     bits, block, kb = spec.bits, spec.block_size, spec.k_blocks
     code_t = _IR_CODE[spec.quant_type]
@@ -319,17 +341,25 @@ def gather_block_quantized(node: ir.Node, spec: FusedSpec, b: Builder
 
 
 def rewrite(node: ir.Node, opsets: dict[str, int], target: int, fresh,
-            in_function: bool = False, unpacked: bool = False
+            in_function: bool = False, unpacked: bool = False, shared: dict | None = None
             ) -> tuple[list[ir.Value], str, str, list[ir.Node]]:
     """Rewrite ``node`` in place; returns (values it no longer uses, how, why, new nodes).
     Raises ``Refusal`` (nothing changed) when it has no exact ai.onnx form at ``target``.
-    ``unpacked``: see ``matmul_nbits``."""
+    ``unpacked``: see ``matmul_nbits``. ``shared``: the caller's memo of the weights made so
+    far in this conversion: a MatMulNBits with the same weight as one before multiplies by
+    its dequantized weight (a weight two nodes shared was stored twice)."""
     spec = read.read(node, opsets)
     check(spec, target)
     b = Builder(node, fresh, in_function)
     old_inputs = [v for v in node.inputs if v is not None]
     if spec.op == "MatMulNBits":
-        y, how = matmul_nbits(node, spec, b, unpacked)
+        key = None if shared is None else shared_weight_key(node, spec, target, unpacked)
+        y, how = matmul_nbits(node, spec, b, unpacked,
+                              None if key is None else shared.get(key))
+        if key is not None and key not in shared:
+            mm = next((n for n in b.nodes if n.op_type == "MatMul"), None)
+            if mm is not None:
+                shared[key] = (mm, node.name or f"<unnamed {node.op_type}>")
     else:
         y, how = gather_block_quantized(node, spec, b)
     # What pack needs to give the original back (width, accuracy level, bias, names), as
@@ -358,6 +388,8 @@ def rewrite(node: ir.Node, opsets: dict[str, int], target: int, fresh,
 def _note(node: ir.Node, spec: FusedSpec, b: Builder, y: ir.Value) -> None:
     dqs = [n for n in b.nodes if n.op_type == "DequantizeLinear"]
     names = _names(node)
+    if not dqs:  # a weight shared with a node before: the names go on this node's MatMul
+        dqs = [n for n in b.nodes if n.op_type == "MatMul"][:1]
     tail = _tail(node, spec) if spec.op == "MatMulNBits" else None
     for dq in dqs:
         dq.metadata_props[NAMES_KEY] = names
@@ -421,7 +453,8 @@ def convert(node: ir.Node, step) -> object:
         return Outcome("kept", "left as com.microsoft", "--keep-contrib")
     try:
         old, how, why, new = rewrite(node, {"com.microsoft": 1}, step.target, step.ctx.fresh,
-                                     step.in_function)
+                                     step.in_function,
+                                     shared=step.ctx.memo.setdefault("fused.weights", {}))
     except Refusal as e:
         return Outcome("kept", "left as com.microsoft", str(e))
     step.ctx.replaced.extend(old)
