@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ml_dtypes
 import numpy as np
 import onnx
 import pytest
@@ -67,6 +68,62 @@ def test_the_fix_for_a_target_with_its_own_limits_gives_a_model_it_runs(
     assert errors == []
 
 
+def _apply_fix(path, fix: str, out) -> None:
+    """Run the conversion a DQ109 fix names (its first command that is not fold)."""
+    command = next(c for c in fix.split("`")[1::2] if c != "dqtool fold")
+    verb, _, opset, *rest = command.split()[1:]
+    (dqtool.upgrade if verb == "upgrade" else dqtool.downgrade)(
+        path, int(opset), out, per_axis=rest == ["--per-axis"])
+
+
+@pytest.mark.parametrize("target", ["directml-fl6.2", "onednn-graph"])
+def test_one_fix_serves_every_fused_node_of_the_model(tmp_path, target):
+    """Each node got the first command that suited it alone (a ragged two-block weight
+    `upgrade --opset 20`, a one-block one `--per-axis`): a user who ran the first one
+    still had the target's errors on the other node. The fix is now one command that
+    every node's result lints clean with, where there is one."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(31)
+    inits, nodes = [], []
+    for i, (k, n, a, y) in enumerate(((200, 51, "A", "h"), (51, 24, "h", "Y"))):
+        w = nbits_inputs(rng, k, n, 4, 128)
+        inits += [numpy_helper.from_array(w[r], f"{r}{i}") for r in ("B", "scales",
+                                                                     "zero_points")]
+        nodes.append(helper.make_node("MatMulNBits", [a, f"B{i}", f"scales{i}",
+                                                      f"zero_points{i}"], [y], name=f"mm{i}",
+                                      domain="com.microsoft", K=k, N=n, bits=4,
+                                      block_size=128))
+    graph = helper.make_graph(
+        nodes, "g", [helper.make_tensor_value_info("A", TensorProto.FLOAT, [2, 200])],
+        [helper.make_tensor_value_info("Y", TensorProto.FLOAT, [2, 24])], inits)
+    path = tmp_path / "m.onnx"
+    onnx.save(helper.make_model(graph, ir_version=10, opset_imports=[
+        helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)]), path)
+    found = [f for f in dqtool.lint(path, target=target).findings if f.code == "DQ109"]
+    assert len(found) == 2 and found[0].fix == found[1].fix
+    _apply_fix(path, found[0].fix, tmp_path / "fixed.onnx")
+    errors = [f for f in dqtool.lint(tmp_path / "fixed.onnx", target=target).findings
+              if f.severity == "error"]
+    assert errors == []
+
+
+def test_the_miniature_keeps_the_number_of_blocks_modulo_8(tmp_path):
+    """A table of 50 rows x 3 blocks lowered to per-axis rows has 150 rows, which opmx's
+    int4x4 refuses; the miniature tried 2 blocks (20 rows, a multiple of 4) and named a
+    fix that left the error."""
+    rng = np.random.default_rng(32)
+    table = rng.integers(-8, 8, size=(50, 70)).astype(ml_dtypes.int4)
+    path = tmp_path / "g.onnx"
+    onnx.save(gbq_model(table, (rng.random((50, 3)) + 0.5).astype(np.float32), None,
+                        block=32, opset=21), path)
+    [found] = [f for f in dqtool.lint(path, target="opmx").findings if f.code == "DQ109"]
+    _apply_fix(path, found.fix, tmp_path / "fixed.onnx")  # a conversion is named
+    errors = [f for f in dqtool.lint(tmp_path / "fixed.onnx", target="opmx").findings
+              if f.severity == "error"]
+    assert errors == []
+
+
 @pytest.mark.parametrize("target", [13, 17, 19, 21, 25])
 def test_the_fix_of_an_opset_target_leaves_a_model_it_runs(fused_path, tmp_path, target):
     [found] = [f for f in dqtool.lint(fused_path, target=f"onnx-opset-{target}").findings
@@ -99,7 +156,6 @@ def test_onnxruntime_flags_an_a_type_its_release_has_no_kernel_for(tmp_path, tar
     """A bfloat16 MatMulNBits passed lint for onnxruntime, which cannot load it (no CPU
     kernel in 1.31 and 1.32, measured: NOT_IMPLEMENTED). The fact is the release's
     profile; ``onnxruntime`` judges by the installed release, probed."""
-    import ml_dtypes
 
     from dqtool.runtimes import onnxruntime as ort_profiles
 

@@ -70,10 +70,18 @@ def target_findings(ctx: ModelContext, target: str) -> Iterator[Finding]:
     """DQ109 for every fused node a target cannot run (every target but onnxruntime, which
     runs them unless its CPU kernel rejects the combination)."""
     opset = ctx.onnx_opset or 0
-    for site in ctx.sites:
+    fused = [s for s in ctx.sites if read.is_fused(s.node)]
+    tried: list[list[str]] = []
+    if not target.startswith("onnxruntime") and _target_opset(target) is None:
+        # a target with limits of its own: each node's conversions tried, and one command
+        # for the model where one serves every node
+        from dqtool.families.fused.lint_fix import clean_fixes, common_fix
+
+        tried = [clean_fixes(s.node, s.opsets, opset, target) for s in fused]
+        common = common_fix(tried)
+        tried = [[common] if common else t for t in tried]
+    for i, site in enumerate(fused):
         node = site.node
-        if not read.is_fused(node):
-            continue
         spec = read.read(node, site.opsets)
         name = node.name or f"<unnamed {node.op_type}>"
         if target.startswith("onnxruntime"):
@@ -88,10 +96,7 @@ def target_findings(ctx: ModelContext, target: str) -> Iterator[Finding]:
                                   where=site.graph, op=_op(site))
             continue
         if _target_opset(target) is None:  # a target with limits of its own: tried
-            from dqtool.families.fused.lint_fix import clean_fix
-
-            fix = _fix(spec, opset, tried=clean_fix(node, site.opsets, opset, target),
-                       target_name=target)
+            fix = _fix(spec, opset, tried=next(iter(tried[i]), None), target_name=target)
         else:
             fix = _fix(spec, opset, _target_opset(target))
         yield ctx.finding(

@@ -22,7 +22,7 @@ import onnx_ir as ir
 
 from dqtool import graph
 
-_CACHE: dict[tuple, str | None] = {}
+_CACHE: dict[tuple, list[str]] = {}
 _BUSY = threading.local()  # linting a miniature runs the fused hook again: not this
 
 
@@ -31,8 +31,14 @@ def clean_fix(node: ir.Node, opsets: dict[str, int], model_opset: int, target: s
     """The first of ``upgrade --opset N``, the same with ``--per-axis``, and
     ``upgrade``/``downgrade --opset`` 20, 19, 17, 13 whose result lints without an error
     for ``target`` (as a command line, in backquotes); None if none does."""
+    return next(iter(clean_fixes(node, opsets, model_opset, target)), None)
+
+
+def clean_fixes(node: ir.Node, opsets: dict[str, int], model_opset: int, target: str
+                ) -> list[str]:
+    """Every one of those commands whose result lints clean, in that order."""
     if getattr(_BUSY, "on", False):
-        return None
+        return []
     key = (_form(node), _dims(node), model_opset, target)
     if key not in _CACHE:
         _BUSY.on = True
@@ -41,6 +47,16 @@ def clean_fix(node: ir.Node, opsets: dict[str, int], model_opset: int, target: s
         finally:
             _BUSY.on = False
     return _CACHE[key]
+
+
+def common_fix(fixes: list[list[str]]) -> str | None:
+    """The first command that makes every node of a model clean (each node's list from
+    ``clean_fixes``): one command for the model, where the nodes' own first ones differ
+    (a trial ran the first node's `upgrade --opset 21` and another still had the target's
+    errors: it needed `--per-axis`). None when no command serves them all."""
+    if not fixes:
+        return None
+    return next((c for c in fixes[0] if all(c in f for f in fixes[1:])), None)
 
 
 def _form(node: ir.Node) -> tuple:
@@ -52,10 +68,13 @@ def _form(node: ir.Node) -> tuple:
 
 
 def _small(d: int, block: int) -> int:
-    """A length with ``d``'s facts along a quantized axis of ``block``-sized blocks (its
-    remainder by the block, so by 4 and 8 too; one block or several) in at most two."""
+    """A length with ``d``'s facts along a quantized axis of ``block``-sized blocks: its
+    remainder by the block (so by 4 and 8 too), one block or several, and the number of
+    blocks modulo 8 (a blocked weight lowered to per-axis rows has blocks x the other axis
+    rows, which a target may want a multiple of 4: two blocks stood for three, and the
+    fix found for the miniature left the real model with 150 rows), in at most eight."""
     blocks = -(-d // block)
-    return (min(blocks, 2) - 1) * block + (d % block or block)
+    return (blocks - 1) % 8 * block + (d % block or block)
 
 
 def _dims(node: ir.Node) -> tuple[int, int] | None:
@@ -87,7 +106,7 @@ def _candidates(model_opset: int) -> list[tuple[int, bool]]:
 
 
 def _search(node: ir.Node, opsets: dict[str, int], model_opset: int, target: str
-            ) -> str | None:
+            ) -> list[str]:
     from dqtool.convert import ConversionRefused, downgrade, upgrade
     from dqtool.errors import DqtoolError
     from dqtool.families.fused import read
@@ -95,10 +114,11 @@ def _search(node: ir.Node, opsets: dict[str, int], model_opset: int, target: str
     from dqtool.linting.context import ModelContext
 
     profile = targets.parse(target)
+    clean = []
     for opset, per_axis in _candidates(model_opset):
         mini = _miniature(node, model_opset, opsets)
         if mini is None:
-            return None
+            return []
         verb = "upgrade" if opset >= model_opset else "downgrade"
         try:
             done = (upgrade if verb == "upgrade" else downgrade)(mini, opset,
@@ -109,8 +129,8 @@ def _search(node: ir.Node, opsets: dict[str, int], model_opset: int, target: str
             continue  # kept as it is at this opset
         findings = targets.run(ModelContext("<fix>", done.model), profile)
         if not [f for f in findings if f.severity == "error"]:
-            return f"`dqtool {verb} --opset {opset}{' --per-axis' if per_axis else ''}`"
-    return None
+            clean.append(f"`dqtool {verb} --opset {opset}{' --per-axis' if per_axis else ''}`")
+    return clean
 
 
 def _miniature(node: ir.Node, model_opset: int, opsets: dict[str, int]) -> ir.Model | None:
