@@ -221,6 +221,18 @@ def test_an_invalid_fused_node_is_an_error_with_or_without_a_target(tmp_path, ho
     assert code in {p.code for n in dqtool.inspect(path).nodes for p in n.spec.problems}
 
 
+@pytest.mark.parametrize("target", ["directml-fl6.2", "onnx-opset-21"])
+def test_an_invalid_fused_node_gets_no_fix(tmp_path, target):
+    """DQ109 offered `dqtool fold` (or a conversion) for a node no conversion or fold takes
+    (they keep it, with its problem as the reason): its own FU finding says what is
+    wrong."""
+    path = _broken(tmp_path, "scales")
+    [found] = [f for f in dqtool.lint(path, target=target).findings if f.code == "DQ109"]
+    assert found.fix is None
+    report = dqtool.fold(path)
+    assert report.folded == [] and [n for n, _ in report.fused_left] == ["mm"]
+
+
 def test_check_counts_an_invalid_fused_node(tmp_path):
     report = dqtool.check(_broken(tmp_path, "bits"))
     problems = report.structure.problems

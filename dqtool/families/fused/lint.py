@@ -77,9 +77,13 @@ def target_findings(ctx: ModelContext, target: str) -> Iterator[Finding]:
         # for the model where one serves every node
         from dqtool.families.fused.lint_fix import clean_fixes, common_fix
 
-        tried = [clean_fixes(s.node, s.opsets, opset, target) for s in fused]
-        common = common_fix(tried)
-        tried = [[common] if common else t for t in tried]
+        valid = [not read.read(s.node, s.opsets).errors for s in fused]
+        tried = [clean_fixes(s.node, s.opsets, opset, target) if ok else []
+                 for s, ok in zip(fused, valid, strict=True)]
+        # (an invalid node has no fix: its own findings say what is wrong with it)
+        common = common_fix([t for t, ok in zip(tried, valid, strict=True) if ok])
+        tried = [[common] if common and ok else t
+                 for t, ok in zip(tried, valid, strict=True)]
     for i, site in enumerate(fused):
         node = site.node
         spec = read.read(node, site.opsets)
@@ -148,6 +152,8 @@ def _fix(spec, opset: int, target: int | None = None, tried: str | None = None,
     from dqtool.families.fused.facts import lowest_onnx_opset
     from dqtool.families.fused.to_onnx import Refusal, check
 
+    if spec.errors:  # no conversion or fold takes an invalid node (FU001-FU004 say why)
+        return None
     ways = []
     form = f"ai.onnx DequantizeLinear + {'MatMul' if spec.op == 'MatMulNBits' else 'Gather'}"
     if target is not None:
