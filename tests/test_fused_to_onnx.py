@@ -189,6 +189,27 @@ def test_onnxruntime_g_idx_path_is_as_recorded():
     assert np.array_equal(bits_of(without), bits_of(w))  # the definition, without g_idx
 
 
+def test_onnxruntime_8bit_float_zero_points_are_as_recorded():
+    """FU007's fact for the installed release: its CPU MatMulNBits refuses 8-bit codes with
+    float zero points (data keyed by release, not a timeless claim)."""
+    from dqtool.families.fused import ort_facts
+
+    release = ".".join(ort.__version__.split(".")[:2])
+    rng = np.random.default_rng(12)
+    model = nbits_model(32, 4, 8, 16, nbits_inputs(rng, 32, 4, 8, 16, zp="float"))
+    try:
+        run_ort(model, {"A": np.eye(32, dtype=np.float32)})
+        runs = True
+    except Exception:  # onnxruntime's own exception types
+        runs = False
+    if release in ort_facts.FLOAT_ZP_8BIT_REJECTED:
+        assert not runs
+    else:
+        assert runs, f"onnxruntime {release} refuses them too: record it in ort_facts"
+    spec = dqtool.inspect(ir.serde.deserialize_model(model)).nodes[0].spec
+    assert [p.code for p in spec.problems if p.code == "FU007"] == ["FU007"]
+
+
 def test_accuracy_level_is_reported():
     rng = np.random.default_rng(6)
     _, report = _upgrade(nbits_model(64, 5, 4, 32, nbits_inputs(rng, 64, 5, 4, 32),

@@ -14,6 +14,15 @@ from __future__ import annotations
 
 G_IDX_OWN_PATH: tuple[str, ...] = ("1.31", "1.32")  # measured on 1.31.1 and 1.32.0
 
+# Releases whose CPU MatMulNBits refuses 8-bit codes with float zero points (HQQ's form at
+# 8 bits): at session creation in 1.32.0, at run time in 1.31.1 (measured).
+FLOAT_ZP_8BIT_REJECTED: tuple[str, ...] = ("1.31", "1.32")
+
+
+def float_zp_8bit_reason() -> str:
+    return ("onnxruntime's CPU kernel rejects 8-bit weights with float zero points "
+            f"(measured on {', '.join(FLOAT_ZP_8BIT_REJECTED)})")
+
 
 def g_idx_reason() -> str:
     """Why a MatMulNBits with a g_idx and integer (or no) zero points stays."""

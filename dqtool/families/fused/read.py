@@ -126,8 +126,8 @@ def read_matmul_nbits(node: ir.Node, version: int) -> FusedSpec:
                 problems.append(Problem(P_FUSED_TYPE, f"{where}: float zero points are "
                                         f"{zp_type}, A is {a_type} (they must match)"))
             if bits == 8:
-                problems.append(Problem(P_FUSED_RUNTIME, f"{where}: onnxruntime's CPU kernel "
-                                        "rejects 8-bit weights with float zero points",
+                problems.append(Problem(P_FUSED_RUNTIME,
+                                        f"{where}: {ort_facts.float_zp_8bit_reason()}",
                                         "warning"))
         elif zp_type is not None:
             problems.append(Problem(P_FUSED_TYPE, f"{where}: zero points are {zp_type}; it "
