@@ -606,3 +606,42 @@ def test_nodes_that_share_a_weight_but_not_the_accuracy_level_keep_their_own():
     levels = [{a.name: a.i for a in n.attribute}.get("accuracy_level", 0)
               for n in back.graph.node if n.op_type == "MatMulNBits"]
     assert levels == [0, 4]
+
+
+def test_a_weight_in_an_outer_scope_stays_there():
+    """A MatMulNBits inside an If branch whose B and scales are the main graph's (outer
+    scope): upgrade made its new constants in the branch, and pack left them there, so the
+    round trip moved the weight into the subgraph. Both now keep the scope the weight was
+    stored in."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(41)
+    w = nbits_inputs(rng, 64, 16, 4, 32, zp="none")
+    branch = helper.make_graph(
+        [helper.make_node("MatMulNBits", ["A", "W", "W_scales"], ["y_then"], name="mm",
+                          domain="com.microsoft", K=64, N=16, bits=4, block_size=32)],
+        "then", [], [helper.make_tensor_value_info("y_then", TensorProto.FLOAT, None)])
+    other = helper.make_graph(
+        [helper.make_node("Identity", ["zeros"], ["y_else"])], "else", [],
+        [helper.make_tensor_value_info("y_else", TensorProto.FLOAT, None)])
+    graph = helper.make_graph(
+        [helper.make_node("If", ["c"], ["y"], name="if", then_branch=branch,
+                          else_branch=other)], "g",
+        [helper.make_tensor_value_info("c", TensorProto.BOOL, []),
+         helper.make_tensor_value_info("A", TensorProto.FLOAT, [64, 64])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [64, 16])],
+        [numpy_helper.from_array(w["B"], "W"), numpy_helper.from_array(w["scales"], "W_scales"),
+         numpy_helper.from_array(np.zeros((64, 16), np.float32), "zeros")])
+    original = helper.make_model(graph, ir_version=10, opset_imports=[
+        helper.make_opsetid("", 21), helper.make_opsetid("com.microsoft", 1)])
+    up = dqtool.upgrade(ir.serde.deserialize_model(original), 21).model
+    proto = ir.serde.serialize_model(up)
+    onnx.checker.check_model(proto, full_check=True)
+    then = proto.graph.node[0].attribute[0].g
+    assert [t.name for t in then.initializer] == []
+    assert {"mm/x", "mm/scale"} <= {t.name for t in proto.graph.initializer}
+    feeds = {"c": np.array(True), "A": np.eye(64, dtype=np.float32)}
+    assert np.array_equal(bits_of(run_ort(original, feeds)[0]), bits_of(run_ort(proto, feeds)[0]))
+    back = ir.serde.serialize_model(dqtool.pack(up).model)
+    assert [t.name for t in back.graph.node[0].attribute[0].g.initializer] == []
+    assert _inits(back) == _inits(original)

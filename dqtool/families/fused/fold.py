@@ -145,7 +145,7 @@ def _fold_float_zero_points(node: ir.Node, spec: Any, fresh: Any, store: np.dtyp
         w = kernel.dequantize_matmul_nbits(b_arr, s_arr, z_arr, K=k, N=n, **attrs)
         return w.astype(types.from_ir(out).dtype, copy=False)
 
-    b = Builder(node, fresh, in_function)
+    b = Builder(node, fresh, in_function, home=graph.input_value(node, 1))
     w = stored = b.constant("weight", out, (k, n), weight)
     if out != a_type:  # --dtype: stored narrower, A's type at run time
         w = b.op("Cast", [w], "cast", {"to": ir.AttrInt64("to", int(a_type))}, a_type, (k, n))

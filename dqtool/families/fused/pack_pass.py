@@ -282,7 +282,8 @@ class FusedPackPass:
         zp_present = graph.input_value(dq, 2) is not None
         omit_zp = self.zero_points == "auto" and self._all_default(zp_codes, bits)
         bias, add = self._bias(mm, n, spec.scale_type)
-        b = Builder(mm if add is None else add, self.fresh, self.in_function)
+        b = Builder(mm if add is None else add, self.fresh, self.in_function,
+                    home=graph.input_value(dq, 0))
         b.base = mm.name or dq.name or "matmul"
 
         # On the stored bytes where it can: adding 2^(bits-1) to every signed code (mod
@@ -461,7 +462,8 @@ class FusedPackPass:
         if graph.elem_type(a) not in (None, out_type) or graph.elem_type(zc) != out_type:
             raise NoMatch("")
         bias, badd = self._bias(mm, n, out_type)
-        b = Builder(mm if badd is None else badd, self.fresh, self.in_function)
+        b = Builder(mm if badd is None else badd, self.fresh, self.in_function,
+                    home=graph.input_value(dq, 0))
         b.base = mm.name or dq.name or "matmul"
         s_type = types.by_name(out_type)
         scale = graph.input_value(dq, 1)
@@ -515,7 +517,7 @@ class FusedPackPass:
             block = _next_pow2_16(shape[qa])
         else:
             raise NoMatch(f"{spec.granularity} table: GatherBlockQuantized needs blocks")
-        b = Builder(gather, self.fresh, self.in_function)
+        b = Builder(gather, self.fresh, self.in_function, home=graph.input_value(dq, 0))
         b.base = gather.name or dq.name or "gather"
         s_shape = tuple(-(-d // block) if i == qa else d for i, d in enumerate(shape))
         s_type = types.by_name(spec.scale_type).ir_type

@@ -118,9 +118,14 @@ class Builder:
     """Builds the nodes that replace ``node``; ``fresh`` names values uniquely."""
 
     def __init__(self, node: ir.Node, fresh: Callable[[str], str],
-                 in_function: bool = False) -> None:
+                 in_function: bool = False, home: ir.Value | None = None) -> None:
+        """``home``: the stored weight the new constants stand for; they go where it is
+        stored (an If's or a Loop's outer graph: the new weight stays in the scope the
+        original was in, and a round trip gives it back there), else in ``node``'s graph."""
         self.node = node
         self.graph = node.graph
+        self.home = home.graph if home is not None and home.is_initializer() and \
+            home.graph is not None else node.graph
         self.fresh = fresh
         # Functions have no initializers: constants are Constant nodes there.
         self.in_function = in_function
@@ -178,7 +183,7 @@ class Builder:
             return out
         value = ir.Value(name=name, const_value=tensor, type=ir.TensorType(dtype),
                          shape=ir.Shape(shape))
-        self.graph.register_initializer(value)
+        self.home.register_initializer(value)
         self.created.add(name)
         return value
 

@@ -157,7 +157,7 @@ def _widen(b: Builder, note: bool) -> bool:
                 if old is not None and any(n is old for n in b.nodes):
                     b.nodes.remove(old)
                 else:
-                    b.graph.initializers.pop(v.name, None)
+                    b.home.initializers.pop(v.name, None)
             # What the codes were, so ``pack`` can give back the original width (it checks
             # that every code still fits before it believes this).
             if note:
@@ -174,6 +174,7 @@ def shared_weight_key(node: ir.Node, spec: FusedSpec, target: int, unpacked: boo
     ins = [graph.input_value(node, i) for i in range(5)]
     if ins[1] is None or graph.constant_tensor(ins[1]) is None or node.graph is None:
         return None
+    # (the same graph: the DequantizeLinear made for one node is a value of its graph)
     return (id(node.graph), target, unpacked, spec.x_shape, spec.bits, spec.block_size,
             spec.accuracy_level, *(None if v is None else id(v) for v in ins[1:]))
 
@@ -350,7 +351,8 @@ def rewrite(node: ir.Node, opsets: dict[str, int], target: int, fresh,
     its dequantized weight (a weight two nodes shared was stored twice)."""
     spec = read.read(node, opsets)
     check(spec, target)
-    b = Builder(node, fresh, in_function)
+    b = Builder(node, fresh, in_function,
+                home=graph.input_value(node, 1 if spec.op == "MatMulNBits" else 0))
     old_inputs = [v for v in node.inputs if v is not None]
     if spec.op == "MatMulNBits":
         key = None if shared is None else shared_weight_key(node, spec, target, unpacked)
