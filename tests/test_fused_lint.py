@@ -124,6 +124,29 @@ def test_the_miniature_keeps_the_number_of_blocks_modulo_8(tmp_path):
     assert errors == []
 
 
+@pytest.mark.parametrize("blocks", [1, 2, 3, 9, 10])
+def test_the_miniature_keeps_one_block_or_several(tmp_path, blocks):
+    """9 blocks became one in the miniature (blocks modulo 8), a per-axis weight: the fix
+    found for it (`upgrade --opset 21`) left directml-fl6.0's error on the real, blocked
+    one. The miniature keeps one block or several and the count modulo 8."""
+    from dqtool.families.fused.lint_fix import _small
+
+    k = blocks * 32
+    small = -(-_small(k, 32) // 32)
+    assert (small == 1) == (blocks == 1) and small % 8 == blocks % 8 and small <= 9
+    rng = np.random.default_rng(blocks)
+    path = tmp_path / "m.onnx"
+    onnx.save(nbits_model(k, 8, 8, 32, nbits_inputs(rng, k, 8, 8, 32), m=4), path)
+    [found] = [f for f in dqtool.lint(path, target="directml-fl6.0").findings
+               if f.code == "DQ109"]
+    if [c for c in found.fix.split("`")[1::2] if c != "dqtool fold"]:
+        _apply_fix(path, found.fix, tmp_path / "fixed.onnx")
+        errors = [f for f in dqtool.lint(tmp_path / "fixed.onnx",
+                                         target="directml-fl6.0").findings
+                  if f.severity == "error"]
+        assert errors == []
+
+
 @pytest.mark.parametrize("target", [13, 17, 19, 21, 25])
 def test_the_fix_of_an_opset_target_leaves_a_model_it_runs(fused_path, tmp_path, target):
     [found] = [f for f in dqtool.lint(fused_path, target=f"onnx-opset-{target}").findings

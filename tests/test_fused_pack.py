@@ -645,3 +645,80 @@ def test_a_weight_in_an_outer_scope_stays_there():
     back = ir.serde.serialize_model(dqtool.pack(up).model)
     assert [t.name for t in back.graph.node[0].attribute[0].g.initializer] == []
     assert _inits(back) == _inits(original)
+
+
+def test_a_shared_weight_is_packed_for_all_its_matmuls_or_none():
+    """pack gave the first MatMul's packed constants to every MatMul of a shared weight:
+    one inside an If branch made them in its branch, and the main graph's MatMul read a
+    value out of its scope (onnxruntime refused the model, written with exit 0); and a part
+    packed stored the weight twice. Now the weight stays, with the reason, unless every
+    MatMul is in its graph and takes it."""
+    original = _shared_weight_model()
+    cases = {}
+    # (a) one MatMul's A is 1-D
+    m = dqtool.upgrade(ir.serde.deserialize_model(original), 21).model
+    mm = next(n for n in m.graph if n.op_type == "MatMul" and n.inputs[0].name == "z")
+    mm.inputs[0].shape = ir.Shape([64])
+    cases["1-D"] = m
+    # (b) one MatMul inside an If branch, reading the main graph's weight
+    proto = ir.serde.serialize_model(dqtool.upgrade(ir.serde.deserialize_model(original),
+                                                    21).model)
+    nodes = list(proto.graph.node)
+    mm = next(n for n in nodes if n.op_type == "MatMul" and n.input[0] == "z")
+    nodes.remove(mm)
+    then = onnx.helper.make_graph([mm], "then", [], [onnx.helper.make_tensor_value_info(
+        mm.output[0], onnx.TensorProto.FLOAT, None)])
+    other = onnx.helper.make_graph([onnx.helper.make_node("Identity", ["x"], ["e"])], "else",
+                                   [], [onnx.helper.make_tensor_value_info(
+                                       "e", onnx.TensorProto.FLOAT, None)])
+    proto.graph.input.append(onnx.helper.make_tensor_value_info("c", onnx.TensorProto.BOOL,
+                                                                []))
+    nodes.insert(len(nodes) - 1, onnx.helper.make_node(
+        "If", ["c"], [mm.output[0]], name="if", then_branch=then, else_branch=other))
+    del proto.graph.node[:]
+    proto.graph.node.extend(nodes)
+    cases["another graph"] = ir.serde.deserialize_model(proto)
+    for why, case in cases.items():
+        report = dqtool.pack(case)
+        assert report.packed == [] and len(report.skipped) == 1, why
+        assert "all of them or none" in report.skipped[0].why, report.skipped[0].why
+        out = ir.serde.serialize_model(report.model)
+        onnx.checker.check_model(out, full_check=True)
+        assert [n.op_type for n in out.graph.node].count("DequantizeLinear") == 1
+
+
+def test_hqq_nodes_sharing_a_weight_each_come_back():
+    """Float zero points (HQQ's chain, which pack takes whole up to its last Reshape) are
+    not shared by upgrade: a shared chain ended in two MatMuls and pack left it."""
+    rng = np.random.default_rng(43)
+    w = nbits_inputs(rng, 64, 16, 4, 32, zp="float")
+    from onnx import TensorProto, helper, numpy_helper
+
+    nodes = [helper.make_node("MatMulNBits", [a, "W", "S", "Z"], [y], name=name,
+                              domain="com.microsoft", K=64, N=16, bits=4, block_size=32)
+             for a, y, name in (("x", "p", "mmA"), ("z", "q", "mmB"))]
+    nodes.append(helper.make_node("Add", ["p", "q"], ["y"]))
+    graph = helper.make_graph(
+        nodes, "g", [helper.make_tensor_value_info(v, TensorProto.FLOAT, [64, 64])
+                     for v in ("x", "z")],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [64, 16])],
+        [numpy_helper.from_array(w["B"], "W"), numpy_helper.from_array(w["scales"], "S"),
+         numpy_helper.from_array(w["zero_points"], "Z")])
+    original = helper.make_model(graph, ir_version=10, opset_imports=[
+        helper.make_opsetid("", 21), helper.make_opsetid("com.microsoft", 1)])
+    back = _roundtrip(original)
+    assert [n.op_type for n in back.graph.node] == ["MatMulNBits", "MatMulNBits", "Add"]
+    eye = {"x": np.eye(64, dtype=np.float32), "z": np.eye(64, dtype=np.float32)}
+    assert np.array_equal(bits_of(run_ort(original, eye)[0]), bits_of(run_ort(back, eye)[0]))
+
+
+def test_a_block_size_note_that_is_not_a_number_is_ignored():
+    rng = np.random.default_rng(44)
+    original = nbits_model(51, 8, 4, 128, nbits_inputs(rng, 51, 8, 4, 128))
+    up = dqtool.upgrade(ir.serde.deserialize_model(original), 21).model
+    dq = next(n for n in up.graph if n.op_type == "DequantizeLinear")
+    assert dq.metadata_props["dqtool.fused.block_size"] == "128"
+    dq.metadata_props["dqtool.fused.block_size"] = "\u00b2"  # isdigit(), and int() raised
+    back = ir.serde.serialize_model(dqtool.pack(up).model)
+    node = _node(back, "MatMulNBits")
+    assert {a.name: a.i for a in node.attribute}["block_size"] == 64  # smallest >= K

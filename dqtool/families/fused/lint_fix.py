@@ -72,9 +72,10 @@ def _small(d: int, block: int) -> int:
     remainder by the block (so by 4 and 8 too), one block or several, and the number of
     blocks modulo 8 (a blocked weight lowered to per-axis rows has blocks x the other axis
     rows, which a target may want a multiple of 4: two blocks stood for three, and the
-    fix found for the miniature left the real model with 150 rows), in at most eight."""
+    fix found for the miniature left the real model with 150 rows), in at most nine."""
     blocks = -(-d // block)
-    return (blocks - 1) % 8 * block + (d % block or block)
+    small = blocks if blocks == 1 else 2 + (blocks - 2) % 8  # 9 blocks stay several
+    return (small - 1) * block + (d % block or block)
 
 
 def _dims(node: ir.Node) -> tuple[int, int] | None:

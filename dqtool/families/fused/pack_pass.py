@@ -134,7 +134,7 @@ class FusedPackPass:
                 continue
             spec = codecs.read_node(node, site.opsets)
             weight = spec.constant and not spec.errors  # a weight left is said, with why
-            for consumer, idx in self._consumers(node, site, weight):
+            for consumer, idx in self._consumers(node, site, weight, spec):
                 self._pack_one(node, spec, site, consumer, idx, weight, replaced)
         _drop_unused(replaced)
         _restore_names(model, self._named)
@@ -145,8 +145,8 @@ class FusedPackPass:
                     fn.opset_imports.setdefault("com.microsoft", 1)
         return self.report
 
-    def _consumers(self, dq: ir.Node, site: graph.Site, weight: bool
-                   ) -> list[tuple[ir.Node, int]]:
+    def _consumers(self, dq: ir.Node, site: graph.Site, weight: bool,
+                   spec: QuantSpec | None = None) -> list[tuple[ir.Node, int]]:
         """What pack rewrites of ``dq``: its one use, or several MatMuls that take it as B
         (a weight they share stays one: ``_made``); else nothing (said, for a weight)."""
         out = dq.outputs[0]
@@ -156,7 +156,24 @@ class FusedPackPass:
         uses = list(out.uses())
         if uses and not out.is_graph_output() and all(
                 u.node.op_type == "MatMul" and u.idx == 1 for u in uses):
-            return [(u.node, u.idx) for u in uses]
+            # One packed weight for all of them or none (a part packed stored it twice),
+            # and only within the DequantizeLinear's graph: the constants made for the
+            # first are values of its scope (an If branch's MatMul read them from another).
+            why = next((f"its MatMul '{u.node.name}' is in another graph" for u in uses
+                        if u.node.graph is not dq.graph), None)
+            if why is None and spec is not None and not spec.errors:
+                for u in uses:
+                    try:
+                        _check_a(graph.input_value(u.node, 0), spec)
+                    except NoMatch as e:
+                        why = f"its MatMul '{u.node.name}' cannot take it: {e}"
+                        break
+            if why is None:
+                return [(u.node, u.idx) for u in uses]
+            if weight:
+                self._skip(dq, site, f"{len(uses)} MatMuls share it and {why}: pack packs a "
+                           "shared weight for all of them or none")
+            return []
         if weight:
             self._skip(dq, site, f"its output has {len(uses)} uses (or is a graph output): "
                        "pack takes a weight feeding one Gather, or MatMuls only (as B)")
@@ -269,13 +286,7 @@ class FusedPackPass:
         if spec.granularity == "per-axis":  # one block spans K: the original's, if noted
             block = _noted_block(dq, k) or block
         a = graph.input_value(mm, 0)
-        # MatMul's A and B share a type, so an undeclared A has the weight's type.
-        if graph.elem_type(a) not in (None, spec.scale_type):
-            raise NoMatch(f"A is {graph.elem_type(a)} and the scale {spec.scale_type}: "
-                          "MatMulNBits needs them equal")
-        a_shape = graph.shape_of(a)
-        if a_shape is not None and len(a_shape) < 2:
-            raise NoMatch("A is 1-D")
+        _check_a(a, spec)
         narrowed = self._narrower(dq, spec, bits)
         bits = narrowed or bits
         scales, zps, zp_codes, kb, signed = self._scales_zps(dq, spec, k, n, bits, block)
@@ -627,13 +638,26 @@ def _restore_names(model: ir.Model, named: list[tuple[ir.Node, dict, set[str]]])
                 v.const_value.name = want
 
 
+def _check_a(a: ir.Value | None, spec: QuantSpec) -> None:
+    """NoMatch when a MatMul's A cannot be a MatMulNBits' A for this weight."""
+    # MatMul's A and B share a type, so an undeclared A has the weight's type.
+    if graph.elem_type(a) not in (None, spec.scale_type):
+        raise NoMatch(f"A is {graph.elem_type(a)} and the scale {spec.scale_type}: "
+                      "MatMulNBits needs them equal")
+    a_shape = graph.shape_of(a)
+    if a_shape is not None and len(a_shape) < 2:
+        raise NoMatch("A is 1-D")
+
+
 def _noted_block(dq: ir.Node, k: int) -> int | None:
     """The block size ``upgrade`` noted of a MatMulNBits whose one block spans K, if it
     still does (a power of two >= 16 and >= K); else None."""
     from dqtool.families.fused.to_onnx import BLOCK_KEY
 
-    note = dq.metadata_props.get(BLOCK_KEY, "")
-    block = int(note) if note.isdigit() else 0
+    try:
+        block = int(dq.metadata_props.get(BLOCK_KEY, ""), 10)
+    except ValueError:  # no note, or not a number ("²" passed isdigit() and int() raised)
+        return None
     return block if _pow2_16(block) and block >= k else None
 
 
