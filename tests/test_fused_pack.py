@@ -546,14 +546,15 @@ def test_pack_gives_back_the_names_of_tables_it_takes_as_stored_and_of_unnamed_n
     assert [n.name for n in back.graph.node] == [""]
 
 
-def _shared_weight_model(accuracy: tuple[int, int] = (0, 0)) -> onnx.ModelProto:
+def _shared_weight_model(accuracy: tuple[int, int] = (0, 0), zp: str = "packed",
+                         n: int = 40, seed: int = 21) -> onnx.ModelProto:
     """Two MatMulNBits taking the same B, scales and zero points (one weight, two uses)."""
     from onnx import TensorProto, helper, numpy_helper
 
-    rng = np.random.default_rng(21)
-    w = nbits_inputs(rng, 64, 40, 4, 32)  # (whole blocks: no padding codes to keep)
+    rng = np.random.default_rng(seed)
+    w = nbits_inputs(rng, 64, n, 4, 32, zp=zp)  # (whole blocks: no padding codes to keep)
     nodes = [helper.make_node("MatMulNBits", [a, "W", "W_scales", "W_zp"], [y], name=name,
-                              domain="com.microsoft", K=64, N=40, bits=4, block_size=32,
+                              domain="com.microsoft", K=64, N=n, bits=4, block_size=32,
                               **({"accuracy_level": acc} if acc else {}))
              for (a, y, name), acc in zip((("x", "p", "mmA"), ("z", "q", "mmB")), accuracy,
                                           strict=True)]
@@ -561,7 +562,7 @@ def _shared_weight_model(accuracy: tuple[int, int] = (0, 0)) -> onnx.ModelProto:
     graph = helper.make_graph(
         nodes, "g", [helper.make_tensor_value_info(v, TensorProto.FLOAT, [64, 64])
                      for v in ("x", "z")],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [64, 40])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [64, n])],
         [numpy_helper.from_array(w["B"], "W"), numpy_helper.from_array(w["scales"], "W_scales"),
          numpy_helper.from_array(w["zero_points"], "W_zp")])
     return helper.make_model(graph, ir_version=10, opset_imports=[
@@ -690,22 +691,7 @@ def test_a_shared_weight_is_packed_for_all_its_matmuls_or_none():
 def test_hqq_nodes_sharing_a_weight_each_come_back():
     """Float zero points (HQQ's chain, which pack takes whole up to its last Reshape) are
     not shared by upgrade: a shared chain ended in two MatMuls and pack left it."""
-    rng = np.random.default_rng(43)
-    w = nbits_inputs(rng, 64, 16, 4, 32, zp="float")
-    from onnx import TensorProto, helper, numpy_helper
-
-    nodes = [helper.make_node("MatMulNBits", [a, "W", "S", "Z"], [y], name=name,
-                              domain="com.microsoft", K=64, N=16, bits=4, block_size=32)
-             for a, y, name in (("x", "p", "mmA"), ("z", "q", "mmB"))]
-    nodes.append(helper.make_node("Add", ["p", "q"], ["y"]))
-    graph = helper.make_graph(
-        nodes, "g", [helper.make_tensor_value_info(v, TensorProto.FLOAT, [64, 64])
-                     for v in ("x", "z")],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [64, 16])],
-        [numpy_helper.from_array(w["B"], "W"), numpy_helper.from_array(w["scales"], "S"),
-         numpy_helper.from_array(w["zero_points"], "Z")])
-    original = helper.make_model(graph, ir_version=10, opset_imports=[
-        helper.make_opsetid("", 21), helper.make_opsetid("com.microsoft", 1)])
+    original = _shared_weight_model(zp="float", n=16, seed=43)
     back = _roundtrip(original)
     assert [n.op_type for n in back.graph.node] == ["MatMulNBits", "MatMulNBits", "Add"]
     eye = {"x": np.eye(64, dtype=np.float32), "z": np.eye(64, dtype=np.float32)}

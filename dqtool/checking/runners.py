@@ -85,6 +85,18 @@ def _session(sess: Any, all_outputs: list[str]) -> Session:
     return run
 
 
+def _options(ort: Any, external_dir: Path | None) -> Any:
+    """Session options every check's onnxruntime session has: CPU graph as written
+    (``ORT_DISABLE_ALL``), quiet (failures reach us as exceptions), and with
+    ``external_dir`` the model's external tensors read from that folder."""
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    so.log_severity_level = 4
+    if external_dir is not None:
+        so.add_session_config_entry(EXTERNAL_FOLDER_KEY, str(external_dir))
+    return so
+
+
 def ort_session(model: onnx.ModelProto, external_dir: Path | None = None) -> Session:
     """An onnxruntime session for several runs, ``session(feeds, outputs)`` (a large model
     loads once); with ``external_dir`` the model's external tensors are left in their files
@@ -93,9 +105,7 @@ def ort_session(model: onnx.ModelProto, external_dir: Path | None = None) -> Ses
         import onnxruntime as ort
     except ImportError as e:
         raise RuntimeFailure(f"onnxruntime cannot be imported: {_first_line(e)}") from None
-    so = ort.SessionOptions()
-    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    so.log_severity_level = 4  # failures reach us as exceptions; keep stderr clean
+    so = _options(ort, external_dir)
     # Without the arena, a run's values go back to the system when freed (results never
     # depend on the allocator).
     so.enable_cpu_mem_arena = False
@@ -103,8 +113,6 @@ def ort_session(model: onnx.ModelProto, external_dir: Path | None = None) -> Ses
     # DequantizeLinear of a 2.4 GB model first (11.6 GB held; 2.4 GB this way). The order
     # never changes a value.
     so.execution_order = ort.ExecutionOrder.PRIORITY_BASED
-    if external_dir is not None:
-        so.add_session_config_entry(EXTERNAL_FOLDER_KEY, str(external_dir))
     try:
         sess = ort.InferenceSession(model.SerializeToString(), so, providers=[ORT_PROVIDER])
     except Exception as e:  # onnxruntime raises its own exception types
@@ -125,16 +133,12 @@ def ort_graph(model: onnx.ModelProto, external_dir: Path | None = None
     except ImportError:
         return None
     with tempfile.TemporaryDirectory(prefix="dqtool-ort-graph-") as tmp:
-        so = ort.SessionOptions()
-        so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-        so.log_severity_level = 4
+        so = _options(ort, external_dir)
         so.optimized_model_filepath = str(Path(tmp) / "graph.onnx")
         so.add_session_config_entry("session.optimized_model_external_initializers_file_name",
                                     "tensors.bin")
         so.add_session_config_entry(
             "session.optimized_model_external_initializers_min_size_in_bytes", "0")
-        if external_dir is not None:
-            so.add_session_config_entry(EXTERNAL_FOLDER_KEY, str(external_dir))
         try:
             ort.InferenceSession(model.SerializeToString(), so, providers=[ORT_PROVIDER])
             return onnx.load(str(Path(tmp) / "graph.onnx"), load_external_data=False)

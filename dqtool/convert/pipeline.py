@@ -55,29 +55,22 @@ def run(model_or_path: ir.Model | str | os.PathLike, opset: int,
     # Constant nodes last: a rewrite of their readers may leave them unused (a function's
     # uint4 codes a DequantizeLinear below opset 21 reads widened to uint8), and such a
     # Constant goes rather than be refused for a type the target lacks.
-    def is_constant(s: graph.Site) -> bool:
-        return s.node.op_type == "Constant" and s.node.domain == ""
-
-    order = [s for s in sites if not is_constant(s)] + [None] + \
-        [s for s in sites if is_constant(s)]
-    for site in order:
-        if site is None:  # between the two: what the rewrites replaced, if unused now
-            # (a scale shared by a Q and a DQ stays); Q nodes stay: a conversion removes no
-            # computation.
-            cleanup.remove_unused(ctx.replaced, producers=frozenset({"Constant"}))
-            ctx.replaced.clear()
-            continue
-        if site.node.graph is None:
-            continue  # removed by an earlier rewrite
-        node = site.node  # its identity before rewrites
-        op = op_id(node.domain, node.op_type,
-                   node.version or graph.opset_of(site.opsets, node.domain))
-        outcome = _convert_site(site, ctx, reg)
-        _record(report, site, op, outcome)
+    constant = [s.node.op_type == "Constant" and s.node.domain == "" for s in sites]
+    for last in (False, True):
+        batch = [s for s, c in zip(sites, constant, strict=True) if c == last]
+        for site in batch:
+            if site.node.graph is None:
+                continue  # removed by an earlier rewrite
+            node = site.node  # its identity before rewrites
+            op = op_id(node.domain, node.op_type,
+                       node.version or graph.opset_of(site.opsets, node.domain))
+            _record(report, site, op, _convert_site(site, ctx, reg))
+        # What the rewrites replaced, if nothing else uses it (a scale shared by a Q and a
+        # DQ stays); Q nodes stay: a conversion removes no computation.
+        cleanup.remove_unused(ctx.replaced, producers=frozenset({"Constant"}))
+        ctx.replaced.clear()
     if report.refusals:
         raise ConversionRefused(report)
-    # Those the Constants' own rewrites replaced.
-    cleanup.remove_unused(ctx.replaced, producers=frozenset({"Constant"}))
     try:
         report.warnings.extend(graph.sort_if_needed(model))
     except InputError as e:

@@ -70,23 +70,21 @@ def target_findings(ctx: ModelContext, target: str) -> Iterator[Finding]:
     """DQ109 for every fused node a target cannot run (every target but onnxruntime, which
     runs them unless its CPU kernel rejects the combination)."""
     opset = ctx.onnx_opset or 0
-    fused = [s for s in ctx.sites if read.is_fused(s.node)]
-    tried: list[list[str]] = []
+    fused = [(s, read.read(s.node, s.opsets)) for s in ctx.sites if read.is_fused(s.node)]
+    tried: list[str | None] = []
     if not target.startswith("onnxruntime") and _target_opset(target) is None:
         # a target with limits of its own: each node's conversions tried, and one command
-        # for the model where one serves every node
+        # for the model where one serves every node (an invalid node has none: its own
+        # findings say what is wrong with it)
         from dqtool.families.fused.lint_fix import clean_fixes, common_fix
 
-        valid = [not read.read(s.node, s.opsets).errors for s in fused]
-        tried = [clean_fixes(s.node, s.opsets, opset, target) if ok else []
-                 for s, ok in zip(fused, valid, strict=True)]
-        # (an invalid node has no fix: its own findings say what is wrong with it)
-        common = common_fix([t for t, ok in zip(tried, valid, strict=True) if ok])
-        tried = [[common] if common and ok else t
-                 for t, ok in zip(tried, valid, strict=True)]
-    for i, site in enumerate(fused):
+        each = [[] if spec.errors else clean_fixes(s.node, s.opsets, opset, target)
+                for s, spec in fused]
+        common = common_fix([t for t, (_, spec) in zip(each, fused, strict=True)
+                             if not spec.errors])
+        tried = [common or next(iter(t), None) for t in each]
+    for i, (site, spec) in enumerate(fused):
         node = site.node
-        spec = read.read(node, site.opsets)
         name = node.name or f"<unnamed {node.op_type}>"
         if target.startswith("onnxruntime"):
             rejected = [p for p in spec.problems if p.code == "FU007"]
@@ -100,7 +98,7 @@ def target_findings(ctx: ModelContext, target: str) -> Iterator[Finding]:
                                   where=site.graph, op=_op(site))
             continue
         if _target_opset(target) is None:  # a target with limits of its own: tried
-            fix = _fix(spec, opset, tried=next(iter(tried[i]), None), target_name=target)
+            fix = _fix(spec, opset, tried=tried[i], target_name=target)
         else:
             fix = _fix(spec, opset, _target_opset(target))
         yield ctx.finding(

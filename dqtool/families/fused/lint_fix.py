@@ -26,17 +26,11 @@ _CACHE: dict[tuple, list[str]] = {}
 _BUSY = threading.local()  # linting a miniature runs the fused hook again: not this
 
 
-def clean_fix(node: ir.Node, opsets: dict[str, int], model_opset: int, target: str
-              ) -> str | None:
-    """The first of ``upgrade --opset N``, the same with ``--per-axis``, and
-    ``upgrade``/``downgrade --opset`` 20, 19, 17, 13 whose result lints without an error
-    for ``target`` (as a command line, in backquotes); None if none does."""
-    return next(iter(clean_fixes(node, opsets, model_opset, target)), None)
-
-
 def clean_fixes(node: ir.Node, opsets: dict[str, int], model_opset: int, target: str
                 ) -> list[str]:
-    """Every one of those commands whose result lints clean, in that order."""
+    """Every one of ``upgrade --opset N``, the same with ``--per-axis``, and
+    ``upgrade``/``downgrade --opset`` 20, 19, 17, 13 whose result lints without an error
+    for ``target`` (as command lines, in backquotes), in that order."""
     if getattr(_BUSY, "on", False):
         return []
     key = (_form(node), _dims(node), model_opset, target)

@@ -145,8 +145,8 @@ class FusedPackPass:
                     fn.opset_imports.setdefault("com.microsoft", 1)
         return self.report
 
-    def _consumers(self, dq: ir.Node, site: graph.Site, weight: bool,
-                   spec: QuantSpec | None = None) -> list[tuple[ir.Node, int]]:
+    def _consumers(self, dq: ir.Node, site: graph.Site, weight: bool, spec: QuantSpec
+                   ) -> list[tuple[ir.Node, int]]:
         """What pack rewrites of ``dq``: its one use, or several MatMuls that take it as B
         (a weight they share stays one: ``_made``); else nothing (said, for a weight)."""
         out = dq.outputs[0]
@@ -161,7 +161,7 @@ class FusedPackPass:
             # first are values of its scope (an If branch's MatMul read them from another).
             why = next((f"its MatMul '{u.node.name}' is in another graph" for u in uses
                         if u.node.graph is not dq.graph), None)
-            if why is None and spec is not None and not spec.errors:
+            if why is None and not spec.errors:
                 for u in uses:
                     try:
                         _check_a(graph.input_value(u.node, 0), spec)
