@@ -708,3 +708,31 @@ def test_a_block_size_note_that_is_not_a_number_is_ignored():
     back = ir.serde.serialize_model(dqtool.pack(up).model)
     node = _node(back, "MatMulNBits")
     assert {a.name: a.i for a in node.attribute}["block_size"] == 64  # smallest >= K
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16, ml_dtypes.bfloat16])
+@pytest.mark.parametrize(("k", "n", "block"), [(96, 130, 32), (64, 133, 64), (256, 136, 32)])
+def test_scales_written_to_a_data_file_are_the_stored_ones(dtype, k, n, block, tmp_path,
+                                                           monkeypatch):
+    # pack writes the scales ((k_blocks, N) in the DequantizeLinear) transposed band by
+    # band into the data file (in C for whole 8-byte words of a row, the rest in NumPy):
+    # each comes back as stored, for 4-, 2- and 2-byte elements, rows of N not a whole
+    # number of words, and one block spanning K (a per-axis DequantizeLinear).
+    rng = np.random.default_rng(k + n)
+    original = nbits_model(k, n, 4, block, nbits_inputs(rng, k, n, 4, block, dtype, "none"),
+                           dtype=dtype)
+    src, up, back = (str(tmp_path / f) for f in ("src.onnx", "up.onnx", "back.onnx"))
+    onnx.save(original, src)
+    dqtool.upgrade(src, 21, up, external_data=True)
+    streamed = []
+    write = packing.write_transposed
+    monkeypatch.setattr(packing, "write_transposed",
+                        lambda a, f: streamed.append(a.shape) or write(a, f))
+    dqtool.pack(up, back, external_data=True)
+    assert streamed == [(-(-k // block), n)]
+    packed = onnx.load(back)
+    assert (tmp_path / "back.onnx.data").stat().st_size > 0
+    node = _node(packed, "MatMulNBits")
+    got, want = _inits(packed), _inits(original)
+    assert got[node.input[2]] == want["scales"]
+    assert got[node.input[1]] == want["B"]
