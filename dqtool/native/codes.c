@@ -434,7 +434,7 @@ int dq_reserve(int fd, int64_t offset, int64_t length) {
 }
 
 /* Lets the loader tell this build from a stale one (bumped with any change of meaning). */
-int dq_native_version(void) { return 3; }
+int dq_native_version(void) { return 4; }
 
 /* A table lookup for every code of a band of rows (dqtool.folding.by_table): out[r, c] is
  * entry code(r, c) of the table of the group (r / rpg, c / cpg), the tables laid out
@@ -498,4 +498,147 @@ int dq_lut_rows(const uint8_t *codes, int64_t rows, int64_t cols, int64_t bits, 
             LUT_ROW(uint32_t, 8);
     }
     return 0;
+}
+
+/* dq_lut_rows for a table per column (column groups of one: a DequantizeLinear blocked
+ * or per-axis along the rows, as every MatMulNBits' weight is), with the tables laid out
+ * [row group][level][column] (as the kernel computes them: no transpose) and the lookups
+ * done as selections on AVX-512: for 32 columns (16 with 4-byte entries), the level
+ * tables of a row group are held in registers while every row of the group is read, and
+ * each row's codes pick their entries by a tree of blends (one blend per level, a test
+ * of one code bit per tree level). Why: the scalar lookup, a dependent load per code, ran
+ * at ~1.7 G codes/s, a quarter of a float16 fold's CPU time on the bench model; this at
+ * 6.3 G codes/s (float16 entries; 2.9 against 1.5 for float32), measured on chunks of
+ * 256 x 8192 4-bit codes in blocks of 128 rows, one core. Rows r of the tables' row group
+ * r / rpg, as dq_lut_rows. Returns 0; -ENOSYS where the CPU (or the compiler) has no
+ * AVX-512BW or dq_set_wide turned the AVX-512 paths off (the caller uses dq_lut_rows);
+ * -EINVAL for arguments it does not take. */
+#if DQ_WIDE
+static int bw_on = -1;
+
+/* Codes of columns c .. c + n - 1 (n <= 32) of a row, one a 16-bit lane. */
+static inline __attribute__((always_inline, target("avx512f,avx512bw"))) __m512i codes32(
+    const uint8_t *row, int64_t c, int n, const int bits, __m512i idx, __m512i shifts,
+    __m512i mask) {
+    const int per = 8 / bits;
+    const int nbytes = (n + per - 1) / per;
+    /* (a 512-bit masked load: masked-off bytes are not read, past a row's end either) */
+    const __m512i b = _mm512_maskz_loadu_epi8((__mmask64)((1ull << nbytes) - 1),
+                                              row + c / per);
+    __m512i w = _mm512_cvtepu8_epi16(_mm512_castsi512_si256(b));  /* byte i in lane i */
+    if (bits < 8) {
+        w = _mm512_permutexvar_epi16(idx, w);  /* lane j: the byte holding code j */
+        w = _mm512_srlv_epi16(w, shifts);
+    }
+    return _mm512_and_si512(w, mask);
+}
+
+static inline __attribute__((always_inline, target("avx512f,avx512bw"))) void select_rows(
+    const uint8_t *codes, int64_t row_bytes, int64_t r0, int64_t r1, int64_t cols,
+    const uint8_t *t, int levels, int width, uint8_t *out, const int bits) {
+    const int per = 8 / bits;
+    int16_t idx_a[32], sh_a[32];
+    for (int j = 0; j < 32; j++) {
+        idx_a[j] = (int16_t)(j / per);
+        sh_a[j] = (int16_t)(bits * (j % per));
+    }
+    const __m512i idx = _mm512_loadu_si512(idx_a), shifts = _mm512_loadu_si512(sh_a);
+    const __m512i mask = _mm512_set1_epi16((int16_t)(levels - 1));
+    const int lanes = width == 2 ? 32 : 16;
+    const int64_t tstride = cols * width;  /* bytes from one level's table to the next */
+    for (int64_t c = 0; c < cols; c += lanes) {
+        const int n = (int)(cols - c < lanes ? cols - c : lanes);
+        const uint64_t m64 = n >= 64 ? ~0ull : ((1ull << n) - 1);
+        __m512i tab[16];
+        for (int l = 0; l < levels; l++)
+            tab[l] = width == 2
+                ? _mm512_maskz_loadu_epi16((__mmask32)m64, t + l * tstride + c * 2)
+                : _mm512_maskz_loadu_epi32((__mmask16)m64, t + l * tstride + c * 4);
+        for (int64_t r = r0; r < r1; r++) {
+            __m512i code = codes32(codes + r * row_bytes, c, n, bits, idx, shifts, mask);
+            __m512i v[8];
+            if (width == 2) {
+                __mmask32 k0 = _mm512_test_epi16_mask(code, _mm512_set1_epi16(1));
+                __mmask32 k1 = _mm512_test_epi16_mask(code, _mm512_set1_epi16(2));
+                for (int l = 0; l < levels / 2; l++)
+                    v[l] = _mm512_mask_blend_epi16(k0, tab[2 * l], tab[2 * l + 1]);
+                for (int l = 0; l < levels / 4; l++)
+                    v[l] = _mm512_mask_blend_epi16(k1, v[2 * l], v[2 * l + 1]);
+                if (levels == 16) {
+                    __mmask32 k2 = _mm512_test_epi16_mask(code, _mm512_set1_epi16(4));
+                    __mmask32 k3 = _mm512_test_epi16_mask(code, _mm512_set1_epi16(8));
+                    v[0] = _mm512_mask_blend_epi16(k2, v[0], v[1]);
+                    v[1] = _mm512_mask_blend_epi16(k2, v[2], v[3]);
+                    v[0] = _mm512_mask_blend_epi16(k3, v[0], v[1]);
+                }
+                _mm512_mask_storeu_epi16(out + (r * cols + c) * 2, (__mmask32)m64, v[0]);
+            } else {
+                /* the 16 codes as 32-bit lanes */
+                const __m512i c32 = _mm512_cvtepu16_epi32(_mm512_castsi512_si256(code));
+                __mmask16 k0 = _mm512_test_epi32_mask(c32, _mm512_set1_epi32(1));
+                __mmask16 k1 = _mm512_test_epi32_mask(c32, _mm512_set1_epi32(2));
+                for (int l = 0; l < levels / 2; l++)
+                    v[l] = _mm512_mask_blend_epi32(k0, tab[2 * l], tab[2 * l + 1]);
+                for (int l = 0; l < levels / 4; l++)
+                    v[l] = _mm512_mask_blend_epi32(k1, v[2 * l], v[2 * l + 1]);
+                if (levels == 16) {
+                    __mmask16 k2 = _mm512_test_epi32_mask(c32, _mm512_set1_epi32(4));
+                    __mmask16 k3 = _mm512_test_epi32_mask(c32, _mm512_set1_epi32(8));
+                    v[0] = _mm512_mask_blend_epi32(k2, v[0], v[1]);
+                    v[1] = _mm512_mask_blend_epi32(k2, v[2], v[3]);
+                    v[0] = _mm512_mask_blend_epi32(k3, v[0], v[1]);
+                }
+                _mm512_mask_storeu_epi32(out + (r * cols + c) * 4, (__mmask16)m64, v[0]);
+            }
+        }
+    }
+}
+
+__attribute__((target("avx512f,avx512bw"), noinline)) static void select_group(
+    const uint8_t *codes, int64_t row_bytes, int64_t r0, int64_t r1, int64_t cols,
+    const uint8_t *t, int levels, int width, uint8_t *out, int bits) {
+    /* compile-time widths and level counts: the tree and the loads unroll */
+    if (bits == 4 && width == 2 && levels == 16)
+        select_rows(codes, row_bytes, r0, r1, cols, t, 16, 2, out, 4);
+    else if (bits == 4 && width == 4 && levels == 16)
+        select_rows(codes, row_bytes, r0, r1, cols, t, 16, 4, out, 4);
+    else if (bits == 2 && width == 2)
+        select_rows(codes, row_bytes, r0, r1, cols, t, 4, 2, out, 2);
+    else if (bits == 2)
+        select_rows(codes, row_bytes, r0, r1, cols, t, 4, 4, out, 2);
+    else if (width == 2)
+        select_rows(codes, row_bytes, r0, r1, cols, t, levels, 2, out, 8);
+    else
+        select_rows(codes, row_bytes, r0, r1, cols, t, levels, 4, out, 8);
+}
+
+static int bw_now(void) {
+    if (bw_on < 0) bw_on = __builtin_cpu_supports("avx512bw") ? 1 : 0;
+    return bw_on && wide_on != 0;
+}
+#else
+static int bw_now(void) { return 0; }
+#endif
+
+int dq_lut_select(const uint8_t *codes, int64_t rows, int64_t cols, int64_t bits, int64_t rpg,
+                  const void *tables, int64_t levels, int64_t width, void *out) {
+    if (rows < 0 || cols < 0 || rpg <= 0 || (levels != 4 && levels != 16) ||
+        (width != 2 && width != 4) || (bits != 8 && bits != 4 && bits != 2) ||
+        (bits < 8 && (cols * bits) % 8) || (bits < 8 && levels != (1 << bits)))
+        return -EINVAL;
+    if (!bw_now()) return -ENOSYS;
+#if DQ_WIDE
+    const int64_t row_bytes = bits == 8 ? cols : cols * bits / 8;
+    const int64_t table_bytes = levels * cols * width;  /* one row group's tables */
+    for (int64_t r0 = 0; r0 < rows; r0 += rpg) {
+        const int64_t r1 = rows - r0 < rpg ? rows : r0 + rpg;
+        select_group(codes, row_bytes, r0, r1, cols,
+                     (const uint8_t *)tables + (r0 / rpg) * table_bytes, (int)levels,
+                     (int)width, (uint8_t *)out, (int)bits);
+    }
+    return 0;
+#else
+    (void)codes; (void)tables; (void)out;
+    return -ENOSYS;
+#endif
 }
