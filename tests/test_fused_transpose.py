@@ -99,7 +99,8 @@ def test_repacks_match_the_simple_form_and_invert(bits: int, k: int, n: int, blo
 
 
 @pytest.mark.parametrize(("bits", "flip"), [(2, 0xAA), (4, 0x88), (8, 0x80), (4, 0x0F)])
-@pytest.mark.parametrize(("rows", "cols"), [(64, 64), (40, 24), (200, 330), (16 * 9, 16 * 17)])
+@pytest.mark.parametrize(("rows", "cols"), [(64, 64), (40, 24), (200, 330), (16 * 9, 16 * 17),
+                                          (32 * 8, 32 * 16)])  # whole 2-bit tiles
 def test_transpose_codes_flips_every_source_byte(bits: int, flip: int, rows: int,
                                                  cols: int) -> None:
     rng = np.random.default_rng(rows + cols + flip)
