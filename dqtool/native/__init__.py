@@ -32,7 +32,6 @@ record also says the bytes passed the check, which a load then skips: ~7 ms a co
 from __future__ import annotations
 
 import errno
-import hashlib
 import os
 import platform
 import shlex
@@ -48,6 +47,14 @@ if TYPE_CHECKING:
     import numpy as np
 
 SOURCE = Path(__file__).with_name("codes.c")
+
+try:  # CPython's own SHA-256: hashlib's import loads OpenSSL (~3 ms of every command)
+    from _sha256 import sha256
+except ImportError:  # (named _sha2 from Python 3.12; other interpreters: hashlib's)
+    try:
+        from _sha2 import sha256  # type: ignore[no-redef]
+    except ImportError:
+        from hashlib import sha256  # type: ignore[assignment]
 VERSION = 4  # dq_native_version() of a build that means what this loader expects
 
 _lock = threading.Lock()
@@ -85,7 +92,7 @@ def cache_dir() -> Path:
 def library_path(folder: Path | None = None) -> Path:
     """Where this source's build, with this compiler, on this platform, lives (in the
     cache, or in ``folder``)."""
-    h = hashlib.sha256(SOURCE.read_bytes())
+    h = sha256(SOURCE.read_bytes())
     h.update(" ".join([*_compiler(), *_flags()]).encode())
     h.update(f"{sys.platform}-{platform.machine()}-{struct.calcsize('P')}".encode())
     # builds whose digest means "passed the check" (the check moved into the build): a
@@ -99,7 +106,7 @@ def _digest_path(path: Path) -> Path:
 
 
 def _digest(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
+    return sha256(path.read_bytes()).hexdigest()
 
 
 def _untrusted(path: Path) -> str:
