@@ -56,6 +56,9 @@ class NodeCheck:
 class Structure:
     onnx_checker: str | None  # None when it passed, else its first line
     problems: tuple[dict[str, str], ...]  # dqtool's rules, every severity
+    # Why the checker's type inference did not count (None: it ran and counted): it stopped
+    # at operators onnx has no schema for, and the checker passed without it.
+    inference: str | None = None
 
     @property
     def passed(self) -> bool:
@@ -64,23 +67,60 @@ class Structure:
 
     def to_json(self) -> dict[str, Any]:
         return {"passed": self.passed, "onnx_checker": self.onnx_checker or "passed",
-                "problems": list(self.problems)}
+                "onnx_inference": self.inference or "passed", "problems": list(self.problems)}
 
 
 def structure(proto: onnx.ModelProto, sites: list[tuple[Site, QuantSpec]],
               path: Path | None = None) -> Structure:
     """``path``: check the file instead of ``proto`` (a model past protobuf's 2 GB limit
-    must be given to onnx's checker as a path)."""
+    must be given to onnx's checker as a path).
+
+    A type-inference error does not fail a model that holds operators onnx has no schema
+    for (onnxruntime's com.microsoft ones) when the checker passes without inference:
+    onnx cannot type their outputs, so inference stops at the first operator reading one
+    (a MatMulNBits inside a function left the function's outputs untyped, and the Add
+    after its call failed a model onnxruntime runs). It is reported as not counted."""
+    target = proto if path is None else str(path)
+    inference = None
     try:
-        onnx.checker.check_model(proto if path is None else str(path), full_check=True)
+        onnx.checker.check_model(target, full_check=True)
         checker = None
     except Exception as e:  # checker and shape inference raise several types
         checker = one_line(e, 300)
+        unknown = schemaless_ops(proto)
+        if unknown and "InferenceError" in type(e).__name__:
+            try:
+                onnx.checker.check_model(target)
+            except Exception as e2:
+                checker = one_line(e2, 300)
+            else:
+                inference = (f"not counted: onnx has no schema for {', '.join(unknown[:3])}"
+                             f"{' …' if len(unknown) > 3 else ''}, whose outputs it cannot "
+                             f"type ({checker})")
+                checker = None
     problems = tuple(
         {"node": s.node.name or "", "graph": s.graph, "code": p.code,
          "severity": p.severity, "message": p.message}
         for s, spec in sites for p in spec.problems)
-    return Structure(checker, problems)
+    return Structure(checker, problems, inference)
+
+
+def schemaless_ops(proto: onnx.ModelProto) -> list[str]:
+    """``domain:op`` of every operator the model uses that onnx has no schema for and no
+    model-local function defines (sorted, once each)."""
+    local = {(f.domain, f.name) for f in proto.functions}
+    found: set[str] = set()
+    stack = [list(proto.graph.node), *(list(f.node) for f in proto.functions)]
+    while stack:
+        for node in stack.pop():
+            for a in node.attribute:
+                stack.extend([list(g.node) for g in [a.g] if a.HasField("g")]
+                             + [list(g.node) for g in a.graphs])
+            domain = "" if node.domain == "ai.onnx" else node.domain
+            if (domain, node.op_type) not in local and not onnx.defs.has(node.op_type,
+                                                                         domain):
+                found.add(f"{domain or 'ai.onnx'}:{node.op_type}")
+    return sorted(found)
 
 
 def quant_sites(model: ir.Model) -> list[tuple[Site, QuantSpec]]:

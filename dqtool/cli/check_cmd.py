@@ -19,9 +19,13 @@ def _num(v: object) -> str:
 
 def _render_self(app: App, doc: dict) -> None:
     st = doc["structure"]
-    app.out.print(f"structure: onnx checker (full check) {st['onnx_checker']}; dqtool rules: "
+    inference = st.get("onnx_inference", "passed")
+    checker = "(full check)" if inference == "passed" else "(type inference not counted, below)"
+    app.out.print(f"structure: onnx checker {checker} {st['onnx_checker']}; dqtool rules: "
                   f"{sum(p['severity'] == 'error' for p in st['problems'])} errors, "
                   f"{sum(p['severity'] != 'error' for p in st['problems'])} other findings")
+    if inference != "passed":
+        app.out.print(f"  onnx's type inference {inference}", markup=False)
     for p in st["problems"]:
         if p["severity"] == "error":
             app.out.print(f"  {p['code']} {p['node']}: {p['message']}")
