@@ -133,6 +133,13 @@ def constant_tensor(value: ir.Value | None) -> ir.TensorProtocol | None:
     return None
 
 
+def constant_node(value: ir.Value) -> ir.Node | None:
+    """The Constant node (no inputs) ``value`` is the output of, or None."""
+    p = value.producer()
+    return p if p is not None and p.op_type == "Constant" and p.domain in DEFAULT_DOMAINS \
+        and not p.inputs else None
+
+
 def constant_array(value: ir.Value | None) -> np.ndarray | None:
     tensor = constant_tensor(value)
     return None if tensor is None else tensor.numpy()

@@ -7,7 +7,7 @@ import onnx
 import onnx_ir as ir
 import pytest
 from click.testing import CliRunner
-from helpers.fused import nbits_inputs, nbits_model
+from helpers.fused import in_function, nbits_inputs, nbits_model
 
 import dqtool
 from dqtool.cli import cli
@@ -470,37 +470,14 @@ def test_roundings_skipped_reads_onnxruntime_graph():
     assert roundings_skipped(mine, mine) == []
 
 
-def _in_function(nbits: onnx.ModelProto, after: str = "Relu") -> onnx.ModelProto:
-    """``nbits``'s MatMulNBits inside a model-local function (its weights Constant nodes),
-    called by the main graph, whose next node reads the call's output."""
-    from onnx import helper
-
-    consts = [helper.make_node("Constant", [], [t.name], value=t)
-              for t in nbits.graph.initializer]
-    fn = helper.make_function("local", "QLinear", ["A"], ["Y"],
-                              [*consts, *nbits.graph.node],
-                              [helper.make_opsetid("", 21),
-                               helper.make_opsetid("com.microsoft", 1)])
-    g = nbits.graph
-    out = onnx.ValueInfoProto()
-    out.CopyFrom(g.output[0])
-    out.name = "Z"
-    main = helper.make_graph(
-        [helper.make_node("QLinear", ["A"], ["q"], domain="local"),
-         helper.make_node(after, ["q"], ["Z"])], "g", list(g.input), [out])
-    return helper.make_model(main, functions=[fn], ir_version=10, opset_imports=[
-        helper.make_opsetid("", 21), helper.make_opsetid("com.microsoft", 1),
-        helper.make_opsetid("local", 1)])
-
-
 def test_check_alone_does_not_fail_what_onnx_cannot_type(tmp_path):
     # A MatMulNBits inside a function: onnx's type inference cannot type the function's
     # output (it has no schema for MatMulNBits), and failed the Relu reading it, for a
     # model onnxruntime runs. The checker without inference passes; inference is named
     # as not counted. The weights are still checked bit for bit.
     rng = np.random.default_rng(5)
-    proto = _in_function(nbits_model(64, 16, 4, 32, nbits_inputs(rng, 64, 16, 4, 32), m=2))
-    with pytest.raises(Exception, match="InferenceError|Input 0 expected"):
+    proto = in_function(nbits_model(64, 16, 4, 32, nbits_inputs(rng, 64, 16, 4, 32), m=2))
+    with pytest.raises(Exception, match=r"InferenceError|Input 0 expected"):
         onnx.checker.check_model(proto, full_check=True)
     src = _save(proto, tmp_path / "fn.onnx")
     doc = dqtool.check(str(src)).to_json()
@@ -515,7 +492,7 @@ def test_check_alone_still_fails_what_the_checker_refuses(tmp_path):
     # the same model with an error the checker finds without inference (an operator
     # ai.onnx has no such version of): FAILED, as before
     rng = np.random.default_rng(5)
-    proto = _in_function(nbits_model(64, 16, 4, 32, nbits_inputs(rng, 64, 16, 4, 32), m=2),
+    proto = in_function(nbits_model(64, 16, 4, 32, nbits_inputs(rng, 64, 16, 4, 32), m=2),
                          after="NoSuchOp")
     src = _save(proto, tmp_path / "bad.onnx")
     doc = dqtool.check(str(src)).to_json()

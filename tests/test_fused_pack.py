@@ -9,7 +9,7 @@ import onnx
 import onnx_ir as ir
 import pytest
 from click.testing import CliRunner
-from helpers.fused import bits_of, gbq_model, nbits_inputs, nbits_model, run_ort
+from helpers.fused import bits_of, gbq_model, in_function, nbits_inputs, nbits_model, run_ort
 from onnx_ir import from_onnx_text as model
 
 import dqtool
@@ -736,3 +736,24 @@ def test_scales_written_to_a_data_file_are_the_stored_ones(dtype, k, n, block, t
     got, want = _inits(packed), _inits(original)
     assert got[node.input[2]] == want["scales"]
     assert got[node.input[1]] == want["B"]
+
+
+@pytest.mark.parametrize("zp", ["packed", "none"])
+def test_pack_gives_back_the_names_inside_a_function(zp):
+    # a MatMulNBits in a model-local function reads Constant nodes: upgrade notes their
+    # names (the values' and the nodes'), and pack gives back both, as in a graph
+    rng = np.random.default_rng(11)
+    original = in_function(nbits_model(64, 16, 4, 32, nbits_inputs(rng, 64, 16, 4, 32,
+                                                                    zp=zp), m=2))
+    back = _roundtrip(original)
+
+    def body(proto):
+        return [(n.name, n.op_type, list(n.input), list(n.output))
+                for n in proto.functions[0].node]
+
+    def consts(proto):
+        return {n.output[0]: onnx.numpy_helper.to_array(n.attribute[0].t).tobytes()
+                for n in proto.functions[0].node if n.op_type == "Constant"}
+
+    assert body(back) == body(original)
+    assert consts(back) == consts(original)

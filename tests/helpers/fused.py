@@ -102,3 +102,24 @@ def run_ort(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> list[np.nda
 
 def bits_of(a: np.ndarray) -> np.ndarray:
     return np.asarray(a).view(np.uint32 if np.asarray(a).dtype.itemsize == 4 else np.uint16)
+
+
+def in_function(nbits: onnx.ModelProto, after: str = "Relu") -> onnx.ModelProto:
+    """``nbits``'s MatMulNBits inside a model-local function (its weights Constant nodes),
+    called by the main graph, whose next node reads the call's output."""
+    consts = [helper.make_node("Constant", [], [t.name], name=f"c_{t.name}", value=t)
+              for t in nbits.graph.initializer]
+    fn = helper.make_function("local", "QLinear", ["A"], ["Y"],
+                              [*consts, *nbits.graph.node],
+                              [helper.make_opsetid("", 21),
+                               helper.make_opsetid("com.microsoft", 1)])
+    g = nbits.graph
+    out = onnx.ValueInfoProto()
+    out.CopyFrom(g.output[0])
+    out.name = "Z"
+    main = helper.make_graph(
+        [helper.make_node("QLinear", ["A"], ["q"], domain="local"),
+         helper.make_node(after, ["q"], ["Z"])], "g", list(g.input), [out])
+    return helper.make_model(main, functions=[fn], ir_version=10, opset_imports=[
+        helper.make_opsetid("", 21), helper.make_opsetid("com.microsoft", 1),
+        helper.make_opsetid("local", 1)])

@@ -441,6 +441,10 @@ def _names(node: ir.Node) -> str:
         v = graph.input_value(node, i)
         if v is not None and v.name and v.is_initializer():
             names[role] = v.name
+        elif v is not None and v.name and (holder := graph.constant_node(v)) is not None:
+            # inside a function: a Constant node's output, and that node's own name
+            names[role] = v.name
+            names[f"{role}_node"] = holder.name or ""
     return json.dumps(names, sort_keys=True)
 
 
