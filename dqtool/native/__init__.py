@@ -448,6 +448,20 @@ def write_at(fd: int, data: object, offset: int, turn: Turn | None = None) -> bo
     return True
 
 
+def _lut_arrays_fit(codes: np.ndarray, cols: int, bits: int, rows_per_group: int,
+                    groups: int, tables: np.ndarray, out: np.ndarray) -> bool:
+    """What both lookups need of their arrays (C trusts every size: each is checked here;
+    a wrong one would read or write past an array instead of failing)."""
+    import numpy as np
+
+    rows = codes.shape[0]
+    row_bytes = cols if bits == 8 else cols * bits // 8
+    return (codes.dtype == np.uint8 and codes.ndim == 2 and codes.shape[1] == row_bytes
+            and bits in (2, 4, 8) and rows_per_group > 0 and groups * rows_per_group >= rows
+            and out.shape == (rows, cols) and out.dtype == tables.dtype
+            and all(a.flags.c_contiguous for a in (codes, tables, out)))
+
+
 def lut_rows(codes: np.ndarray, cols: int, bits: int, rows_per_group: int,
              cols_per_group: int, tables: np.ndarray, out: np.ndarray) -> bool:
     """``out[r, c] = tables[r // rows_per_group, c // cols_per_group, code(r, c)]`` in C
@@ -458,24 +472,15 @@ def lut_rows(codes: np.ndarray, cols: int, bits: int, rows_per_group: int,
     ``out`` (rows, cols) of the tables' type; all C-contiguous."""
     if transpose_fn() is None:
         return False
-    import numpy as np
-
-    rows = codes.shape[0]
     groups, ncg, levels = tables.shape
-    row_bytes = cols if bits == 8 else cols * bits // 8
-    # C trusts every size: each is checked here (a wrong one would read or write past an
-    # array instead of failing).
-    if not (codes.dtype == np.uint8 and codes.ndim == 2 and codes.shape[1] == row_bytes
-            and bits in (2, 4, 8) and rows_per_group > 0 and cols_per_group > 0
-            and groups * rows_per_group >= rows and ncg * cols_per_group >= cols
-            and out.shape == (rows, cols) and out.dtype == tables.dtype
-            and all(a.flags.c_contiguous for a in (codes, tables, out))):
+    if not (_lut_arrays_fit(codes, cols, bits, rows_per_group, groups, tables, out)
+            and cols_per_group > 0 and ncg * cols_per_group >= cols):
         raise ValueError(f"dq_lut_rows: arrays that do not fit: codes {codes.shape}, {cols} "
                          f"codes of {bits} bits a row, tables {tables.shape}, groups of "
                          f"{rows_per_group} x {cols_per_group}, out {out.shape}")
-    rc = _state["lib"].dq_lut_rows(codes.ctypes.data, rows, cols, bits, rows_per_group,
-                                   cols_per_group, ncg, tables.ctypes.data, levels,
-                                   tables.itemsize, out.ctypes.data)
+    rc = _state["lib"].dq_lut_rows(codes.ctypes.data, codes.shape[0], cols, bits,
+                                   rows_per_group, cols_per_group, ncg, tables.ctypes.data,
+                                   levels, tables.itemsize, out.ctypes.data)
     if rc < 0:
         raise ValueError(f"dq_lut_rows: {os.strerror(-rc)}")
     return True
@@ -491,22 +496,15 @@ def lut_select(codes: np.ndarray, cols: int, bits: int, rows_per_group: int,
     ``out`` (rows, cols) of the tables' type; all C-contiguous."""
     if transpose_fn() is None:
         return False
-    import numpy as np
-
-    rows = codes.shape[0]
     groups, levels, tcols = tables.shape
-    row_bytes = cols if bits == 8 else cols * bits // 8
-    if not (codes.dtype == np.uint8 and codes.ndim == 2 and codes.shape[1] == row_bytes
-            and bits in (2, 4, 8) and rows_per_group > 0 and tcols == cols
-            and groups * rows_per_group >= rows
-            and out.shape == (rows, cols) and out.dtype == tables.dtype
-            and all(a.flags.c_contiguous for a in (codes, tables, out))):
+    if not (_lut_arrays_fit(codes, cols, bits, rows_per_group, groups, tables, out)
+            and tcols == cols):
         raise ValueError(f"dq_lut_select: arrays that do not fit: codes {codes.shape}, "
                          f"{cols} codes of {bits} bits a row, tables {tables.shape}, groups "
                          f"of {rows_per_group} rows, out {out.shape}")
-    rc = _state["lib"].dq_lut_select(codes.ctypes.data, rows, cols, bits, rows_per_group,
-                                     tables.ctypes.data, levels, tables.itemsize,
-                                     out.ctypes.data)
+    rc = _state["lib"].dq_lut_select(codes.ctypes.data, codes.shape[0], cols, bits,
+                                     rows_per_group, tables.ctypes.data, levels,
+                                     tables.itemsize, out.ctypes.data)
     if rc == -errno.ENOSYS:
         return False
     if rc < 0:

@@ -551,6 +551,25 @@ static inline __attribute__((always_inline, target("avx512f,avx512bw"))) __m512i
     return _mm512_and_si512(w, mask);
 }
 
+/* v[0] = tab[code] lane by lane, for `levels` (4 or 16) tables: a tree of blends, one
+ * bit of the code per level of the tree. EPI: the lanes (epi16, epi32); M: their mask. */
+#define SELECT_TREE(EPI, M, code, tab, levels, v)                                         \
+    do {                                                                                  \
+        const M k0 = _mm512_test_##EPI##_mask(code, _mm512_set1_##EPI(1));                \
+        const M k1 = _mm512_test_##EPI##_mask(code, _mm512_set1_##EPI(2));                \
+        for (int l = 0; l < (levels) / 2; l++)                                            \
+            v[l] = _mm512_mask_blend_##EPI(k0, tab[2 * l], tab[2 * l + 1]);               \
+        for (int l = 0; l < (levels) / 4; l++)                                            \
+            v[l] = _mm512_mask_blend_##EPI(k1, v[2 * l], v[2 * l + 1]);                   \
+        if ((levels) == 16) {                                                             \
+            const M k2 = _mm512_test_##EPI##_mask(code, _mm512_set1_##EPI(4));            \
+            const M k3 = _mm512_test_##EPI##_mask(code, _mm512_set1_##EPI(8));            \
+            v[0] = _mm512_mask_blend_##EPI(k2, v[0], v[1]);                               \
+            v[1] = _mm512_mask_blend_##EPI(k2, v[2], v[3]);                               \
+            v[0] = _mm512_mask_blend_##EPI(k3, v[0], v[1]);                               \
+        }                                                                                 \
+    } while (0)
+
 static inline __attribute__((always_inline, target("avx512f,avx512bw"))) void select_rows(
     const uint8_t *codes, int64_t row_bytes, int64_t r0, int64_t r1, int64_t cols,
     const uint8_t *t, int levels, int width, uint8_t *out, const int bits) {
@@ -576,36 +595,12 @@ static inline __attribute__((always_inline, target("avx512f,avx512bw"))) void se
             __m512i code = codes32(codes + r * row_bytes, c, n, bits, idx, shifts, mask);
             __m512i v[8];
             if (width == 2) {
-                __mmask32 k0 = _mm512_test_epi16_mask(code, _mm512_set1_epi16(1));
-                __mmask32 k1 = _mm512_test_epi16_mask(code, _mm512_set1_epi16(2));
-                for (int l = 0; l < levels / 2; l++)
-                    v[l] = _mm512_mask_blend_epi16(k0, tab[2 * l], tab[2 * l + 1]);
-                for (int l = 0; l < levels / 4; l++)
-                    v[l] = _mm512_mask_blend_epi16(k1, v[2 * l], v[2 * l + 1]);
-                if (levels == 16) {
-                    __mmask32 k2 = _mm512_test_epi16_mask(code, _mm512_set1_epi16(4));
-                    __mmask32 k3 = _mm512_test_epi16_mask(code, _mm512_set1_epi16(8));
-                    v[0] = _mm512_mask_blend_epi16(k2, v[0], v[1]);
-                    v[1] = _mm512_mask_blend_epi16(k2, v[2], v[3]);
-                    v[0] = _mm512_mask_blend_epi16(k3, v[0], v[1]);
-                }
+                SELECT_TREE(epi16, __mmask32, code, tab, levels, v);
                 _mm512_mask_storeu_epi16(out + (r * cols + c) * 2, (__mmask32)m64, v[0]);
             } else {
                 /* the 16 codes as 32-bit lanes */
                 const __m512i c32 = _mm512_cvtepu16_epi32(_mm512_castsi512_si256(code));
-                __mmask16 k0 = _mm512_test_epi32_mask(c32, _mm512_set1_epi32(1));
-                __mmask16 k1 = _mm512_test_epi32_mask(c32, _mm512_set1_epi32(2));
-                for (int l = 0; l < levels / 2; l++)
-                    v[l] = _mm512_mask_blend_epi32(k0, tab[2 * l], tab[2 * l + 1]);
-                for (int l = 0; l < levels / 4; l++)
-                    v[l] = _mm512_mask_blend_epi32(k1, v[2 * l], v[2 * l + 1]);
-                if (levels == 16) {
-                    __mmask16 k2 = _mm512_test_epi32_mask(c32, _mm512_set1_epi32(4));
-                    __mmask16 k3 = _mm512_test_epi32_mask(c32, _mm512_set1_epi32(8));
-                    v[0] = _mm512_mask_blend_epi32(k2, v[0], v[1]);
-                    v[1] = _mm512_mask_blend_epi32(k2, v[2], v[3]);
-                    v[0] = _mm512_mask_blend_epi32(k3, v[0], v[1]);
-                }
+                SELECT_TREE(epi32, __mmask16, c32, tab, levels, v);
                 _mm512_mask_storeu_epi32(out + (r * cols + c) * 4, (__mmask16)m64, v[0]);
             }
         }
