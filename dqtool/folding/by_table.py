@@ -139,6 +139,8 @@ def _select(tables: np.ndarray, codes: np.ndarray, cols: int, bits: int, rows_pe
     """A table per column, (row groups, levels, columns) as the kernel computed them:
     the rows looked up by ``native.lut_select`` (AVX-512, ~3.5x the lookups of
     ``lut_rows``, and no transpose of the tables); None where it does not run."""
+    if not native.select_on():
+        return None
     tables = np.ascontiguousarray(tables.astype(store_dtype, copy=False))
     if tables.itemsize not in (2, 4):
         return None

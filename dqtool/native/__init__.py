@@ -512,6 +512,16 @@ def lut_select(codes: np.ndarray, cols: int, bits: int, rows_per_group: int,
     return True
 
 
+def select_on() -> bool:
+    """Whether ``lut_select`` runs here (the helper is on and the CPU has AVX-512BW, not
+    turned off by ``set_wide``): asked of C with no rows, so that a caller builds its
+    tables in the layout that will be used."""
+    if transpose_fn() is None:
+        return False
+    rc = _state["lib"].dq_lut_select(None, 0, 0, 4, 1, None, 16, 2, None)
+    return rc != -errno.ENOSYS
+
+
 def set_wide(on: bool) -> bool:
     """Turn the AVX-512 paths (the tile loop, ``lut_select``) on (where the CPU has them)
     or off; returns whether they are on. Both ways give the same bytes: tests run each.
