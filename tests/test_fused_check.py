@@ -470,13 +470,16 @@ def test_roundings_skipped_reads_onnxruntime_graph():
     assert roundings_skipped(mine, mine) == []
 
 
-def test_check_alone_does_not_fail_what_onnx_cannot_type(tmp_path):
+@pytest.mark.parametrize("named", [False, True])
+def test_check_alone_does_not_fail_what_onnx_cannot_type(tmp_path, named):
     # A MatMulNBits inside a function: onnx's type inference cannot type the function's
     # output (it has no schema for MatMulNBits), and failed the Relu reading it, for a
     # model onnxruntime runs. The checker without inference passes; inference is named
     # as not counted. The weights are still checked bit for bit.
     rng = np.random.default_rng(5)
     proto = in_function(nbits_model(64, 16, 4, 32, nbits_inputs(rng, 64, 16, 4, 32), m=2))
+    for i, node in enumerate(proto.graph.node if named else []):  # onnx names them then
+        node.name = f"n{i}"
     with pytest.raises(Exception, match=r"InferenceError|Input 0 expected"):
         onnx.checker.check_model(proto, full_check=True)
     src = _save(proto, tmp_path / "fn.onnx")
@@ -497,6 +500,17 @@ def test_check_alone_still_fails_what_the_checker_refuses(tmp_path):
     src = _save(proto, tmp_path / "bad.onnx")
     doc = dqtool.check(str(src)).to_json()
     assert not doc["structure"]["passed"] and doc["structure"]["onnx_checker"] != "passed"
+    # an inference error at a node that reads nothing computed from MatMulNBits (an Add
+    # of float and int64 beside it): FAILED, though the model holds a MatMulNBits (review)
+    from onnx import helper, numpy_helper
+
+    beside = nbits_model(64, 16, 4, 32, nbits_inputs(rng, 64, 16, 4, 32), m=2)
+    beside.graph.initializer.append(numpy_helper.from_array(np.ones((2, 64), np.int64), "I"))
+    beside.graph.node.append(helper.make_node("Add", ["A", "I"], ["Z"], name="bad_add"))
+    beside.graph.output.append(helper.make_tensor_value_info("Z", onnx.TensorProto.FLOAT,
+                                                             [2, 64]))
+    doc = dqtool.check(str(_save(beside, tmp_path / "beside.onnx"))).to_json()
+    assert not doc["structure"]["passed"] and "bad_add" in doc["structure"]["onnx_checker"]
     # and a model of ai.onnx operators alone keeps inference counted
     plain = _save(nbits_model(64, 16, 4, 32, nbits_inputs(rng, 64, 16, 4, 32), m=2),
                   tmp_path / "plain.onnx")

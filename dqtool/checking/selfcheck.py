@@ -10,7 +10,8 @@ is computed by the kernel alone, and the report says so.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import re
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -76,10 +77,12 @@ def structure(proto: onnx.ModelProto, sites: list[tuple[Site, QuantSpec]],
     must be given to onnx's checker as a path).
 
     A type-inference error does not fail a model that holds operators onnx has no schema
-    for (onnxruntime's com.microsoft ones) when the checker passes without inference:
-    onnx cannot type their outputs, so inference stops at the first operator reading one
+    for (onnxruntime's com.microsoft ones) when every node it names reads a value
+    computed from such an operator's output and the checker passes without inference:
+    onnx cannot type those values, so inference stops at the first operator reading one
     (a MatMulNBits inside a function left the function's outputs untyped, and the Add
-    after its call failed a model onnxruntime runs). It is reported as not counted."""
+    after its call failed a model onnxruntime runs). It is reported as not counted. An
+    error at any other node (an Add of float and int64 beside a MatMulNBits) fails."""
     target = proto if path is None else str(path)
     inference = None
     try:
@@ -88,7 +91,8 @@ def structure(proto: onnx.ModelProto, sites: list[tuple[Site, QuantSpec]],
     except Exception as e:  # checker and shape inference raise several types
         checker = one_line(e, 300)
         unknown = schemaless_ops(proto)
-        if unknown and "InferenceError" in type(e).__name__:
+        if unknown and "InferenceError" in type(e).__name__ \
+                and _downstream_of_schemaless(proto, str(e)):
             try:
                 onnx.checker.check_model(target)
             except Exception as e2:
@@ -103,6 +107,72 @@ def structure(proto: onnx.ModelProto, sites: list[tuple[Site, QuantSpec]],
          "severity": p.severity, "message": p.message}
         for s, spec in sites for p in spec.problems)
     return Structure(checker, problems, inference)
+
+
+# "(op_type:Add, node name: add1)", or "(op_type:Relu)" for a node without a name
+_FAILED_NODE = re.compile(r"\(op_type:([^,)]*)(?:, node name: ([^)]*))?\)")
+
+
+def _downstream_of_schemaless(proto: onnx.ModelProto, message: str) -> bool:
+    """Every node an inference error names reads a value computed from the output of an
+    operator onnx has no schema for (directly, through other nodes, or through a call of
+    a local function holding one); False when it names none, or a node not found. A node
+    without a name is named by its operator: every unnamed node of it must read one."""
+    failing = {(op, name or "") for op, name in _FAILED_NODE.findall(message)}
+    if not failing:
+        return False
+    functions = {(f.domain, f.name): f for f in proto.functions}
+    untyped_fns: set[tuple[str, str]] = set()
+    changed = True
+    while changed:  # a function holding one, or calling a function that does
+        changed = False
+        for key, f in functions.items():
+            if key not in untyped_fns and any(_opaque(n, functions, untyped_fns)
+                                              for n, _ in _all_nodes(f.node)):
+                untyped_fns.add(key)
+                changed = True
+    untyped: set[str] = set()
+    reads: dict[tuple[str, str], bool] = {}  # failing (op, name) → each reads an untyped one
+    for body in [proto.graph.node, *(f.node for f in proto.functions)]:
+        for n, outer in _all_nodes(body):
+            tainted = _opaque(n, functions, untyped_fns) or any(i in untyped for i in n.input)
+            key = (n.op_type, n.name)
+            if key in failing:
+                reads[key] = reads.get(key, True) and any(i in untyped for i in n.input)
+            if tainted:  # and the outputs of the nodes whose subgraph holds it
+                for m in (n, *outer):
+                    untyped.update(o for o in m.output if o)
+    return set(reads) == failing and all(reads.values())
+
+
+def _opaque(node: onnx.NodeProto, functions: dict, untyped_fns: set) -> bool:
+    """onnx cannot type this node's outputs: no schema, or a call of a function that
+    holds such a node."""
+    domain = "" if node.domain == "ai.onnx" else node.domain
+    if (node.domain, node.op_type) in functions:
+        return (node.domain, node.op_type) in untyped_fns
+    return not onnx.defs.has(node.op_type, domain)
+
+
+def _all_nodes(nodes) -> list[tuple[onnx.NodeProto, tuple[onnx.NodeProto, ...]]]:
+    """(node, the nodes whose subgraphs hold it, innermost first) for the nodes and, right
+    after each, those of its subgraphs: before anything that reads the node's outputs.
+    Iterative: the nesting depth is the file's."""
+    out: list[tuple[onnx.NodeProto, tuple[onnx.NodeProto, ...]]] = []
+    stack: list[tuple[Iterator[onnx.NodeProto], tuple[onnx.NodeProto, ...]]] = [
+        (iter(nodes), ())]
+    while stack:
+        it, outer = stack[-1]
+        node = next(it, None)
+        if node is None:
+            stack.pop()
+            continue
+        out.append((node, outer))
+        subgraphs = [a.g for a in node.attribute if a.HasField("g")] + \
+            [g for a in node.attribute for g in a.graphs]
+        for g in reversed(subgraphs):
+            stack.append((iter(g.node), (node, *outer)))
+    return out
 
 
 def schemaless_ops(proto: onnx.ModelProto) -> list[str]:
