@@ -182,17 +182,17 @@ def test_a_streamed_fold_by_table_writes_the_bytes_of_one_without(tmp_path, monk
     assert outs["table"] == outs["kernel"] and len(outs["table"]) == 256 * 96 * 2
 
 
-@pytest.mark.parametrize(("bits", "width"), [(4, 2), (4, 4), (2, 2), (2, 4), (8, 2), (8, 4)])
+@pytest.mark.parametrize(("bits", "width", "levels"), [
+    (4, 2, 16), (4, 4, 16), (2, 2, 4), (2, 4, 4), (8, 2, 16), (8, 4, 16), (8, 2, 4)])
 @pytest.mark.parametrize(("rows", "cols", "rows_per_group"), [
     (1, 8, 1), (5, 8, 2), (130, 40, 128), (64, 104, 7), (17, 1000, 16), (3, 264, 128)])
-def test_select_picks_what_the_row_lookups_pick(bits, width, rows, cols, rows_per_group,
-                                                lookups):
+def test_select_picks_what_the_row_lookups_pick(bits, width, levels, rows, cols,
+                                                rows_per_group, lookups):
     # lut_select (tables [group][level][column], AVX-512) against lut_rows (the same
     # tables [group][column][level], scalar): columns not a multiple of the 16 or 32 a
     # vector holds, a last row group cut short, codes packed 4 or 2 a byte or one a byte
     # (masked to the levels), every bit of the entries
     rng = np.random.default_rng(rows * cols + bits)
-    levels = 16 if bits in (4, 8) else 4
     groups = -(-rows // rows_per_group)
     dtype = np.uint16 if width == 2 else np.uint32
     tables = rng.integers(0, 1 << (8 * width), (groups, levels, cols), np.uint64).astype(dtype)

@@ -711,13 +711,16 @@ def test_a_block_size_note_that_is_not_a_number_is_ignored():
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float16, ml_dtypes.bfloat16])
-@pytest.mark.parametrize(("k", "n", "block"), [(96, 130, 32), (64, 133, 64), (256, 136, 32)])
+@pytest.mark.parametrize(("k", "n", "block"), [(96, 130, 32), (64, 133, 64), (256, 133, 64),
+                                                (1024, 136, 32)])
 def test_scales_written_to_a_data_file_are_the_stored_ones(dtype, k, n, block, tmp_path,
                                                            monkeypatch):
     # pack writes the scales ((k_blocks, N) in the DequantizeLinear) transposed band by
-    # band into the data file (in C for whole 8-byte words of a row, the rest in NumPy):
-    # each comes back as stored, for 4-, 2- and 2-byte elements, rows of N not a whole
-    # number of words, and one block spanning K (a per-axis DequantizeLinear).
+    # band into the data file (in C for whole 8-byte words of a row where k_blocks fills
+    # whole squares, 4 rows of 2-byte or 2 of 4-byte elements; the rest in NumPy): each
+    # comes back as stored, for 4-, 2- and 2-byte elements, k_blocks 3 and 1 (NumPy
+    # alone; 1: one block spanning K, a per-axis DequantizeLinear), 4 (C, and a column
+    # past the last word) and 32 (whole AVX-512 tiles of 2-byte elements).
     rng = np.random.default_rng(k + n)
     original = nbits_model(k, n, 4, block, nbits_inputs(rng, k, n, 4, block, dtype, "none"),
                            dtype=dtype)

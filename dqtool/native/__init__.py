@@ -496,6 +496,8 @@ def lut_select(codes: np.ndarray, cols: int, bits: int, rows_per_group: int,
     ``out`` (rows, cols) of the tables' type; all C-contiguous."""
     if transpose_fn() is None:
         return False
+    if tables.ndim != 3:
+        raise ValueError(f"dq_lut_select: tables {tables.shape}, not (groups, levels, cols)")
     groups, levels, tcols = tables.shape
     if not (_lut_arrays_fit(codes, cols, bits, rows_per_group, groups, tables, out)
             and tcols == cols):

@@ -634,17 +634,17 @@ def _restore_names(model: ir.Model, named: list[tuple[ir.Node, dict, set[str]]])
                 continue
             # inside a function a constant is a Constant node's output: that node's name too
             holder = None if v.is_initializer() else graph.constant_node(v)
+            # a constant made here, or one upgrade made that pack took as stored (a table,
+            # a scale), when this node alone reads it
+            ours = v.name in created or all(u.node is node for u in v.uses())
             want_node = names.get(f"{role}_node")
-            if holder is not None and isinstance(want_node, str) and want_node \
+            if holder is not None and ours and isinstance(want_node, str) and want_node \
                     and holder.name != want_node and want_node not in in_graph:
                 in_graph.discard(holder.name)
                 in_graph.add(want_node)
                 holder.name = want_node
-            # a constant made here, or one upgrade made that pack took as stored (a table,
-            # a scale), when this node alone reads it
             if not want or v.name == want or (not v.is_initializer() and holder is None) \
-                    or not (v.name in created or all(u.node is node for u in v.uses())) \
-                    or not taken.claim(want):
+                    or not ours or not taken.claim(want):
                 continue
             v.name = want
             if v.const_value is not None:
