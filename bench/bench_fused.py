@@ -16,8 +16,10 @@ gigabytes, other tenants), so each command is measured DQTOOL_BENCH_REPEAT times
 its host ~2 s after it is freed (free page reporting), and the first touch of such memory
 waits for the host: a copy of the data file takes 1.5-2.3 s on it against 0.57-0.67 s on
 memory freed just before. Every timed step (command and copy alike) therefore starts
-right after touching and freeing as much memory as it will write plus 512 MB
-(DQTOOL_BENCH_WARM=0: not, as before):
+right after touching and freeing as much memory as it will write plus 2.5 GB
+(DQTOOL_BENCH_WARM_EXTRA_MB, 2560; 512 until the twelfth session, when `pack` still drew
+such memory in some rounds: 1.2-2.6 s with 1.3 s of system CPU against ~0.8 s and ~0.5 s,
+none in rounds warmed 2.5 GB beyond; DQTOOL_BENCH_WARM=0: no warming, as before):
 
 - ``upgrade --opset 21`` (→ DequantizeLinear + MatMul / Gather), then ``pack`` of that
   (→ back to MatMulNBits / GatherBlockQuantized): target ≤ 2× the copy, ≤ 300 MB each;
@@ -59,7 +61,7 @@ REPEAT = int(os.environ.get("DQTOOL_BENCH_REPEAT") or (1 if QUICK else 5))
 FOLD_REPEAT = int(os.environ.get("DQTOOL_BENCH_FOLD_REPEAT") or (1 if QUICK else 2))
 # Touch memory before each timed step (see above); bytes beyond what a step writes.
 WARM = os.environ.get("DQTOOL_BENCH_WARM", "1") != "0"
-WARM_EXTRA = 512 << 20
+WARM_EXTRA = int(os.environ.get("DQTOOL_BENCH_WARM_EXTRA_MB") or 2560) << 20
 
 # What a user runs: the installed `dqtool` script next to this interpreter.
 DQTOOL = Path(sys.executable).with_name("dqtool")
