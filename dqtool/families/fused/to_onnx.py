@@ -468,9 +468,11 @@ def convert(node: ir.Node, step) -> object:
     step.ctx.replaced.extend(old)
     out = Outcome("changed", f"com.microsoft {node.op_type} → {how}", why)
     dst = generic.since_at("DequantizeLinear", step.target)
+    if not (step.ctx.options.per_axis or dst < 21):
+        return out  # no lowering applies (nor a reading of the new nodes to find one)
     for dq in (n for n in new if n.op_type == "DequantizeLinear"):
         spec = codecs.read_node(dq, {"": max(dst, 21)})  # as built: a DequantizeLinear-21
-        if spec.granularity != "blocked" or not (step.ctx.options.per_axis or dst < 21):
+        if spec.granularity != "blocked":
             continue
         sub = Step(dq, step.where, step.in_function, dst, dst, step.ctx)
         reason = "--per-axis" if step.ctx.options.per_axis else \
