@@ -178,19 +178,11 @@ def _all_nodes(nodes) -> list[tuple[onnx.NodeProto, tuple[onnx.NodeProto, ...]]]
 def schemaless_ops(proto: onnx.ModelProto) -> list[str]:
     """``domain:op`` of every operator the model uses that onnx has no schema for and no
     model-local function defines (sorted, once each)."""
-    local = {(f.domain, f.name) for f in proto.functions}
-    found: set[str] = set()
-    stack = [list(proto.graph.node), *(list(f.node) for f in proto.functions)]
-    while stack:
-        for node in stack.pop():
-            for a in node.attribute:
-                stack.extend([list(g.node) for g in [a.g] if a.HasField("g")]
-                             + [list(g.node) for g in a.graphs])
-            domain = "" if node.domain == "ai.onnx" else node.domain
-            if (domain, node.op_type) not in local and not onnx.defs.has(node.op_type,
-                                                                         domain):
-                found.add(f"{domain or 'ai.onnx'}:{node.op_type}")
-    return sorted(found)
+    functions = {(f.domain, f.name): f for f in proto.functions}
+    return sorted({f"{n.domain or 'ai.onnx'}:{n.op_type}"
+                   for body in [proto.graph.node, *(f.node for f in proto.functions)]
+                   for n, _ in _all_nodes(body)
+                   if (n.domain, n.op_type) not in functions and _opaque(n, functions, set())})
 
 
 def quant_sites(model: ir.Model) -> list[tuple[Site, QuantSpec]]:
