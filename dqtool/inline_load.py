@@ -216,6 +216,11 @@ class MappedTensor(_core.TensorBase):
     def release(self) -> None:
         self._file.release()
 
+    def retyped(self, dtype: ir.DataType, shape: ir.Shape) -> MappedTensor:
+        """The same bytes of the file read as another type and shape (uint8-packed 4-bit
+        codes as uint4, and back), still saved inline."""
+        return MappedTensor(self._source, self.offset, self.length, dtype, shape, self.name)
+
 
 def mark_of(t: onnx.TensorProto) -> bytes | None:
     if not t.HasField("raw_data") or t.ByteSize() > 4096:

@@ -18,7 +18,7 @@ import os
 import numpy as np
 import onnx_ir as ir
 
-from dqtool import graph, types
+from dqtool import graph, inline_load, types
 from dqtool.families.fused import packing
 
 # From this many bytes a tensor is mapped rather than read.
@@ -56,17 +56,31 @@ def _from_file(path: str | os.PathLike, dtype: np.dtype, count: int, offset: int
     return raw[: got - got % dtype.itemsize].view(dtype)
 
 
+def _in_file(t: ir.TensorProtocol) -> tuple[str | os.PathLike, int, int | None] | None:
+    """(path, offset, length or None) of a tensor whose bytes are a range of a file: external
+    data, or a large tensor of an inline model left in the model file (``MappedTensor``).
+    Either is read here on its own map; asked for its values itself, it maps the whole
+    file, and keeps the map and its values (for 4-bit codes, unpacked to a byte each) for
+    as long as the model lives: an inline model's pack held twice its weights in memory."""
+    if isinstance(t, ir.ExternalTensor):
+        return t.path, t.offset or 0, t.length
+    if isinstance(t, inline_load.MappedTensor):
+        return t.path, t.offset, t.length
+    return None
+
+
 def tensor_array(t: ir.TensorProtocol) -> np.ndarray:
     shape = tuple(int(d) for d in t.shape)
     et = types.from_ir(t.dtype)
     readable = et is not None and (et.is_integer or et.name in ("float", "float16", "bfloat16"))
-    if isinstance(t, ir.ExternalTensor) and readable:
+    where = _in_file(t)
+    if where is not None and readable:
+        path, offset, _ = where
         count = int(np.prod(shape, dtype=np.int64))
         if et.bits >= 8:
-            arr = _from_file(t.path, et.dtype, count, t.offset or 0)
+            arr = _from_file(path, et.dtype, count, offset)
             return arr.reshape(shape)
-        raw = _from_file(t.path, np.dtype(np.uint8), (count * et.bits + 7) // 8,
-                         t.offset or 0)
+        raw = _from_file(path, np.dtype(np.uint8), (count * et.bits + 7) // 8, offset)
         codes = packing.unpack(raw, et.bits)[:count]
         if et.signed:  # two's complement in ``bits`` bits
             codes = codes.astype(np.int8)
@@ -77,10 +91,12 @@ def tensor_array(t: ir.TensorProtocol) -> np.ndarray:
 
 def raw_bytes(t: ir.TensorProtocol) -> np.ndarray:
     """The stored bytes of a tensor (packed types packed), as uint8."""
-    if isinstance(t, ir.ExternalTensor):
-        if t.length is None:
-            return np.fromfile(t.path, dtype=np.uint8, count=-1, offset=t.offset or 0)
-        return _from_file(t.path, np.dtype(np.uint8), t.length, t.offset or 0)
+    where = _in_file(t)
+    if where is not None:
+        path, offset, length = where
+        if length is None:
+            return np.fromfile(path, dtype=np.uint8, count=-1, offset=offset)
+        return _from_file(path, np.dtype(np.uint8), length, offset)
     return np.frombuffer(t.tobytes(), np.uint8)
 
 
@@ -98,6 +114,8 @@ def same_bytes(tensor: ir.TensorProtocol, dtype: ir.DataType, shape: tuple[int, 
         return ir.ExternalTensor(tensor.location, tensor.offset, tensor.length, dtype,
                                  shape=ir.Shape(shape), name=tensor.name,
                                  base_dir=tensor.base_dir)
+    if isinstance(tensor, inline_load.MappedTensor):
+        return tensor.retyped(dtype, ir.Shape(shape))
     raw = np.frombuffer(tensor.tobytes(), np.uint8)
     if ir.DataType(dtype).bitwidth == 8:
         return ir.Tensor(raw.reshape(shape), dtype=dtype, name=tensor.name)
