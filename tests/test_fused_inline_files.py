@@ -118,3 +118,22 @@ def test_a_step_on_an_inline_model_leaves_its_weights_in_the_file(tmp_path, lean
     # (pack held every one, unpacked: two bytes a packed byte).
     if step == "pack":
         assert peak < 4 * (K * N // 2), peak
+
+
+def test_check_compares_weights_without_keeping_them(tmp_path, lean):
+    """``check --against``'s weight comparison reads both models' weights as the steps do
+    (a 1 GB model's check grew by 2 GB, every upgraded weight kept unpacked)."""
+    from dqtool.families.fused import weights
+
+    _model(tmp_path / "m.onnx")
+    dqtool.upgrade(str(tmp_path / "m.onnx"), 21, str(tmp_path / "up.onnx"))
+    original, upgraded = io.load(tmp_path / "m.onnx"), io.load(tmp_path / "up.onnx")
+    found = weights.compare_weights(upgraded, original)
+    assert [c.status for c in found] == ["bit-identical"] * (LAYERS + 1)
+    for model in (original, upgraded):
+        codes = [v.const_value for v in model.graph.initializers.values()
+                 if isinstance(v.const_value, inline_load.MappedTensor)
+                 and v.const_value.dtype in (ir.DataType.UINT8, ir.DataType.INT4,
+                                             ir.DataType.UINT4)]
+        assert len(codes) >= LAYERS
+        assert all(t._file._array is None for t in codes)

@@ -66,6 +66,24 @@ def test_matmul_nbits_g_idx_picks_each_rows_block():
     assert w[:16, 0].tolist() == [2.0] * 16 and w[16:, 0].tolist() == [1.0] * 16
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float16, ml_dtypes.bfloat16])
+@pytest.mark.parametrize("zp", ["packed", "none", "float"])
+@pytest.mark.parametrize(("bits", "k", "block"), [(4, 100, 32), (2, 64, 16), (8, 130, 64)])
+def test_block_broadcast_is_a_scale_per_code(dtype, zp, bits, k, block):
+    """Without g_idx the kernel broadcasts each block's scale over its codes; with the
+    g_idx of plain blocks it takes a scale per code, the formula onnxruntime's is checked
+    against above: the same bits, ragged last block and bfloat16 included."""
+    rng = np.random.default_rng(k + bits)
+    n = 20
+    inputs = nbits_inputs(rng, k, n, bits, block, dtype, zp)
+    args = (inputs["B"], inputs["scales"], inputs["zero_points"])
+    plain = dqtool.dequantize_matmul_nbits(*args, K=k, N=n, bits=bits, block_size=block)
+    per_code = dqtool.dequantize_matmul_nbits(*args, K=k, N=n, bits=bits, block_size=block,
+                                              g_idx=np.arange(k, dtype=np.int32) // block)
+    assert plain.dtype == per_code.dtype == np.dtype(dtype)
+    np.testing.assert_array_equal(bits_of(plain), bits_of(per_code))
+
+
 def test_matmul_nbits_rejects_wrong_sizes():
     with pytest.raises(KernelError, match="B has"):
         dqtool.dequantize_matmul_nbits(np.zeros((2, 1, 8), np.uint8),
