@@ -137,3 +137,46 @@ def test_check_compares_weights_without_keeping_them(tmp_path, lean):
                                              ir.DataType.UINT4)]
         assert len(codes) >= LAYERS
         assert all(t._file._array is None for t in codes)
+
+
+def test_check_loads_no_weight_whole(tmp_path, lean, monkeypatch):
+    """``check MODEL`` (every fused node on onnxruntime against the kernel) reads the codes
+    of every weight on their own maps: onnx_ir loads none of them (it would map the whole
+    file and keep what it read)."""
+    from dqtool.checking import models
+
+    monkeypatch.setattr(models, "IN_FILE_BYTES", 1024)  # the weights stay in the file
+    _model(tmp_path / "m.onnx")
+    loads: list[ir.DataType] = []
+    load = ir.ExternalTensor._load
+
+    def spy(self):
+        loads.append(self.dtype)
+        return load(self)
+
+    monkeypatch.setattr(ir.ExternalTensor, "_load", spy)
+    report = dqtool.check(str(tmp_path / "m.onnx"))
+    assert report.passed
+    assert not [t for t in loads if t in (ir.DataType.UINT8, ir.DataType.INT4,
+                                          ir.DataType.UINT4)], loads
+
+
+def test_bounds_read_weight_columns_without_keeping_them(tmp_path, lean):
+    """``check --against`` bounds onnxruntime's differences from some columns of each
+    weight: read on their own maps too, the same values as the whole weight's."""
+    from dqtool.families.fused import bound, kernel
+
+    _model(tmp_path / "m.onnx")
+    model = io.load(tmp_path / "m.onnx")
+    cols = np.array([0, 3, 17])
+    nodes = [n for n in model.graph if n.op_type == "MatMulNBits"]
+    for node in nodes:
+        a = {k: v.as_int() for k, v in node.attributes.items()}
+        whole = kernel.dequantize_matmul_nbits(
+            *(arrays.value_array(v) for v in node.inputs[1:3]),
+            arrays.value_array(node.inputs[3]), K=a["K"], N=a["N"], bits=4,
+            block_size=a["block_size"])
+        np.testing.assert_array_equal(bound._weight_columns(node, cols), whole[:, cols])
+    codes = [n.inputs[1].const_value for n in nodes]
+    assert all(isinstance(t, inline_load.MappedTensor) for t in codes)
+    assert all(t._file._array is None for t in codes)

@@ -106,6 +106,13 @@ def value_array(v: ir.Value) -> np.ndarray:
     return tensor_array(t)
 
 
+def constant_array(v: ir.Value | None) -> np.ndarray | None:
+    """``graph.constant_array``, read as ``tensor_array`` reads (nothing kept): None when
+    ``v`` is not a constant."""
+    t = None if v is None else graph.constant_tensor(v)
+    return None if t is None else tensor_array(t)
+
+
 def same_bytes(tensor: ir.TensorProtocol, dtype: ir.DataType, shape: tuple[int, ...]
                ) -> ir.TensorProtocol:
     """The stored bytes of ``tensor`` read as another packed type and shape (no copy when

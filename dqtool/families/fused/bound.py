@@ -43,7 +43,7 @@ import onnx_ir as ir
 
 from dqtool import graph
 from dqtool.errors import KernelError
-from dqtool.families.fused import kernel, read
+from dqtool.families.fused import arrays, kernel, read
 
 WORK = 1 << 24  # multiply-adds per node before its columns are sampled
 _U = {np.dtype(np.float32): 2.0 ** -24, np.dtype(np.float16): 2.0 ** -11,
@@ -154,14 +154,14 @@ def _weight_columns(node: ir.Node, cols: np.ndarray) -> np.ndarray:
     a = {k: v.as_int() for k, v in node.attributes.items() if v.type == ir.AttributeType.INT}
     k, n, bits, block = a["K"], a["N"], a.get("bits", 4), a["block_size"]
     kb = -(-k // block)
-    b = graph.constant_array(node.inputs[1]).reshape(n, -1)[cols]
-    s = graph.constant_array(node.inputs[2]).reshape(n, kb)[cols]
+    b = arrays.constant_array(node.inputs[1]).reshape(n, -1)[cols]
+    s = arrays.constant_array(node.inputs[2]).reshape(n, kb)[cols]
     zp_v = graph.input_value(node, 3)
-    zp = None if zp_v is None else graph.constant_array(zp_v)
+    zp = None if zp_v is None else arrays.constant_array(zp_v)
     if zp is not None:
         zp = zp.reshape(n, -1)[cols]
     g_v = graph.input_value(node, 4)
-    g_idx = None if g_v is None else graph.constant_array(g_v)
+    g_idx = None if g_v is None else arrays.constant_array(g_v)
     return kernel.dequantize_matmul_nbits(b, s, zp, K=k, N=len(cols), bits=bits,
                                           block_size=block, g_idx=g_idx)
 
@@ -198,7 +198,7 @@ def _matmul_bound(node: ir.Node, checked_node: ir.Node | None, a1: np.ndarray,
     bias_v = graph.input_value(node, 5)
     bias = np.zeros(len(cols))
     if bias_v is not None:
-        b = graph.constant_array(bias_v)
+        b = arrays.constant_array(bias_v)
         if b is None:
             return NodeBound(name, node.op_type, "unbounded",
                              detail="the bias is not constant")

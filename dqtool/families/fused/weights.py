@@ -43,8 +43,7 @@ class WeightComparison:
 
 
 def _arr(v: ir.Value | None) -> np.ndarray | None:
-    t = None if v is None else graph.constant_tensor(v)
-    return None if t is None else arrays.tensor_array(t)
+    return arrays.constant_array(v)
 
 
 def fused_weight(node: ir.Node) -> np.ndarray | None:
