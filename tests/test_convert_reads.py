@@ -1,0 +1,65 @@
+"""A conversion that rewrites a weight (``downgrade`` widening int4 codes to int8, blocked
+to per-axis) reads it from its file on its own map: through the tensor, onnx_ir mapped the
+whole data file and kept every weight it was asked for, unpacked, until the save was done
+(a 985 MB int4 model's downgrade took 2.9 GB)."""
+
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+import onnx
+import onnx_ir as ir
+import pytest
+
+import dqtool
+from dqtool import inline_load, inline_save, io
+from dqtool.checking import check
+
+K, BLOCK, LAYERS = 64, 16, 4
+
+
+def _model(path, external: bool) -> None:
+    """LAYERS DequantizeLinear (int4 (K, K), blocked along K) → MatMul in a chain, opset 21;
+    every block of a column has the column's scale, so opset 13's per-axis form is exact."""
+    rng = np.random.default_rng(1)
+    x = ir.Value(name="X", type=ir.TensorType(ir.DataType.FLOAT), shape=ir.Shape([2, K]))
+    nodes, inits, y = [], [], x
+    for i in range(LAYERS):
+        q = rng.integers(-8, 8, (K, K), dtype=np.int8)
+        s = np.repeat((rng.random((1, K)) + 0.01).astype(np.float32), K // BLOCK, axis=0)
+        qv = ir.Value(name=f"w{i}", const_value=ir.tensor(q.astype(ml_dtypes.int4)))
+        sv = ir.Value(name=f"s{i}", const_value=ir.tensor(s))
+        dq = ir.node("DequantizeLinear", [qv, sv], {"axis": 0, "block_size": BLOCK},
+                     name=f"dq{i}")
+        mm = ir.node("MatMul", [y, dq.outputs[0]], name=f"mm{i}")
+        nodes += [dq, mm]
+        inits += [qv, sv]
+        y = mm.outputs[0]
+        y.name, y.dtype, y.shape = f"y{i}", ir.DataType.FLOAT, ir.Shape([2, K])
+    g = ir.Graph([x], [y], nodes=nodes, initializers=inits, opset_imports={"": 21}, name="g")
+    if external:
+        ir.save(ir.Model(g, ir_version=10), path, external_data=path.name + ".data",
+                size_threshold_bytes=0)
+    else:
+        ir.save(ir.Model(g, ir_version=10), path)
+
+
+@pytest.mark.parametrize("external", [True, False])
+def test_downgrade_reads_each_weight_on_its_own_map(tmp_path, monkeypatch, external):
+    monkeypatch.setattr(inline_load, "MIN_FILE_BYTES", 0)
+    monkeypatch.setattr(inline_load, "MIN_TENSOR_BYTES", 256)
+    monkeypatch.setattr(inline_save, "STREAM_MIN_BYTES", 1)
+    src = tmp_path / "m.onnx"
+    _model(src, external)
+    model = io.load(src)
+    weights = [v.const_value for v in model.graph.initializers.values()
+               if v.const_value.dtype == ir.DataType.INT4]
+    kind = ir.ExternalTensor if external else inline_load.MappedTensor
+    assert len(weights) == LAYERS and all(isinstance(t, kind) for t in weights)
+    report = dqtool.downgrade(model, 13, str(tmp_path / "out.onnx"))
+    assert any("int8" in c.how for c in report.changes)
+    files = [t if external else t._file for t in weights]
+    assert all(t._array is None for t in files)  # onnx_ir caches what it loaded there
+    out = onnx.load(str(tmp_path / "out.onnx"))
+    assert {t.data_type for t in out.graph.initializer} >= {onnx.TensorProto.INT8}
+    assert check(str(tmp_path / "out.onnx"), against=str(src)).passed
