@@ -560,3 +560,29 @@ g (uint8[1,1,4,4] a, uint8[1,1,4,4] b) => (float[1,1,2,2] y) <float s = {0.1}, u
     r = CliRunner().invoke(cli, ["downgrade", str(src), "--opset", "10", "-o",
                                  str(tmp_path / "cli.onnx")])
     assert "MaxPool" in r.output and "'q'" in r.output, r.output
+
+
+def test_untyped_steps_of_many_nodes_are_one_warning_per_step(tmp_path):
+    # Five Adds and one Mul reading values a com.microsoft op makes (their types not
+    # recorded): one warning for the Adds (three named, two counted), and the Mul's with
+    # its values, as for any node alone.
+    gelus = "\n".join(f"    q{i} = com.microsoft.Gelu (x)" for i in range(5))
+    adds = "\n".join(f"    [add{i}] a{i} = Add (q{i}, q{i})" for i in range(5))
+    src = save(onnx.parser.parse_model(f"""
+<ir_version: 8, opset_import: ["" : 14, "com.microsoft" : 1]>
+g (float[4] x) => (float[4] m, float[4] a0, float[4] a1, float[4] a2, float[4] a3,
+                   float[4] a4)
+{{
+{gelus}
+{adds}
+    [mul] m = Mul (q0, q1)
+}}"""), tmp_path / "m.onnx")
+    report = dqtool.downgrade(src, 13, tmp_path / "out.onnx")
+    untyped = [w for w in report.warnings if "does not record" in w]
+    assert untyped == [
+        "5 Add nodes (add0, add1, add2 and 2 more): Add-14 → Add-13 allow different types "
+        "and the model does not record the types they read or make: not verified (a type "
+        "the target version lacks makes the model invalid; --check runs it)",
+        "mul: Mul-14 → Mul-13 allow different types and the model does not record the type "
+        "of 'q0', 'q1': not verified (a type the target version lacks makes the model "
+        "invalid; --check runs it)"], report.warnings

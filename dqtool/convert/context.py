@@ -35,6 +35,9 @@ class Context:
     report: ConvertReport
     replaced: list[ir.Value] = field(default_factory=list)  # may be orphaned now
     warnings: list[str] = field(default_factory=list)
+    # Nodes whose version step allows other types than the model records for them:
+    # (node, op, from, to, the values without a recorded type); warned of by groups.
+    untyped: list[tuple[str, str, int, int, tuple[str, ...]]] = field(default_factory=list)
     # What an adapter keeps from one node to the next of this conversion, under a key of
     # its own (the fused family: weights already dequantized, to share).
     memo: dict = field(default_factory=dict)

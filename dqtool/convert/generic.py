@@ -161,11 +161,8 @@ def convert(node: ir.Node, step: Step, source_opset: int) -> Outcome:
             return out
         done.append(out)
     if untyped:
-        names = ", ".join(f"'{n}'" for n in dict.fromkeys(untyped))
-        step.ctx.warnings.append(
-            f"{node.name or f'<unnamed {op}>'}: {op}-{src} → {op}-{dst} allow different "
-            f"types and the model does not record the type of {names}: not verified (a "
-            "type the target version lacks makes the model invalid; --check runs it)")
+        step.ctx.untyped.append((node.name or f"<unnamed {op}>", op, src, dst,
+                                 tuple(dict.fromkeys(untyped))))
     # A step onnx's converter left as it was (e.g. ReduceMean without axes) is no change.
     return Outcome.merge(done)
 
@@ -374,3 +371,31 @@ def _constant_array(holder: Any) -> np.ndarray | None:
         if a.name == "value_float":
             return np.asarray(a.f, dtype=np.float32)
     return None
+
+
+# Nodes named in one warning of a group; the rest are counted.
+NAMED = 3
+
+
+def untyped_warnings(untyped: list[tuple[str, str, int, int, tuple[str, ...]]]) -> list[str]:
+    """One warning per version step (an LLM downgraded without value_info has a hundred
+    Adds alike): a node alone with the values it lacks types for, else the nodes."""
+    groups: dict[tuple[str, int, int], list[tuple[str, tuple[str, ...]]]] = {}
+    for name, op, src, dst, values in untyped:
+        groups.setdefault((op, src, dst), []).append((name, values))
+    tail = ": not verified (a type the target version lacks makes the model invalid; --check " \
+        "runs it)"
+    out = []
+    for (op, src, dst), nodes in groups.items():
+        if len(nodes) == 1:
+            name, values = nodes[0]
+            listed = ", ".join(f"'{v}'" for v in values)
+            out.append(f"{name}: {op}-{src} → {op}-{dst} allow different types and the model "
+                       f"does not record the type of {listed}{tail}")
+            continue
+        shown = ", ".join(n for n, _ in nodes[:NAMED])
+        more = f" and {len(nodes) - NAMED} more" if len(nodes) > NAMED else ""
+        out.append(f"{len(nodes)} {op} nodes ({shown}{more}): {op}-{src} → {op}-{dst} allow "
+                   "different types and the model does not record the types they read or "
+                   f"make{tail}")
+    return out

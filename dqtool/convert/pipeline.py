@@ -84,6 +84,7 @@ def run(model_or_path: ir.Model | str | os.PathLike, opset: int,
         value_info.drop_added(model, declared)
     report.opset_imports = {graph.domain_name(d): v for d, v in model.opset_imports.items()}
     report.warnings.extend(ctx.warnings)
+    report.warnings.extend(generic.untyped_warnings(ctx.untyped))
     report.model = model
     return report
 
