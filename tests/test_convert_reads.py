@@ -63,3 +63,34 @@ def test_downgrade_reads_each_weight_on_its_own_map(tmp_path, monkeypatch, exter
     out = onnx.load(str(tmp_path / "out.onnx"))
     assert {t.data_type for t in out.graph.initializer} >= {onnx.TensorProto.INT8}
     assert check(str(tmp_path / "out.onnx"), against=str(src)).passed
+
+
+@pytest.mark.parametrize("qtype", ["int8", "uint8", "int4", "uint4"])
+@pytest.mark.parametrize(("k", "n", "block"), [(64, 40, 16), (50, 24, 16), (96, 8, 32)])
+def test_blocked_weights_laid_out_as_rows_give_the_same_outputs(tmp_path, qtype, k, n, block):
+    """Blocked along K with scales that vary by block: below opset 21 the codes become rows
+    (N · blocks, block) of a per-axis DequantizeLinear, the columns of x transposed on
+    64-bit words (``transposes``); a ragged K is padded with the last block's zero point."""
+    rng = np.random.default_rng(k + n)
+    dtype = {"int8": np.int8, "uint8": np.uint8, "int4": ml_dtypes.int4,
+             "uint4": ml_dtypes.uint4}[qtype]
+    lo, hi = {"int8": (-128, 128), "uint8": (0, 256), "int4": (-8, 8), "uint4": (0, 16)}[qtype]
+    kb = -(-k // block)
+    q = rng.integers(lo, hi, (k, n)).astype(dtype)
+    s = (rng.random((kb, n)) + 0.01).astype(np.float32)
+    z = rng.integers(lo, hi, (kb, n)).astype(dtype)
+    x = ir.Value(name="X", type=ir.TensorType(ir.DataType.FLOAT), shape=ir.Shape([3, k]))
+    vals = [ir.Value(name=nm, const_value=ir.tensor(a)) for nm, a in (("q", q), ("s", s),
+                                                                      ("z", z))]
+    dq = ir.node("DequantizeLinear", vals, {"axis": 0, "block_size": block}, name="dq")
+    mm = ir.node("MatMul", [x, dq.outputs[0]], name="mm")
+    y = mm.outputs[0]
+    y.name, y.dtype, y.shape = "Y", ir.DataType.FLOAT, ir.Shape([3, n])
+    g = ir.Graph([x], [y], nodes=[dq, mm], initializers=vals, opset_imports={"": 21},
+                 name="g")
+    src = tmp_path / "m.onnx"
+    ir.save(ir.Model(g, ir_version=10), src)
+    report = dqtool.downgrade(str(src), 13, str(tmp_path / "out.onnx"))
+    assert any(f"per-axis rows ({n * kb}, {block})" in c.how for c in report.changes), \
+        [c.how for c in report.changes]
+    assert check(str(tmp_path / "out.onnx"), against=str(src)).passed

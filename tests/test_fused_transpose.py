@@ -59,7 +59,9 @@ def test_transpose_codes_matches_the_simple_form(bits: int, rows: int, cols: int
 @pytest.mark.parametrize("bits", [2, 4, 8])
 def test_transpose_codes_in_slabs_and_threads(bits: int, monkeypatch) -> None:
     # Slabs far smaller than the matrix, several threads: the same bytes.
-    monkeypatch.setattr(packing, "SLAB_BYTES", 512)
+    from dqtool import transposes
+
+    monkeypatch.setattr(transposes, "SLAB_BYTES", 512)
     monkeypatch.setenv("DQTOOL_THREADS", "3")
     rows, cols = 64 * 37, 64 * 5 + 16
     p = np.random.default_rng(bits).integers(0, 256, (rows, cols * bits // 8), np.uint8)

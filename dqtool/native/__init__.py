@@ -3,7 +3,7 @@
 
 Why: a 7B-class model holds ~1.8 GB of 4-bit weights and its conversion's target is twice
 the time of copying the file. On one core a 12.6 MB weight (8192 x 3072 codes) takes
-8.8 ms on the NumPy path (``packing.transpose_codes_numpy``) and 3.2 ms here (3.7 ms
+8.8 ms on the NumPy path (``transposes.transpose_codes_numpy``) and 3.2 ms here (3.7 ms
 without the AVX-512 tiles), output allocation included (measured on this project's
 machine, median of 10).
 

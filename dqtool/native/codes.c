@@ -1,6 +1,6 @@
 /* Transposes of packed 2/4/8-bit codes (dqtool.native, loaded with ctypes).
  *
- * The same algorithm as dqtool.families.fused.packing.transpose_codes' NumPy path, on
+ * The same algorithm as dqtool.transposes.transpose_codes' NumPy path, on
  * registers instead of arrays: a 64-bit word holds E = 64 / bits codes of a row, so an
  * E x E square of codes is E words of E consecutive rows; the recursive transpose swaps
  * the square's off-diagonal halves, then quarters, ... down to single codes (log2(E)
