@@ -760,3 +760,64 @@ def test_pack_gives_back_the_names_inside_a_function(zp):
 
     assert body(back) == body(original)
     assert consts(back) == consts(original)
+
+
+def _tied(bytes_of_b: np.ndarray | None = None) -> onnx.ModelProto:
+    """A tied embedding as scripts make it from an 8-bit lm_head: the Gather reads the
+    MatMulNBits' own B (N, k_blocks, block) and scales, a blocked DequantizeLinear of the
+    gathered rows feeds the MatMulNBits."""
+    rng = np.random.default_rng(5)
+    n, k, block = 64, 32, 16
+    kb = k // block
+    b = rng.integers(0, 256, (n, kb, block), dtype=np.uint8)
+    s = (rng.random((n, kb)) * 0.1 + 0.01).astype(np.float32)
+    z = np.full((n, kb), 128, np.uint8)
+    h = onnx.helper
+    nodes = [
+        h.make_node("Gather", ["B", "ids"], ["gq"], name="embed_codes", axis=0),
+        h.make_node("Reshape", ["gq", "rows"], ["gr"], name="embed_rows"),
+        h.make_node("Gather", ["S", "ids"], ["gs"], name="embed_scales", axis=0),
+        h.make_node("Gather", ["Z", "ids"], ["gz"], name="embed_zero_points", axis=0),
+        h.make_node("DequantizeLinear", ["gr", "gs", "gz"], ["emb"], name="embed", axis=-1,
+                    block_size=block),
+        h.make_node("MatMulNBits", ["emb", "B", "S"], ["logits"], name="lm_head",
+                    domain="com.microsoft", K=k, N=n, bits=8, block_size=block)]
+    inits = [onnx.numpy_helper.from_array(b, "B"), onnx.numpy_helper.from_array(s, "S"),
+             onnx.numpy_helper.from_array(z, "Z"),
+             onnx.numpy_helper.from_array(np.array([5, k], np.int64), "rows")]
+    graph = h.make_graph(nodes, "g", [h.make_tensor_value_info("ids", onnx.TensorProto.INT64,
+                                                               [5])],
+                         [h.make_tensor_value_info("logits", onnx.TensorProto.FLOAT, [5, n])],
+                         inits)
+    return h.make_model(graph, ir_version=10, opset_imports=[
+        h.make_opsetid("", 21), h.make_opsetid("com.microsoft", 1)])
+
+
+def test_pack_gives_a_tied_weight_back_to_both_readers():
+    # upgrade leaves B and S to the Gathers and makes the (K, N) codes for the MatMul; pack
+    # makes B and S again, the same bytes: the MatMulNBits reads the stored ones, as it did.
+    original = _tied()
+    back = _roundtrip(original)
+    assert _inits(back) == _inits(original)
+    mm = _node(back, "MatMulNBits")
+    assert list(mm.input) == ["emb", "B", "S"]
+    feeds = {"ids": np.array([0, 5, 63, 7, 7])}
+    assert np.array_equal(run_ort(back, feeds)[0], run_ort(original, feeds)[0])
+
+
+def test_pack_keeps_its_own_weight_where_the_stored_one_differs():
+    # The Gathers' B changed after the upgrade: not the MatMul's weight any more, so the
+    # packed node gets its own B (S is still the same bytes, and shared).
+    up = ir.serde.serialize_model(dqtool.upgrade(ir.serde.deserialize_model(_tied()),
+                                                 21).model)
+    b = next(t for t in up.graph.initializer if t.name == "B")
+    changed = onnx.numpy_helper.to_array(b) ^ np.uint8(1)
+    b.CopyFrom(onnx.numpy_helper.from_array(changed, "B"))
+    back = ir.serde.serialize_model(dqtool.pack(ir.serde.deserialize_model(up)).model)
+    onnx.checker.check_model(back)
+    mm = _node(back, "MatMulNBits")
+    assert mm.input[1] != "B" and mm.input[2] == "S"
+    inits = {t.name: onnx.numpy_helper.to_array(t) for t in back.graph.initializer}
+    assert np.array_equal(inits[mm.input[1]],
+                          onnx.numpy_helper.to_array(_tied().graph.initializer[0]))
+    assert np.array_equal(inits["B"], changed)

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import onnx_ir as ir
 
-from dqtool import codecs, graph, types
+from dqtool import codecs, graph, reading, types
 from dqtool.cleanup import ModelNames
 from dqtool.families.fused import arrays, packing
 from dqtool.families.fused.surgery import Builder
@@ -644,11 +644,34 @@ def _restore_names(model: ir.Model, named: list[tuple[ir.Node, dict, set[str]]])
                 in_graph.add(want_node)
                 holder.name = want_node
             if not want or v.name == want or (not v.is_initializer() and holder is None) \
-                    or not ours or not taken.claim(want):
+                    or not ours:
+                continue
+            if not taken.claim(want):
+                # The name is still the original's: the stored weight upgrade left for
+                # another reader (a tied embedding's Gather reads the lm_head's B). The same
+                # bytes are that weight again: read from it, not stored twice.
+                _share_stored(node, i, v, want)
                 continue
             v.name = want
             if v.const_value is not None:
                 v.const_value.name = want
+
+
+def _share_stored(node: ir.Node, i: int, made: ir.Value, name: str) -> None:
+    """``node`` reads initializer ``name`` in place of ``made`` (an initializer pack made,
+    read by it alone), when that one holds the same bytes of the same type and shape."""
+    home = made.graph
+    stored = home.initializers.get(name) if home is not None and made.is_initializer() \
+        else None
+    if stored is None or stored is made or stored.const_value is None \
+            or made.const_value is None or any(u.node is not node for u in made.uses()):
+        return
+    a, b = stored.const_value, made.const_value
+    if a.dtype != b.dtype or tuple(a.shape) != tuple(b.shape) \
+            or reading.raw_bytes(a).tobytes() != reading.raw_bytes(b).tobytes():
+        return
+    node.replace_input_with(i, stored)
+    home.initializers.pop(made.name, None)
 
 
 def _check_a(a: ir.Value | None, spec: QuantSpec) -> None:
