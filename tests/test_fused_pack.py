@@ -821,3 +821,55 @@ def test_pack_keeps_its_own_weight_where_the_stored_one_differs():
     assert np.array_equal(inits[mm.input[1]],
                           onnx.numpy_helper.to_array(_tied().graph.initializer[0]))
     assert np.array_equal(inits["B"], changed)
+
+
+def _branches_model() -> onnx.ModelProto:
+    """An If whose two branches each hold a MatMulNBits of the main graph's one weight (as
+    a merged decoder's past/no-past branches do)."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(9)
+    w = nbits_inputs(rng, 64, 40, 4, 32)
+
+    def branch(name: str) -> onnx.GraphProto:
+        node = helper.make_node("MatMulNBits", ["x", "W", "W_scales", "W_zp"], [f"y_{name}"],
+                                name=f"mm_{name}", domain="com.microsoft", K=64, N=40,
+                                bits=4, block_size=32)
+        return helper.make_graph([node], name, [], [
+            helper.make_tensor_value_info(f"y_{name}", TensorProto.FLOAT, [64, 40])])
+
+    graph = helper.make_graph(
+        [helper.make_node("If", ["c"], ["y"], name="if", then_branch=branch("then"),
+                          else_branch=branch("else"))], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [64, 64]),
+         helper.make_tensor_value_info("c", TensorProto.BOOL, [])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [64, 40])],
+        [numpy_helper.from_array(w["B"], "W"), numpy_helper.from_array(w["scales"], "W_scales"),
+         numpy_helper.from_array(w["zero_points"], "W_zp")])
+    return helper.make_model(graph, ir_version=10, opset_imports=[
+        helper.make_opsetid("", 21), helper.make_opsetid("com.microsoft", 1)])
+
+
+def test_a_weight_both_branches_of_an_if_read_is_stored_once():
+    """upgrade stored the codes, scales and zero points once per branch: now the second
+    branch's DequantizeLinear reads the first's constants (in the main graph, where both
+    see them), and pack gives back the one original weight."""
+    original = _branches_model()
+    up = dqtool.upgrade(ir.serde.deserialize_model(original), 21)
+    proto = ir.serde.serialize_model(up.model)
+    onnx.checker.check_model(proto, full_check=True)
+    assert len(proto.graph.initializer) == 3  # x, scale and zero point of one weight
+    branches = [a.g for a in proto.graph.node[0].attribute]
+    dq_inputs = [list(n.input) for g in branches for n in g.node
+                 if n.op_type == "DequantizeLinear"]
+    assert len(dq_inputs) == 2 and dq_inputs[0] == dq_inputs[1]
+    assert any("stored once" in c.how for c in up.changes)
+    for c in (True, False):  # an identity A: each output is one weight, bit for bit
+        feeds = {"x": np.eye(64, dtype=np.float32), "c": np.array(c)}
+        assert np.array_equal(bits_of(run_ort(proto, feeds)[0]),
+                              bits_of(run_ort(original, feeds)[0]))
+    back = ir.serde.serialize_model(dqtool.pack(up.model).model)
+    assert _inits(back) == _inits(original)
+    for g in (a.g for a in back.graph.node[0].attribute):
+        assert [(n.op_type, list(n.input)) for n in g.node] == \
+            [("MatMulNBits", ["x", "W", "W_scales", "W_zp"])]

@@ -168,17 +168,35 @@ def _widen(b: Builder, note: bool) -> bool:
 
 def shared_weight_key(node: ir.Node, spec: FusedSpec, target: int, unpacked: bool
                       ) -> tuple | None:
-    """What two MatMulNBits of one graph must share for one dequantized weight to serve
-    both: the same B, scales, zero points and g_idx values, attributes and accuracy level
-    (noted on the DequantizeLinear); None for a node whose weight is not constant."""
+    """What two MatMulNBits must share for one dequantized weight to serve both: the same
+    B, scales, zero points and g_idx values, attributes and accuracy level (noted on the
+    DequantizeLinear); None for a node whose weight is not constant. (In two graphs, the
+    branches of an If reading one stored weight, they share its constants: ``_weight_for``.)"""
     ins = [graph.input_value(node, i) for i in range(5)]
     if ins[1] is None or graph.constant_tensor(ins[1]) is None or node.graph is None:
         return None
     if spec.zero_point == "float":  # HQQ's chain ends in one Reshape pack takes whole
         return None
-    # (the same graph: the DequantizeLinear made for one node is a value of its graph)
-    return (id(node.graph), target, unpacked, spec.x_shape, spec.bits, spec.block_size,
+    return (target, unpacked, spec.x_shape, spec.bits, spec.block_size,
             spec.accuracy_level, *(None if v is None else id(v) for v in ins[1:]))
+
+
+def _weight_for(mm: ir.Node, b: Builder) -> ir.Value | None:
+    """The dequantized weight ``mm`` (made for another MatMulNBits with the same weight)
+    multiplies by, as the node ``b`` builds for can read it: that value in the same graph;
+    in another one (the other branch of an If, both reading one stored weight), a
+    DequantizeLinear there of the same constants, when they are stored where both graphs
+    see them (with the weight: ``Builder.home``); else None (this node makes its own)."""
+    w = mm.inputs[1]
+    if mm.graph is b.graph or w is None:
+        return w
+    dq = w.producer()
+    if dq is None or dq.op_type != "DequantizeLinear" or dq.domain not in ("", "ai.onnx") \
+            or not all(v is not None and v.is_initializer() and v.graph is b.home
+                       for v in dq.inputs):
+        return None
+    return b.op("DequantizeLinear", list(dq.inputs), "dequantize", dict(dq.attributes),
+                w.dtype, w.shape)
 
 
 def matmul_nbits(node: ir.Node, spec: FusedSpec, b: Builder, unpacked: bool = False,
@@ -190,9 +208,13 @@ def matmul_nbits(node: ir.Node, spec: FusedSpec, b: Builder, unpacked: bool = Fa
     dequantized weight (one weight stored, not two): the MatMul's B as it is now (a
     lowering below opset 21 may have put a Reshape after the DequantizeLinear)."""
     a, bq, scales, zp, _g, bias = (graph.input_value(node, i) for i in range(6))
-    if shared is not None:
-        y = b.op("MatMul", [a, shared[0].inputs[1]], "matmul", dtype=a.dtype)
+    w = None if shared is None else _weight_for(shared[0], b)
+    if w is not None:
+        y = b.op("MatMul", [a, w], "matmul", dtype=a.dtype)
         how = f"MatMul by {shared[1]}'s dequantized weight (the same B, scales and zero points)"
+        if w.producer() in b.nodes:  # its own DequantizeLinear, of the constants stored once
+            how = (f"DequantizeLinear of {shared[1]}'s constants (the same B, scales and zero "
+                   "points, stored once) → MatMul")
         if bias is not None:
             y = b.op("Add", [y, bias], "bias", dtype=a.dtype)
             how += " → Add (bias)"
