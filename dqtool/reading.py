@@ -100,9 +100,10 @@ def raw_bytes(t: ir.TensorProtocol) -> np.ndarray:
     where = file_range(t)
     if where is not None:
         path, offset, length = where
-        if length is None:
-            return np.fromfile(path, dtype=np.uint8, count=-1, offset=offset)
-        return from_file(path, np.dtype(np.uint8), length, offset)
+        # Without a length, the tensor's own bytes (not the rest of the file: pack read a
+        # weight's B from there and wrote wrong MatMulNBits weights).
+        return from_file(path, np.dtype(np.uint8), t.nbytes if length is None else length,
+                         offset)
     return np.frombuffer(t.tobytes(), np.uint8)
 
 

@@ -64,6 +64,8 @@ def transpose_codes(p: np.ndarray, rows: int, cols: int, bits: int, flip: int = 
     from dqtool.native import transpose_fn
 
     assert bits in (2, 4, 8) and rows * bits % 8 == 0, (rows, bits)
+    if rows == 0 or cols == 0:  # no squares to take turns over (a weight of zero columns)
+        return np.zeros((cols, rows * bits // 8), np.uint8)
     fn = transpose_fn()
     if fn is None:
         p = np.asarray(p, dtype=np.uint8).reshape(rows, -1)
@@ -96,6 +98,8 @@ def transpose_codes_numpy(p: np.ndarray, rows: int, cols: int, bits: int) -> np.
     """
 
     assert bits in (2, 4, 8) and rows * bits % 8 == 0, (rows, bits)
+    if rows == 0 or cols == 0:
+        return np.zeros((cols, rows * bits // 8), np.uint8)
     e = 64 // bits
     wide = -(-cols // e)  # words per row (cols padded to whole squares)
     squares = -(-rows // e)  # squares down (rows padded to whole squares)

@@ -94,3 +94,49 @@ def test_blocked_weights_laid_out_as_rows_give_the_same_outputs(tmp_path, qtype,
     assert any(f"per-axis rows ({n * kb}, {block})" in c.how for c in report.changes), \
         [c.how for c in report.changes]
     assert check(str(tmp_path / "out.onnx"), against=str(src)).passed
+
+
+def test_a_weight_of_zero_columns_is_laid_out_as_rows(tmp_path):
+    # x (6, 0): no square of codes to transpose (it divided by zero there).
+    from onnx import TensorProto, helper, numpy_helper
+
+    from dqtool import transposes
+
+    assert transposes.transpose_codes(np.zeros((5, 0), np.uint8), 5, 0, 8).shape == (0, 5)
+    assert transposes.transpose_codes_numpy(np.zeros((8, 0), np.uint8), 8, 0, 8).shape == \
+        (0, 8)
+    dq = helper.make_node("DequantizeLinear", ["x", "s"], ["w"], axis=0, block_size=3)
+    g = helper.make_graph([dq], "g", [], [helper.make_tensor_value_info(
+        "w", TensorProto.FLOAT, [6, 0])], [numpy_helper.from_array(np.zeros((6, 0), np.uint8),
+                                                                   "x"),
+                                           numpy_helper.from_array(np.ones((2, 0), np.float32),
+                                                                   "s")])
+    src = tmp_path / "m.onnx"
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 21)], ir_version=10),
+              src)
+    dqtool.downgrade(str(src), 19, str(tmp_path / "out.onnx"), per_axis=True)
+    assert check(str(tmp_path / "out.onnx"), against=str(src)).passed
+
+
+def test_pack_reads_a_weight_without_a_length_as_its_own_bytes(tmp_path):
+    # External data that names no length: the tensor's own bytes, not the rest of the
+    # file (pack took B from there and wrote wrong weights, its check failing).
+    from helpers.fused import nbits_inputs, nbits_model
+
+    rng = np.random.default_rng(4)
+    original = nbits_model(64, 40, 4, 32, nbits_inputs(rng, 64, 40, 4, 32, zp="none"))
+    onnx.save(original, tmp_path / "nbits.onnx")
+    dqtool.upgrade(str(tmp_path / "nbits.onnx"), 21, str(tmp_path / "up.onnx"),
+                   external_data=True)
+    m = onnx.load(str(tmp_path / "up.onnx"), load_external_data=False)
+    for t in m.graph.initializer:
+        kept = [e for e in t.external_data if e.key != "length"]
+        del t.external_data[:]
+        t.external_data.extend(kept)
+    assert any(t.external_data for t in m.graph.initializer)
+    onnx.save(m, tmp_path / "up.onnx")
+    dqtool.pack(str(tmp_path / "up.onnx"), str(tmp_path / "back.onnx"))
+    back = onnx.load(str(tmp_path / "back.onnx"))
+    want = {t.name: onnx.numpy_helper.to_array(t).tobytes() for t in original.graph.initializer}
+    got = {t.name: onnx.numpy_helper.to_array(t).tobytes() for t in back.graph.initializer}
+    assert got == want
