@@ -140,3 +140,28 @@ def test_pack_reads_a_weight_without_a_length_as_its_own_bytes(tmp_path):
     want = {t.name: onnx.numpy_helper.to_array(t).tobytes() for t in original.graph.initializer}
     got = {t.name: onnx.numpy_helper.to_array(t).tobytes() for t in back.graph.initializer}
     assert got == want
+
+
+def test_a_blocked_weight_with_no_block_is_refused_with_the_reason(tmp_path):
+    # x (0, 4), scale (0, 4): a per-axis scale needs 4 values and there are none (it was a
+    # traceback from the save).
+    from onnx import TensorProto, helper, numpy_helper
+
+    dq = helper.make_node("DequantizeLinear", ["x", "s"], ["w"], axis=0, block_size=3)
+    g = helper.make_graph([dq], "g", [], [helper.make_tensor_value_info(
+        "w", TensorProto.FLOAT, [0, 4])], [numpy_helper.from_array(np.zeros((0, 4), np.uint8),
+                                                                   "x"),
+                                           numpy_helper.from_array(np.ones((0, 4), np.float32),
+                                                                   "s")])
+    src = tmp_path / "m.onnx"
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 21)], ir_version=10),
+              src)
+    from click.testing import CliRunner
+
+    from dqtool.cli import cli
+
+    r = CliRunner().invoke(cli, ["downgrade", str(src), "--opset", "19", "--per-axis", "-o",
+                                 str(tmp_path / "out.onnx")])
+    assert r.exit_code == 1, r.output
+    assert "blocked scale of shape (0, 4) holds no value" in r.output
+    assert "Traceback" not in r.output and not (tmp_path / "out.onnx").exists()

@@ -34,6 +34,11 @@ def to_per_axis(step: Step, spec: QuantSpec, why: str) -> Outcome:
     if graph.constant_tensor(scale) is None or (zp is not None and
                                                 graph.constant_tensor(zp) is None):
         return Outcome.refused("blocked scale or zero point is computed at run time")
+    if 0 in s_shape and 0 not in (n for i, n in enumerate(x_shape) if i != spec.axis):
+        # no block along the axis (x empty too), and a per-axis form needs a scale value
+        # for each of the other elements
+        return Outcome.refused(f"blocked scale of shape {s_shape} holds no value to keep "
+                               "as a per-axis or per-tensor scale")
     varying = [d for d, n in enumerate(s_shape) if n > 1]
     if len(varying) <= 1 and all(s_shape[d] == x_shape[d] for d in varying):
         return _plain(step, spec, varying, why)
