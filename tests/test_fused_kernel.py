@@ -195,7 +195,7 @@ def test_reference_matmul_nbits_rounds_before_its_bias_in_bfloat16(tmp_path):
 
 
 @pytest.mark.parametrize("dtype", [np.uint8, np.float16, ml_dtypes.int4, ml_dtypes.uint4,
-                                   ml_dtypes.uint2])
+                                   ml_dtypes.uint2, ml_dtypes.int2])
 def test_external_tensors_read_without_a_map(tmp_path, dtype):
     import onnx_ir as ir
 
@@ -203,7 +203,8 @@ def test_external_tensors_read_without_a_map(tmp_path, dtype):
 
     rng = np.random.default_rng(0)
     lo, hi = {np.dtype(ml_dtypes.int4): (-8, 8), np.dtype(ml_dtypes.uint4): (0, 16),
-              np.dtype(ml_dtypes.uint2): (0, 4)}.get(np.dtype(dtype), (0, 100))
+              np.dtype(ml_dtypes.uint2): (0, 4), np.dtype(ml_dtypes.int2): (-2, 2)}.get(
+        np.dtype(dtype), (0, 100))
     arr = rng.integers(lo, hi, size=(5, 7)).astype(dtype)
     m = ir.Model(ir.Graph([], [], nodes=[], name="g"), ir_version=11)
     v = ir.Value(name="t", const_value=ir.tensor(arr, name="t"))
