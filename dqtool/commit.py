@@ -183,7 +183,7 @@ def _fresh(parent: Path, out_name: str) -> str:
             return name
 
 
-def _locations(model_file: Path) -> set[str]:
+def locations(model_file: Path) -> set[str]:
     """The external-data locations a model file names (its payloads are not read)."""
     import onnx
 
@@ -215,7 +215,7 @@ def _named_for(name: str, out_name: str) -> bool:
     return name.startswith(f"{out_name}.") or name.startswith(f"{stem}-")
 
 
-def _rename_locations(model_file: Path, renames: dict[str, str]) -> None:
+def _renamelocations(model_file: Path, renames: dict[str, str]) -> None:
     import onnx
 
     proto = onnx.load_model(str(model_file), load_external_data=False)
@@ -264,11 +264,11 @@ def commit(folder: Path, parent: Path, out_name: str, keep: Iterable[Path] = ())
     keep = {Path(k).resolve() for k in keep}
     with folder_lock(parent):
         refuse_non_regular(out)
-        old = _locations(out) if out.is_file() else set()
+        old = locations(out) if out.is_file() else set()
         renames = {f.name: _fresh(parent, out_name) for f in data
                    if os.path.lexists(parent / f.name)}
         if renames:
-            _rename_locations(model_tmp, renames)
+            _renamelocations(model_tmp, renames)
         placed = []
         # A replaced model's new data files take its permissions too (a private model's
         # weights were left world-readable beside it).

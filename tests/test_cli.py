@@ -102,3 +102,33 @@ def test_the_script_leaves_the_collector_on_for_its_command() -> None:
                           text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert "gc True True" in proc.stderr
+
+
+@pytest.mark.parametrize("data_name", ["weights.bin", "m.onnx.data"])
+def test_in_place_says_which_data_files_it_left(tmp_path, data_name):
+    """--in-place removes only the data files dqtool named for the model; others the
+    replaced model read (maybe another model's too) stay, and the command says so."""
+    import numpy as np
+    import onnx_ir as ir
+
+    rng = np.random.default_rng(0)
+    x = ir.Value(name="X", type=ir.TensorType(ir.DataType.FLOAT), shape=ir.Shape([1, 64]))
+    q = ir.Value(name="q", const_value=ir.tensor(rng.integers(-8, 8, (64, 32), dtype=np.int8)))
+    s = ir.Value(name="s", const_value=ir.tensor((rng.random(32) + 0.1).astype(np.float32)))
+    dq = ir.node("DequantizeLinear", [q, s], {"axis": 1}, name="dq")
+    mm = ir.node("MatMul", [x, dq.outputs[0]], name="mm")
+    mm.outputs[0].name, mm.outputs[0].dtype = "Y", ir.DataType.FLOAT
+    g = ir.Graph([x], [mm.outputs[0]], nodes=[dq, mm], initializers=[q, s],
+                 opset_imports={"": 19}, name="g")
+    model = tmp_path / "m.onnx"
+    ir.save(ir.Model(g, ir_version=9), model, external_data=data_name, size_threshold_bytes=0)
+    r = CliRunner().invoke(cli, ["upgrade", str(model), "--opset", "21", "--in-place"])
+    assert r.exit_code == 0, r.output
+    left = "the replaced model's data files weights.bin"
+    if data_name == "weights.bin":
+        assert left in r.output and "are left in place" in r.output
+        assert (tmp_path / "weights.bin").exists()
+    else:
+        assert "left in place" not in r.output
+        files = sorted(p.name for p in tmp_path.iterdir())  # the old data removed
+        assert len(files) == 2 and files[0] == "m.onnx" and files[1].startswith("m.onnx.")

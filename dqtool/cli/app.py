@@ -8,6 +8,7 @@ import json
 import os
 import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 import click
@@ -120,9 +121,40 @@ def user_errors(func: F) -> F:
         from dqtool.errors import DqtoolError
 
         collect_from_here()
+        model = kwargs.get("model") if kwargs.get("in_place") else None
+        before = _data_files(model) if isinstance(model, str) else set()
         try:
             return func(*args, **kwargs)
         except DqtoolError as e:
             App().abort(str(e), e.exit_code)
+        finally:
+            if before:
+                _note_left(before, _data_files(model))
 
     return wrapper  # type: ignore[return-value]
+
+
+def _data_files(model: str) -> set[Path]:
+    """The data files a model file names (its payloads unread), resolved."""
+    from dqtool import commit
+
+    path = Path(model)
+    try:
+        return {(path.parent / loc).resolve() for loc in commit.locations(path)}
+    except OSError:
+        return set()
+
+
+def _note_left(before: set[Path], after: set[Path]) -> None:
+    """``--in-place`` removes only the data files dqtool named for the model: others the
+    replaced model read may be another model's too. Said, with their size, so that a
+    folder that doubled is not a surprise."""
+    left = sorted(p for p in before - after if p.is_file())
+    if not left:
+        return
+    size = sum(p.stat().st_size for p in left) / 2**20
+    names = ", ".join(p.name for p in left[:3]) + (f" and {len(left) - 3} more"
+                                                   if len(left) > 3 else "")
+    App().warn(f"the replaced model's data files {names} ({size:.0f} MiB) are left in place: "
+               "dqtool removes only data files it named for the model (another model may "
+               "read these); remove them if nothing else does")
