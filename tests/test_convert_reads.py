@@ -96,24 +96,29 @@ def test_blocked_weights_laid_out_as_rows_give_the_same_outputs(tmp_path, qtype,
     assert check(str(tmp_path / "out.onnx"), against=str(src)).passed
 
 
-def test_a_weight_of_zero_columns_is_laid_out_as_rows(tmp_path):
-    # x (6, 0): no square of codes to transpose (it divided by zero there).
+def _empty_weight(tmp_path, x_shape: tuple[int, int], s_shape: tuple[int, int]):
+    """A DequantizeLinear of uint8 x (no elements), blocked along axis 0 by 3, opset 21."""
     from onnx import TensorProto, helper, numpy_helper
 
+    dq = helper.make_node("DequantizeLinear", ["x", "s"], ["w"], axis=0, block_size=3)
+    g = helper.make_graph([dq], "g", [], [helper.make_tensor_value_info(
+        "w", TensorProto.FLOAT, list(x_shape))], [
+        numpy_helper.from_array(np.zeros(x_shape, np.uint8), "x"),
+        numpy_helper.from_array(np.ones(s_shape, np.float32), "s")])
+    src = tmp_path / "m.onnx"
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 21)], ir_version=10),
+              src)
+    return src
+
+
+def test_a_weight_of_zero_columns_is_laid_out_as_rows(tmp_path):
+    # x (6, 0): no square of codes to transpose (it divided by zero there).
     from dqtool import transposes
 
     assert transposes.transpose_codes(np.zeros((5, 0), np.uint8), 5, 0, 8).shape == (0, 5)
     assert transposes.transpose_codes_numpy(np.zeros((8, 0), np.uint8), 8, 0, 8).shape == \
         (0, 8)
-    dq = helper.make_node("DequantizeLinear", ["x", "s"], ["w"], axis=0, block_size=3)
-    g = helper.make_graph([dq], "g", [], [helper.make_tensor_value_info(
-        "w", TensorProto.FLOAT, [6, 0])], [numpy_helper.from_array(np.zeros((6, 0), np.uint8),
-                                                                   "x"),
-                                           numpy_helper.from_array(np.ones((2, 0), np.float32),
-                                                                   "s")])
-    src = tmp_path / "m.onnx"
-    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 21)], ir_version=10),
-              src)
+    src = _empty_weight(tmp_path, (6, 0), (2, 0))
     dqtool.downgrade(str(src), 19, str(tmp_path / "out.onnx"), per_axis=True)
     assert check(str(tmp_path / "out.onnx"), against=str(src)).passed
 
@@ -145,17 +150,7 @@ def test_pack_reads_a_weight_without_a_length_as_its_own_bytes(tmp_path):
 def test_a_blocked_weight_with_no_block_is_refused_with_the_reason(tmp_path):
     # x (0, 4), scale (0, 4): a per-axis scale needs 4 values and there are none (it was a
     # traceback from the save).
-    from onnx import TensorProto, helper, numpy_helper
-
-    dq = helper.make_node("DequantizeLinear", ["x", "s"], ["w"], axis=0, block_size=3)
-    g = helper.make_graph([dq], "g", [], [helper.make_tensor_value_info(
-        "w", TensorProto.FLOAT, [0, 4])], [numpy_helper.from_array(np.zeros((0, 4), np.uint8),
-                                                                   "x"),
-                                           numpy_helper.from_array(np.ones((0, 4), np.float32),
-                                                                   "s")])
-    src = tmp_path / "m.onnx"
-    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 21)], ir_version=10),
-              src)
+    src = _empty_weight(tmp_path, (0, 4), (0, 4))
     from click.testing import CliRunner
 
     from dqtool.cli import cli
