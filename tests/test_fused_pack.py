@@ -873,3 +873,25 @@ def test_a_weight_both_branches_of_an_if_read_is_stored_once():
     for g in (a.g for a in back.graph.node[0].attribute):
         assert [(n.op_type, list(n.input)) for n in g.node] == \
             [("MatMulNBits", ["x", "W", "W_scales", "W_zp"])]
+
+
+@pytest.mark.parametrize("form", ["fused", "upgraded"])
+def test_a_weight_both_branches_of_an_if_read_folds_once(form):
+    """fold made one float weight per branch (inside each): the same constants folded the
+    same way are one weight now, in the main graph, which both branches read."""
+    original = _branches_model()
+    m = ir.serde.deserialize_model(original)
+    if form == "upgraded":
+        m = dqtool.upgrade(m, 21).model
+    report = dqtool.fold(m)
+    assert len(report.folded) == 2
+    proto = ir.serde.serialize_model(report.model)
+    onnx.checker.check_model(proto, full_check=True)
+    weights = [t for t in proto.graph.initializer if tuple(t.dims) == (64, 40)]
+    assert len(weights) == 1 and weights[0].data_type == onnx.TensorProto.FLOAT
+    branches = [a.g for a in proto.graph.node[0].attribute]
+    assert all(len(g.initializer) == 0 for g in branches)
+    for c in (True, False):  # an identity A: each output is one weight, bit for bit
+        feeds = {"x": np.eye(64, dtype=np.float32), "c": np.array(c)}
+        assert np.array_equal(bits_of(run_ort(proto, feeds)[0]),
+                              bits_of(run_ort(original, feeds)[0]))

@@ -66,6 +66,7 @@ class DequantizeFoldPass(ir.passes.InPlacePass):
     def call(self, model: ir.Model) -> ir.passes.PassResult:
         self._model = model
         self._unique_name = cleanup.UniqueNames()
+        self._shared: dict[tuple, ir.Value] = {}  # folded weights by what they fold
         domains_before = cleanup.used_domains(model)
         # Collect first: folding edits the graphs being walked.
         sites = [s for s in graph.walk(model)
@@ -124,12 +125,24 @@ class DequantizeFoldPass(ir.passes.InPlacePass):
         fused = support.replace is not None
         value_name = self._unique_name(owner, f"{node.name or y_name}_weight") if fused \
             else y_name
+        # The same constants folded the same way in another graph (the branches of an If,
+        # both reading a weight of the main graph): one folded weight, stored where both see
+        # it, not one per branch.
+        home = None if in_function or y.is_graph_output() else _inputs_home(node)
+        if home is owner:  # in one graph each node keeps its own constant, as it always did
+            home = None
+        key = None if home is None else _fold_key(node, folding)
+        shared = self._shared.get(key) if key is not None else None
+        if shared is not None:
+            const = shared
         tensor = FoldedTensor(folding, name=value_name)
         const_name = value_name
         if folding.store_dtype != folding.out_dtype:
             store = types.from_dtype(folding.store_dtype).name
             const_name = self._unique_name(owner, f"{value_name}_{store}")
-        if in_function:
+        if shared is not None:
+            pass
+        elif in_function:
             # Functions have no initializers: the value lives in a Constant node.
             const_node = ir.node("Constant", [], attributes={"value": tensor},
                                  name=f"{node.name}_folded" if node.name else None)
@@ -155,12 +168,17 @@ class DequantizeFoldPass(ir.passes.InPlacePass):
             ir.convenience.replace_all_uses_with(y, replacement, replace_graph_outputs=True)
         owner.remove(node, safe=True)
         # Names are set after the node is gone so that its outputs' names are free to take.
-        const.name = const_name
+        if shared is None:
+            const.name = const_name
         for value, name in renames:
             value.name = name
-        if not in_function:
+        if shared is None and not in_function:
             assert isinstance(owner, ir.Graph)
-            owner.register_initializer(const)
+            if home is not None:  # a name free in the graph above too
+                const.name = self._unique_name(home, const_name)
+            (home or owner).register_initializer(const)
+            if key is not None:
+                self._shared[key] = const
         if self.prepack_guard and self._guard(replacement, value_name):
             self.guarded += 1
 
@@ -223,6 +241,22 @@ class DequantizeFoldPass(ir.passes.InPlacePass):
             bytes_quantized=stored, bytes_folded=(n * store.bits + 7) // 8, pair=pair,
             rounding=rounding(out, store),
         )
+
+
+def _inputs_home(node: ir.Node) -> ir.Graph | None:
+    """The graph whose initializers are all of ``node``'s inputs, if they are."""
+    graphs = {id(v.graph): v.graph for v in node.inputs
+              if v is not None and v.is_initializer() and v.graph is not None}
+    whole = all(v is None or v.is_initializer() for v in node.inputs)
+    return next(iter(graphs.values())) if whole and len(graphs) == 1 else None
+
+
+def _fold_key(node: ir.Node, folding: Folding) -> tuple:
+    """What two nodes folded alike share: their op, inputs (the values themselves),
+    attributes, and the types and shape of the folded weight."""
+    attrs = tuple(sorted((k, repr(a.value)) for k, a in node.attributes.items()))
+    return (node.domain, node.op_type, tuple(id(v) for v in node.inputs), attrs,
+            str(folding.store_dtype), str(folding.out_dtype), tuple(folding.shape))
 
 
 def _offset_follows(node: ir.Node) -> bool:
