@@ -133,22 +133,21 @@ class DequantizeFoldPass(ir.passes.InPlacePass):
             home = None
         key = None if home is None else _fold_key(node, folding)
         shared = self._shared.get(key) if key is not None else None
-        if shared is not None:
-            const = shared
-        tensor = FoldedTensor(folding, name=value_name)
         const_name = value_name
         if folding.store_dtype != folding.out_dtype:
             store = types.from_dtype(folding.store_dtype).name
             const_name = self._unique_name(owner, f"{value_name}_{store}")
         if shared is not None:
-            pass
+            const = shared
         elif in_function:
             # Functions have no initializers: the value lives in a Constant node.
-            const_node = ir.node("Constant", [], attributes={"value": tensor},
-                                 name=f"{node.name}_folded" if node.name else None)
+            const_node = ir.node("Constant", [], attributes={
+                "value": FoldedTensor(folding, name=value_name)},
+                name=f"{node.name}_folded" if node.name else None)
             owner.insert_before(node, const_node)
             const = const_node.outputs[0]
         else:
+            tensor = FoldedTensor(folding, name=value_name)
             const = ir.Value(name=f"{const_name}__folding", const_value=tensor,
                              shape=ir.Shape(folding.shape),
                              type=ir.TensorType(tensor.dtype))
