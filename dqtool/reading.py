@@ -87,12 +87,9 @@ def tensor_array(t: ir.TensorProtocol) -> np.ndarray:
             arr = from_file(path, et.dtype, count, offset)
             return arr.reshape(shape)
         raw = from_file(path, np.dtype(np.uint8), (count * et.bits + 7) // 8, offset)
-        codes = unpack(raw, et.bits)[:count]
-        if et.signed:  # two's complement in ``bits`` bits: the sign bit shifted to the top
-            # of a byte and back (~12x a masked subtraction: 80% of a downgrade's writers)
-            shift = 8 - et.bits
-            codes = np.left_shift(codes, shift).view(np.int8) >> shift
-        return codes.astype(et.dtype).reshape(shape)
+        # ml_dtypes keeps a 2/4-bit code in the low bits of its byte, so the unpacked codes
+        # are the array as they are (no cast: a copy the size of the weight).
+        return unpack(raw, et.bits)[:count].view(et.dtype).reshape(shape)
     return t.numpy().reshape(shape)
 
 
@@ -108,24 +105,61 @@ def raw_bytes(t: ir.TensorProtocol) -> np.ndarray:
     return np.frombuffer(t.tobytes(), np.uint8)
 
 
-def unpack(packed: np.ndarray, bits: int) -> np.ndarray:
-    """uint8 codes, the last axis ``8 / bits`` times longer (lowest bits first)."""
+# Packed bytes one pass of ``unpack`` works on: its temporaries stay in L2. Over a whole
+# weight at once they took 2-3x its codes' size (a downgrade of a 32000 x 4096 int4
+# embedding to int8 held ~400 MB for its 131 MB of codes).
+UNPACK_CHUNK = 1 << 17
+
+
+def unpack(packed: np.ndarray, bits: int, signed: bool = False) -> np.ndarray:
+    """uint8 codes, the last axis ``8 / bits`` times longer (lowest bits first); with
+    ``signed``, int8: each code read as a ``bits``-bit two's complement number."""
     packed = np.asarray(packed, dtype=np.uint8)
     if bits == 8:
-        return packed
-    if bits == 4 and sys.byteorder == "little" and packed.ndim:
+        return packed.view(np.int8) if signed else packed
+    per = 8 // bits
+    out = np.empty((*packed.shape[:-1], packed.shape[-1] * per), np.uint8)
+    src, dst = np.ascontiguousarray(packed).reshape(-1), out.reshape(-1)
+    for s in range(0, src.size, UNPACK_CHUNK):
+        _unpack_chunk(src[s:s + UNPACK_CHUNK], dst[s * per:(s + UNPACK_CHUNK) * per], bits)
+        if signed:  # the sign bit shifted to the top of the byte and back (in place; ~12x
+            # a masked subtraction, which was 80% of an int4 downgrade's writers)
+            d = dst[s * per:(s + UNPACK_CHUNK) * per]
+            np.left_shift(d, 8 - bits, out=d)
+            v = d.view(np.int8)
+            np.right_shift(v, 8 - bits, out=v)
+    return out.view(np.int8) if signed else out
+
+
+def _unpack_chunk(src: np.ndarray, dst: np.ndarray, bits: int) -> None:
+    if bits == 4 and sys.byteorder == "little":
         # Byte b widened to 16 bits, b | b·16 masked with 0x0F0F: its low nibble in the
         # low byte, its high nibble in the high byte, i.e. the two codes in order. Three
         # vectorized passes over half as many items (~6x faster than a pass per code).
-        w = packed.astype(np.uint16)
-        w |= w * np.uint16(16)
+        w = dst.view(np.uint16)
+        np.copyto(w, src)
+        w |= w << np.uint16(4)
         w &= np.uint16(0x0F0F)
-        return w.view(np.uint8).reshape(*packed.shape[:-1], packed.shape[-1] * 2)
+        return
     per, mask = 8 // bits, (1 << bits) - 1
-    out = np.empty((*packed.shape, per), np.uint8)
+    d = dst.reshape(-1, per)
     for j in range(per):
-        np.bitwise_and(packed >> (bits * j), mask, out=out[..., j])
-    return out.reshape(*packed.shape[:-1], packed.shape[-1] * per)
+        np.bitwise_and(src >> np.uint8(bits * j), np.uint8(mask), out=d[:, j])
+
+
+def int_array(t: ir.TensorProtocol, dtype: np.dtype) -> np.ndarray:
+    """``tensor_array(t).astype(dtype)`` for an integer ``t``, without the array of
+    ``t``'s own type where it is 2/4-bit codes in a file widened to a byte: the codes are
+    unpacked straight into ``dtype`` (a copy fewer of the whole weight)."""
+    et, dtype = types.from_ir(t.dtype), np.dtype(dtype)
+    where = file_range(t)
+    if (where is not None and et is not None and et.is_integer and et.bits < 8
+            and dtype.itemsize == 1 and dtype.kind == ("i" if et.signed else "u")):
+        shape = tuple(int(d) for d in t.shape)
+        count = int(np.prod(shape, dtype=np.int64))
+        raw = from_file(where[0], np.dtype(np.uint8), (count * et.bits + 7) // 8, where[1])
+        return unpack(raw, et.bits, et.signed)[:count].view(dtype).reshape(shape)
+    return tensor_array(t).astype(dtype)
 
 
 def constant_array(v: ir.Value | None) -> np.ndarray | None:

@@ -57,7 +57,7 @@ def _retype(step: Step, index: int, to: str) -> None:
     t = types.by_name(to)
     shape = params.const_shape(old)
     new = step.constant(f"{old.name}_{to}", t.ir_type, shape,
-                        lambda: params.values(old).astype(t.dtype))
+                        lambda: params.values_as(old, t.dtype))
     step.set_input(index, new)
 
 

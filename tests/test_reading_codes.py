@@ -1,0 +1,93 @@
+"""Reading 2/4-bit codes from a file (``dqtool.reading``): chunked unpacking, signed codes,
+the array's bytes as onnx_ir's own, and widening to a byte type without a second copy."""
+
+from __future__ import annotations
+
+import tracemalloc
+
+import ml_dtypes
+import numpy as np
+import onnx_ir as ir
+import pytest
+
+from dqtool import reading
+
+_SUB = {"int2": (ir.DataType.INT2, ml_dtypes.int2, 2, True),
+        "uint2": (ir.DataType.UINT2, ml_dtypes.uint2, 2, False),
+        "int4": (ir.DataType.INT4, ml_dtypes.int4, 4, True),
+        "uint4": (ir.DataType.UINT4, ml_dtypes.uint4, 4, False)}
+
+
+def _external(tmp_path, name: str, codes: np.ndarray) -> ir.ExternalTensor:
+    """``codes`` (int8 values) saved as an external tensor of type ``name``."""
+    dtype, np_type = _SUB[name][:2]
+    t = ir.Tensor(codes.astype(np_type), dtype=dtype, name="w")
+    raw = t.tobytes()
+    (tmp_path / "w.bin").write_bytes(b"\x07" * 3 + raw + b"\x09")  # not at offset 0
+    return ir.ExternalTensor("w.bin", 3, len(raw), dtype, shape=ir.Shape(codes.shape),
+                             name="w", base_dir=tmp_path)
+
+
+@pytest.mark.parametrize("bits", [2, 4])
+@pytest.mark.parametrize("n", [1, 7, reading.UNPACK_CHUNK - 1, reading.UNPACK_CHUNK * 2 + 5])
+def test_unpack_across_chunks_gives_every_code_signed_or_not(monkeypatch, bits, n):
+    p = np.random.default_rng(n + bits).integers(0, 256, n, dtype=np.uint8)
+    per, mask = 8 // bits, (1 << bits) - 1
+    want = np.stack([(p >> (bits * j)) & mask for j in range(per)], axis=-1).reshape(-1)
+    got = reading.unpack(p, bits)
+    assert got.dtype == np.uint8 and np.array_equal(got, want)
+    signed = reading.unpack(p, bits, signed=True)
+    assert signed.dtype == np.int8
+    assert np.array_equal(signed, np.where(want >= 1 << (bits - 1), want.astype(np.int16)
+                                           - (1 << bits), want))
+
+
+def test_unpack_of_a_strided_array_reads_its_elements(monkeypatch):
+    monkeypatch.setattr(reading, "UNPACK_CHUNK", 3)
+    p = np.arange(40, dtype=np.uint8).reshape(5, 8)[:, ::2]
+    assert np.array_equal(reading.unpack(p, 4), reading.unpack(np.ascontiguousarray(p), 4))
+    assert reading.unpack(p, 4).shape == (5, 8)
+
+
+@pytest.mark.parametrize("name", sorted(_SUB))
+@pytest.mark.parametrize("shape", [(5,), (3, 7), (64, 33)])
+def test_codes_read_from_a_file_are_onnx_irs_array_byte_for_byte(tmp_path, name, shape):
+    """The ml_dtypes array's bytes too, not only its values: a code is kept in the low bits
+    of its byte, and an array whose bytes differ packs differently in some paths."""
+    lo, hi = (-(1 << (_SUB[name][2] - 1)), 1 << (_SUB[name][2] - 1)) if _SUB[name][3] \
+        else (0, 1 << _SUB[name][2])
+    codes = np.random.default_rng(len(shape)).integers(lo, hi, shape, dtype=np.int8)
+    t = _external(tmp_path, name, codes)
+    got = reading.tensor_array(t)
+    want = t.numpy()
+    assert got.dtype == want.dtype and got.shape == shape
+    assert np.array_equal(got.view(np.uint8), want.view(np.uint8))
+    assert np.array_equal(got.astype(np.int8), codes)
+    # Widened to a byte type straight from the file: the same values
+    wide = reading.int_array(t, np.int8 if _SUB[name][3] else np.uint8)
+    assert wide.shape == shape and np.array_equal(wide.astype(np.int16), codes)
+    # To a type of another kind or width it is the plain cast
+    assert np.array_equal(reading.int_array(t, np.int32), codes.astype(np.int32))
+
+
+def test_a_wide_int4_weight_is_read_with_one_array_of_its_size(tmp_path):
+    """Before: the unpack's temporaries, its shifts, the cast to ml_dtypes' int4 and the
+    widening to int8 each held a copy of the whole weight (~4x its int8 size at once)."""
+    codes = np.random.default_rng(0).integers(-8, 8, (1024, 2048), dtype=np.int8)
+    t = _external(tmp_path, "int4", codes)
+    tracemalloc.start()
+    try:
+        wide = reading.int_array(t, np.int8)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert np.array_equal(wide, codes)
+    assert peak < codes.nbytes * 1.2, (peak, codes.nbytes)
+    tracemalloc.start()
+    try:
+        arr = reading.tensor_array(t)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert np.array_equal(arr.astype(np.int8), codes)
+    assert peak < codes.nbytes * 1.2, (peak, codes.nbytes)
