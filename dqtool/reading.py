@@ -105,6 +105,25 @@ def raw_bytes(t: ir.TensorProtocol) -> np.ndarray:
     return np.frombuffer(t.tobytes(), np.uint8)
 
 
+def same_bytes(tensor: ir.TensorProtocol, dtype: ir.DataType, shape: tuple[int, ...]
+               ) -> ir.TensorProtocol:
+    """The stored bytes of ``tensor`` read as another type and shape: uint8-packed 4-bit
+    codes as uint4, and back; a weight reshaped. No copy when they live in a file (saved
+    to a data file, they are copied there in the kernel)."""
+    if isinstance(tensor, ir.ExternalTensor):
+        return ir.ExternalTensor(tensor.location, tensor.offset, tensor.length, dtype,
+                                 shape=ir.Shape(shape), name=tensor.name,
+                                 base_dir=tensor.base_dir)
+    if isinstance(tensor, inline_load.MappedTensor):
+        return tensor.retyped(dtype, ir.Shape(shape))
+    raw = np.frombuffer(tensor.tobytes(), np.uint8)
+    if ir.DataType(dtype).bitwidth < 8:
+        return ir.PackedTensor(raw, dtype, shape=shape)
+    et = types.from_ir(dtype)
+    assert et is not None and sys.byteorder == "little", dtype
+    return ir.Tensor(raw.view(et.dtype).reshape(shape), dtype=dtype, name=tensor.name)
+
+
 # Packed bytes one pass of ``unpack`` works on: its temporaries stay in L2. Over a whole
 # weight at once they took 2-3x its codes' size (a downgrade of a 32000 x 4096 int4
 # embedding to int8 held ~400 MB for its 131 MB of codes).

@@ -105,13 +105,20 @@ def _layout(step: Step, spec: QuantSpec, x_shape: tuple[int, ...], s_shape: tupl
     def rows_of(v: ir.Value):
         return lambda: np.ascontiguousarray(np.moveaxis(params.values(v), a, -1)).reshape(rows)
 
-    step.set_input(0, step.constant(f"{x.name}_rows", x.dtype or _dtype_of(x), (rows, b),
-                                    rows_x))
-    step.set_input(1, step.constant(f"{scale.name}_rows", scale.dtype or _dtype_of(scale),
-                                    (rows,), rows_of(scale)))
+    if a == rank - 1 and not pad:
+        # The rows are x, its scale and its zero point as stored, reshaped: their bytes are
+        # kept (a weight in a file is copied there by the save, never read into memory).
+        def laid_out(v: ir.Value, shape: tuple[int, ...]) -> ir.Value:
+            return step.reshaped(f"{v.name}_rows", v, shape)
+    else:
+        def laid_out(v: ir.Value, shape: tuple[int, ...]) -> ir.Value:
+            return step.constant(f"{v.name}_rows", v.dtype or _dtype_of(v), shape,
+                                 rows_x if v is x else rows_of(v))
+
+    step.set_input(0, laid_out(x, (rows, b)))
+    step.set_input(1, laid_out(scale, (rows,)))
     if zp is not None:
-        step.set_input(2, step.constant(f"{zp.name}_rows", zp.dtype or _dtype_of(zp), (rows,),
-                                        rows_of(zp)))
+        step.set_input(2, laid_out(zp, (rows,)))
     node.attributes.pop("block_size", None)
     node.attributes["axis"] = ir.AttrInt64("axis", 0)
     out_type = node.outputs[0].dtype or types.by_name(spec.float_type).ir_type

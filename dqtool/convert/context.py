@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import onnx_ir as ir
 
-from dqtool import cleanup, graph, types
+from dqtool import cleanup, graph, reading, types
 from dqtool.convert.report import ConvertReport
 
 
@@ -76,7 +76,26 @@ class Step:
             assert arr.shape == shape, (arr.shape, shape)
             return ir.Tensor(np.ascontiguousarray(arr), dtype=dtype, name=name)
 
-        tensor = ir.LazyTensor(make, dtype=dtype, shape=ir.Shape(shape), name=name)
+        return self._holding(name, ir.LazyTensor(make, dtype=dtype, shape=ir.Shape(shape),
+                                                 name=name), base)
+
+    def reshaped(self, base: str, v: ir.Value, shape: tuple[int, ...]) -> ir.Value:
+        """A new constant next to the node: constant ``v`` reshaped. Where ``v`` is in a
+        file, its stored bytes as they are (``reading.same_bytes``): the save copies them
+        there, a weight is never read into memory; else computed when saved."""
+        stored = graph.constant_tensor(v)
+        assert stored is not None, f"{v.name} is not constant"
+        # (a Constant node of a function is saved inline, from its values)
+        if self.in_function or reading.file_range(stored) is None:
+            return self.constant(base, stored.dtype, shape,
+                                 lambda: reading.tensor_array(stored).reshape(shape))
+        name = self.ctx.fresh(base)
+        tensor = reading.same_bytes(stored, stored.dtype, shape)
+        tensor.name = name
+        return self._holding(name, tensor, base)
+
+    def _holding(self, name: str, tensor: ir.TensorProtocol, base: str) -> ir.Value:
+        dtype, shape = tensor.dtype, tuple(int(d) for d in tensor.shape)
         if self.in_function:
             # Functions have no initializers: a Constant node holds the value.
             cnode = ir.node("Constant", [], {"value": tensor},
