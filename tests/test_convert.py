@@ -480,6 +480,54 @@ def test_when_most_data_changes_the_copy_is_dropped_and_the_output_packed(tmp_pa
     assert result.ok, result
 
 
+def test_a_copy_that_would_keep_a_quarter_unused_is_dropped(tmp_path, monkeypatch):
+    """Three quarters of the data kept, a quarter rewritten: the copy is dropped and the
+    output laid out compactly. (Until the fourteenth session the copy was kept where half
+    was, the rewritten weight's old bytes left in the output unused.)"""
+    import ml_dtypes
+    from onnx import TensorProto, helper
+
+    from dqtool import external_data
+
+    rng = np.random.default_rng(0)
+    keep = rng.integers(-128, 128, (96, 64)).astype(np.int8)  # 6 KiB, per-axis: kept
+    w = rng.integers(-8, 8, (64, 64)).astype(ml_dtypes.int4)  # 2 KiB, widened to int8
+    g = helper.make_graph(
+        [helper.make_node("DequantizeLinear", ["K", "KS"], ["KD"], name="kdq", axis=1),
+         helper.make_node("DequantizeLinear", ["W", "S"], ["D"], name="dq", axis=1,
+                          block_size=32),
+         helper.make_node("MatMul", ["X", "D"], ["Y0"], name="mm"),
+         helper.make_node("MatMul", ["X96", "KD"], ["Y1"], name="mk")], "g",
+        [helper.make_tensor_value_info("X", TensorProto.FLOAT, [1, 64]),
+         helper.make_tensor_value_info("X96", TensorProto.FLOAT, [1, 96])],
+        [helper.make_tensor_value_info("Y0", TensorProto.FLOAT, [1, 64]),
+         helper.make_tensor_value_info("Y1", TensorProto.FLOAT, [1, 64])],
+        [onnx.numpy_helper.from_array(keep, "K"),
+         onnx.numpy_helper.from_array(np.full(64, 0.01, np.float32), "KS"),
+         onnx.numpy_helper.from_array(w, "W"),
+         onnx.numpy_helper.from_array(np.full((64, 2), 0.01, np.float32), "S")])
+    folder = tmp_path / "in"
+    folder.mkdir()
+    src = folder / "model.onnx"
+    onnx.save_model(helper.make_model(g, opset_imports=[helper.make_opsetid("", 21)],
+                                      ir_version=10), src, save_as_external_data=True,
+                    location="model.onnx.data", size_threshold=1024)
+    data = (folder / "model.onnx.data").stat().st_size
+    cancelled = []
+    real_finish = external_data.Prefill.finish
+    monkeypatch.setattr(external_data.Prefill, "finish", lambda self, cancel=False: (
+        cancelled.append(cancel) or real_finish(self, cancel)))
+    out = tmp_path / "out" / "down.onnx"
+    out.parent.mkdir()
+    dqtool.downgrade(src, 19, out)
+    assert cancelled and cancelled[0] is True
+    # compact: the kept weight and the int8 one, not the int4 one's old bytes too
+    size = (out.parent / "down.onnx.data").stat().st_size
+    assert 96 * 64 + 64 * 64 <= size <= 96 * 64 + 64 * 64 + 1024 < data + 64 * 64
+    result = conversion.compare(onnx.load(src), onnx.load(out))
+    assert result.ok, result
+
+
 def test_a_refused_conversion_leaves_no_copy_behind(tmp_path):
     src = _external_copy(MODELS / "dq19_float8e4m3fn_fp16_scale.onnx", tmp_path / "in")
     out = tmp_path / "out" / "down.onnx"
