@@ -114,7 +114,7 @@ def same_bytes(tensor: ir.TensorProtocol, dtype: ir.DataType, shape: tuple[int, 
         return ir.ExternalTensor(tensor.location, tensor.offset, tensor.length, dtype,
                                  shape=ir.Shape(shape), name=tensor.name,
                                  base_dir=tensor.base_dir)
-    if isinstance(tensor, inline_load.MappedTensor):
+    if isinstance(tensor, (inline_load.MappedTensor, WidenedCodes)):
         return tensor.retyped(dtype, ir.Shape(shape))
     raw = np.frombuffer(tensor.tobytes(), np.uint8)
     if ir.DataType(dtype).bitwidth < 8:
@@ -170,15 +170,62 @@ def int_array(t: ir.TensorProtocol, dtype: np.dtype) -> np.ndarray:
     """``tensor_array(t).astype(dtype)`` for an integer ``t``, without the array of
     ``t``'s own type where it is 2/4-bit codes in a file widened to a byte: the codes are
     unpacked straight into ``dtype`` (a copy fewer of the whole weight)."""
+    wide = widened(t, dtype)
+    return wide.whole() if wide is not None else tensor_array(t).astype(dtype)
+
+
+def widened(t: ir.TensorProtocol, dtype: np.dtype) -> WidenedCodes | None:
+    """``t``'s 2/4-bit integer codes widened to the byte type ``dtype`` (int8 for signed
+    codes, uint8 for unsigned), as a tensor computed when needed; None where ``t`` is not
+    such codes in a file."""
     et, dtype = types.from_ir(t.dtype), np.dtype(dtype)
     where = file_range(t)
-    if (where is not None and et is not None and et.is_integer and et.bits < 8
-            and dtype.itemsize == 1 and dtype.kind == ("i" if et.signed else "u")):
-        shape = tuple(int(d) for d in t.shape)
-        count = int(np.prod(shape, dtype=np.int64))
-        raw = from_file(where[0], np.dtype(np.uint8), (count * et.bits + 7) // 8, where[1])
-        return unpack(raw, et.bits, et.signed)[:count].view(dtype).reshape(shape)
-    return tensor_array(t).astype(dtype)
+    if (where is None or et is None or not et.is_integer or et.bits >= 8
+            or dtype.itemsize != 1 or dtype.kind != ("i" if et.signed else "u")):
+        return None
+    return WidenedCodes(where[0], where[1], et.bits, et.signed,
+                        tuple(int(d) for d in t.shape), t.name)
+
+
+class WidenedCodes(ir.LazyTensor):
+    """2/4-bit integer codes of a file, widened to int8 / uint8 when asked for. Saved to a
+    file, it is written a band at a time, each band unpacked from the file into the cache
+    and written from there: a downgrade widening a 32000 x 4096 int4 embedding held its
+    131 MB of int8 codes at once; with this, nothing of the weight's size."""
+
+    BAND = 1 << 20  # codes a band unpacks and writes
+
+    def __init__(self, path: str | os.PathLike, offset: int, bits: int, signed: bool,
+                 shape: tuple[int, ...], name: str | None) -> None:
+        self.path, self.offset, self.bits, self.signed = path, offset, bits, signed
+        self.np_dtype = np.dtype(np.int8 if signed else np.uint8)
+        self.count = int(np.prod(shape, dtype=np.int64))
+        super().__init__(lambda: ir.Tensor(self.whole(), name=self.name),
+                         dtype=ir.DataType.INT8 if signed else ir.DataType.UINT8,
+                         shape=ir.Shape(shape), name=name)
+
+    def _codes(self, start: int, stop: int) -> np.ndarray:
+        """Codes ``start`` to ``stop`` (``start`` a multiple of ``8 / bits``)."""
+        first = start * self.bits // 8
+        raw = from_file(self.path, np.dtype(np.uint8), -(-(stop - start) * self.bits // 8),
+                        self.offset + first)
+        return unpack(raw, self.bits, self.signed)[: stop - start].view(self.np_dtype)
+
+    def whole(self) -> np.ndarray:
+        return self._codes(0, self.count).reshape(tuple(int(d) for d in self.shape))
+
+    def tofile(self, file) -> None:
+        from dqtool.pieces import piecewise
+
+        write = piecewise(file)
+        for start in range(0, self.count, self.BAND):
+            write(self._codes(start, min(self.count, start + self.BAND)))
+
+    def retyped(self, dtype: ir.DataType, shape: ir.Shape) -> WidenedCodes:
+        """The same codes in another shape (``same_bytes``)."""
+        assert dtype == self.dtype, (dtype, self.dtype)
+        return WidenedCodes(self.path, self.offset, self.bits, self.signed,
+                            tuple(int(d) for d in shape), self.name)
 
 
 def constant_array(v: ir.Value | None) -> np.ndarray | None:

@@ -91,3 +91,63 @@ def test_a_wide_int4_weight_is_read_with_one_array_of_its_size(tmp_path):
         tracemalloc.stop()
     assert np.array_equal(arr.astype(np.int8), codes)
     assert peak < codes.nbytes * 1.2, (peak, codes.nbytes)
+
+
+@pytest.mark.parametrize("name", sorted(_SUB))
+@pytest.mark.parametrize("band", [4, 12, 1 << 20])
+def test_widened_codes_write_band_by_band_the_codes_of_the_whole(tmp_path, monkeypatch,
+                                                                  name, band):
+    monkeypatch.setattr(reading.WidenedCodes, "BAND", band)
+    bits, signed = _SUB[name][2], _SUB[name][3]
+    lo, hi = (-(1 << (bits - 1)), 1 << (bits - 1)) if signed else (0, 1 << bits)
+    codes = np.random.default_rng(band).integers(lo, hi, (7, 9), dtype=np.int8)
+    t = _external(tmp_path, name, codes)
+    target = np.int8 if signed else np.uint8
+    assert reading.widened(t, np.int16) is None and reading.widened(
+        t, np.uint8 if signed else np.int8) is None  # not a byte of the codes' own sign
+    wide = reading.widened(t, target)
+    assert wide.dtype == (ir.DataType.INT8 if signed else ir.DataType.UINT8)
+    assert np.array_equal(wide.numpy(), codes.astype(target))
+    with open(tmp_path / "out.bin", "wb") as f:
+        wide.tofile(f)
+    assert (tmp_path / "out.bin").read_bytes() == codes.astype(target).tobytes()
+    flat = reading.same_bytes(wide, wide.dtype, (63,))
+    assert isinstance(flat, reading.WidenedCodes)
+    assert np.array_equal(flat.numpy(), codes.astype(target).reshape(63))
+
+
+def test_a_downgrade_widens_an_int4_weight_without_holding_it(tmp_path, monkeypatch):
+    """int4 → int8 below opset 21: the int8 codes are written a band at a time from the
+    file (a weight's 4 MB, then 2-3x that in temporaries, were held before)."""
+    import dqtool
+    from dqtool.checking import check
+
+    monkeypatch.setattr(reading.WidenedCodes, "BAND", 1 << 16)
+    rng = np.random.default_rng(5)
+    q = rng.integers(-8, 8, (2048, 2048)).astype(ml_dtypes.int4)
+    x = ir.Value(name="X", type=ir.TensorType(ir.DataType.FLOAT), shape=ir.Shape([1, 2048]))
+    qv = ir.Value(name="q", const_value=ir.tensor(q))
+    sv = ir.Value(name="s", const_value=ir.tensor((rng.random(2048) + 0.01).astype(
+        np.float32)))
+    dq = ir.node("DequantizeLinear", [qv, sv], {"axis": 1}, name="dq")
+    mm = ir.node("MatMul", [x, dq.outputs[0]], name="mm")
+    y = mm.outputs[0]
+    y.name, y.dtype, y.shape = "Y", ir.DataType.FLOAT, ir.Shape([1, 2048])
+    g = ir.Graph([x], [y], nodes=[dq, mm], initializers=[qv, sv], opset_imports={"": 21},
+                 name="g")
+    src = tmp_path / "m.onnx"
+    ir.save(ir.Model(g, ir_version=10), src, external_data="m.onnx.data",
+            size_threshold_bytes=1024)
+    tracemalloc.start()
+    try:
+        dqtool.downgrade(str(src), 19, str(tmp_path / "out.onnx"))
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 2048 * 2048 // 2, peak  # less than the int4 codes' own bytes
+    import onnx
+
+    out = {t.name: t for t in onnx.load(str(tmp_path / "out.onnx")).graph.initializer}
+    (wq,) = [t for t in out.values() if t.data_type == onnx.TensorProto.INT8]
+    assert wq.raw_data == q.astype(np.int8).tobytes()
+    assert check(str(tmp_path / "out.onnx"), against=str(src)).passed

@@ -86,11 +86,15 @@ class Step:
         stored = graph.constant_tensor(v)
         assert stored is not None, f"{v.name} is not constant"
         # (a Constant node of a function is saved inline, from its values)
-        if self.in_function or reading.file_range(stored) is None:
+        if self.in_function or (reading.file_range(stored) is None
+                                and not isinstance(stored, reading.WidenedCodes)):
             return self.constant(base, stored.dtype, shape,
                                  lambda: reading.tensor_array(stored).reshape(shape))
+        return self.holding(base, reading.same_bytes(stored, stored.dtype, shape))
+
+    def holding(self, base: str, tensor: ir.TensorProtocol) -> ir.Value:
+        """A new constant next to the node holding ``tensor`` (renamed)."""
         name = self.ctx.fresh(base)
-        tensor = reading.same_bytes(stored, stored.dtype, shape)
         tensor.name = name
         return self._holding(name, tensor, base)
 

@@ -13,7 +13,7 @@ import ml_dtypes
 import numpy as np
 import onnx_ir as ir
 
-from dqtool import graph, types
+from dqtool import graph, reading, types
 from dqtool.convert import params
 from dqtool.convert.context import Step
 from dqtool.convert.registry import Outcome
@@ -56,8 +56,13 @@ def _retype(step: Step, index: int, to: str) -> None:
     old = graph.input_value(step.node, index)
     t = types.by_name(to)
     shape = params.const_shape(old)
-    new = step.constant(f"{old.name}_{to}", t.ir_type, shape,
-                        lambda: params.values_as(old, t.dtype))
+    stored = graph.constant_tensor(old)
+    wide = reading.widened(stored, t.dtype) if stored is not None else None
+    if wide is not None:  # 2/4-bit codes in a file: unpacked a band at a time when saved
+        new = step.holding(f"{old.name}_{to}", wide)
+    else:
+        new = step.constant(f"{old.name}_{to}", t.ir_type, shape,
+                            lambda: params.values_as(old, t.dtype))
     step.set_input(index, new)
 
 
