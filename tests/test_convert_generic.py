@@ -137,6 +137,38 @@ def test_downgrade_split_18_without_num_outputs_and_constant_axes(tmp_path):
         next(a for a in mean.attribute if a.name == "axes")) == [1]
 
 
+def test_downgrade_drops_an_attribute_the_target_lacks_at_its_default(tmp_path):
+    """Reshape-14 added allowzero (default 0, the old meaning). Going to 13 with it at 0
+    the attribute goes: kept, the model was invalid (onnxruntime: "Unrecognized attribute:
+    allowzero", the checker: "Bad node spec"; found in a shipped dynamic-int8 model)."""
+    src = save("""<ir_version: 8, opset_import: ["" : 17]>
+        g (float[2,6] x) => (float[3,4] y) {
+            [s] s = Constant <value = int64[2] {3, 4}> ()
+            [r] y = Reshape <allowzero = 0> (x, s)
+        }""", tmp_path / "m.onnx")
+    out = tmp_path / "o.onnx"
+    report = dqtool.downgrade(src, 13, out, check=True)
+    (change,) = [c for c in report.changes if c.status == "changed"]
+    assert "allowzero" in change.how and "Reshape-13" in change.why
+    m = onnx.load(out)
+    assert [a.name for a in m.graph.node[1].attribute] == []
+    onnx.checker.check_model(m, full_check=True)
+    for name in BOTH:
+        assert report.check.runtimes[name] == "identical", report.check
+
+
+def test_downgrade_refuses_an_attribute_the_target_lacks_off_its_default(tmp_path):
+    src = save("""<ir_version: 8, opset_import: ["" : 17]>
+        g (float[2,6] x) => (float[3,4] y) {
+            [s] s = Constant <value = int64[2] {3, 4}> ()
+            [r] y = Reshape <allowzero = 1> (x, s)
+        }""", tmp_path / "m.onnx")
+    with pytest.raises(ConversionRefused) as e:
+        dqtool.downgrade(src, 13, tmp_path / "o.onnx")
+    assert "allowzero" in str(e.value)
+    assert not (tmp_path / "o.onnx").exists()
+
+
 def test_shared_constant_axes_kept_while_used(tmp_path):
     src = save("""<ir_version: 8, opset_import: ["" : 18]>
         g (float[4,6] x) => (float[4] m, int64[1] k) {

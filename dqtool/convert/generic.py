@@ -163,8 +163,24 @@ def convert(node: ir.Node, step: Step, source_opset: int) -> Outcome:
     if untyped:
         step.ctx.untyped.append((node.name or f"<unnamed {op}>", op, src, dst,
                                  tuple(dict.fromkeys(untyped))))
+    done.append(_drop_foreign_attributes(node, dst))
     # A step onnx's converter left as it was (e.g. ReduceMean without axes) is no change.
     return Outcome.merge(done)
+
+
+def _drop_foreign_attributes(node: ir.Node, dst: int) -> Outcome:
+    """Remove the attributes ``node``'s schema at ``dst`` does not have. The steps let one
+    through only at its default, where the versions without it mean the same (Reshape-14's
+    ``allowzero=0`` going to 13, where a downgrade kept it and wrote a model onnxruntime
+    and the checker reject)."""
+    have = _schema(node.op_type, dst).attributes
+    foreign = sorted(n for n in node.attributes if n not in have)
+    if not foreign:
+        return Outcome.unchanged()
+    for name in foreign:
+        node.attributes.pop(name)
+    return Outcome("changed", f"attribute {', '.join(foreign)} (at its default) removed",
+                   f"{node.op_type}-{dst} has no attribute {', '.join(foreign)}")
 
 
 def _split_num_outputs_down(node: ir.Node, step: Step) -> Outcome:
