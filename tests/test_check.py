@@ -12,6 +12,7 @@ from click.testing import CliRunner
 from helpers import dq_model, matmul_model, save
 from onnx import TensorProto
 
+import dqtool
 from dqtool.checking import check
 from dqtool.checking.inputs import InputSpec, check_given, load_npz
 from dqtool.cli import cli
@@ -292,7 +293,66 @@ def test_an_input_it_cannot_generate_names_the_file(tmp_path):
     r = CliRunner().invoke(cli, ["check", str(path)], env=ENV)
     assert r.exit_code == 2, r.output
     assert r.stderr == (f"dqtool: error: {path}: input 'x' is STRING, which dqtool cannot "
-                        "generate\n")
+                        "generate; give it with --inputs (numpy.savez(path, x=an array of "
+                        "str))\n")
+
+
+def _strings_model(tmp_path):
+    """A string input passed through beside a weight's DequantizeLinear (a tokenizer-in-
+    graph model's shape), and its upgrade."""
+    src = tmp_path / "m.onnx"
+    onnx.save(onnx.parser.parse_model("""<ir_version: 7, opset_import: ["" : 13]>
+        g (string[2] s, float[1,4] x) => (string[2] t, float[1,4] y) {
+            t = Identity(s)
+            w = Constant <value = int8[4,4] {-8,-7,-6,-5,-4,-3,-2,-1,0,1,2,3,4,5,6,7}> ()
+            sc = Constant <value = float {0.5}> ()
+            wf = DequantizeLinear(w, sc)
+            y = MatMul(x, wf)
+        }"""), src)
+    up = tmp_path / "up.onnx"
+    dqtool.upgrade(str(src), 21, str(up))
+    return src, up
+
+
+def test_string_inputs_given_with_inputs_are_fed_and_string_outputs_compared(tmp_path):
+    src, up = _strings_model(tmp_path)
+    np.savez(tmp_path / "in.npz", s=np.array(["Hello", "wörld"]))
+    r = CliRunner().invoke(cli, ["check", str(up), "--against", str(src), "--inputs",
+                                 str(tmp_path / "in.npz"), "--json"], env=ENV)
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.stdout)
+    assert doc["inputs"]["s"] == {"shape": [2], "dtype": "string", "source": "given"}
+    runs = {c["runtime"]: c for c in doc["comparisons"]}
+    assert set(runs) == {"onnxruntime", "reference"}
+    for run in runs.values():
+        assert run["skipped"] is None and run["passed"]
+        t = next(o for o in run["outputs"] if o["name"] == "t")
+        assert t["passed"] and t["dtype"] == "string" and t["mismatched"] == 0
+        assert t["size"] == 2
+
+
+def test_a_string_input_given_as_numbers_is_refused_by_name(tmp_path):
+    _, up = _strings_model(tmp_path)
+    np.savez(tmp_path / "in.npz", s=np.array([1.0, 2.0]))
+    r = CliRunner().invoke(cli, ["check", str(up), "--inputs", str(tmp_path / "in.npz")],
+                           env=ENV)
+    assert r.exit_code == 2, r.output
+    assert "--inputs s: float64 array, the model takes string" in r.stderr
+
+
+def test_string_outputs_that_differ_fail_with_the_first_difference():
+    from dqtool.checking import compare
+
+    got = compare.compare("t", np.array(["a", "b", "c"], dtype=object),
+                          np.array(["a", "x", "y"]))
+    assert not got.passed and got.mismatched == 2 and got.worst_index == (1,)
+    assert "2 of 3 strings differ, the first at [1]: 'b' against 'x'" in got.failure
+    same = compare.compare("t", np.array([b"a", b"b"], dtype=object), np.array(["a", "b"]))
+    assert same.passed and same.max_abs == 0
+    assert compare.bit_identical(np.array(["a", "b"], dtype=object),
+                                 np.array(["a", "b"], dtype=object).copy())
+    assert not compare.bit_identical(np.array(["a", "b"], dtype=object),
+                                     np.array(["a", "c"], dtype=object))
 
 
 def _parsed(tmp_path, name: str, text: str):

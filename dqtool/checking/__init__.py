@@ -52,7 +52,8 @@ def check(
     except InputError as e:
         raise InputError(f"{name}: {e}") from None
     given = set(inputs or {})
-    feed_info = {k: {"shape": list(v.shape), "dtype": str(v.dtype),
+    feed_info = {k: {"shape": list(v.shape),
+                     "dtype": "string" if v.dtype.kind in "OUS" else str(v.dtype),
                      "source": "given" if k in given else "generated"}
                  for k, v in feeds.items()}
     notes: list[str] = [n for n in (loaded.note(),) if n]

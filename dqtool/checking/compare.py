@@ -151,6 +151,10 @@ def compare(name: str, actual: np.ndarray, expected: np.ndarray, *, rtol: float 
     dtype = str(actual.dtype) if actual.dtype == expected.dtype else \
         f"{actual.dtype} vs {expected.dtype}"
     failure = None if actual.dtype == expected.dtype else f"dtype {dtype}"
+    if _textual(actual) or _textual(expected):  # (object and str_ arrays alike)
+        both = _textual(actual) and _textual(expected)
+        return _compare_text(name, actual, expected, None if both else f"dtype {dtype}"
+                             ).judge(rtol, atol)
     a, e = _as_float64(actual), _as_float64(expected)
     a_nan, e_nan = np.isnan(a), np.isnan(e)
     nan_mismatch = a_nan != e_nan
@@ -180,6 +184,36 @@ def compare(name: str, actual: np.ndarray, expected: np.ndarray, *, rtol: float 
     ).judge(rtol, atol)
 
 
+def _textual(a: np.ndarray) -> bool:
+    """Strings (a string output: onnxruntime's are objects, the reference's ``str_``)."""
+    return a.dtype.kind in "OUS"
+
+
+def _compare_text(name: str, actual: np.ndarray, expected: np.ndarray,
+                  failure: str | None) -> OutputComparison:
+    """String outputs are equal element by element or not at all: a difference is
+    infinitely far (so any tolerance fails it)."""
+    same = _as_text(actual) == _as_text(expected)
+    n, wrong = int(same.size), int((~same).sum())
+    if n == 0 or not wrong:
+        return OutputComparison(name, actual.shape, "string", 0.0, 0.0, 0.0, 0.0, 0, None,
+                                None, None, 0, n, failure=failure)
+    flat = int(np.argmin(same))
+    idx = tuple(int(i) for i in np.unravel_index(flat, same.shape))
+    inf = math.inf
+    return OutputComparison(name, actual.shape, "string", inf, inf, inf, inf, 0, idx, None,
+                            None, wrong, n,
+                            failure=failure or f"{wrong} of {n} strings differ, the first at "
+                            f"{list(idx)}: {_as_text(actual).reshape(-1)[flat]!r} against "
+                            f"{_as_text(expected).reshape(-1)[flat]!r}")
+
+
+def _as_text(a: np.ndarray) -> np.ndarray:
+    """Strings as ``str`` (bytes decoded as UTF-8), so both runtimes' forms compare."""
+    return np.vectorize(lambda v: v.decode("utf-8", "replace") if isinstance(v, bytes)
+                        else str(v), otypes=[object])(a) if a.size else a.astype(object)
+
+
 def _step_fields(absdiff: np.ndarray, step: float | np.ndarray | None) -> dict[str, Any]:
     counted = steps(absdiff, step)
     if counted["max_steps"] is None:
@@ -190,6 +224,8 @@ def _step_fields(absdiff: np.ndarray, step: float | np.ndarray | None) -> dict[s
 def bit_identical(actual: np.ndarray, expected: np.ndarray) -> bool:
     """Same dtype, shape and bits (any NaN equals any NaN: payloads are not meaningful)."""
     actual, expected = np.asarray(actual), np.asarray(expected)
+    if _textual(actual) and _textual(expected) and actual.shape == expected.shape:
+        return bool((_as_text(actual) == _as_text(expected)).all())
     if actual.dtype != expected.dtype or actual.shape != expected.shape:
         return False
     if actual.dtype.itemsize not in (1, 2, 4, 8):
@@ -212,6 +248,8 @@ def max_abs_difference(a: np.ndarray, b: np.ndarray) -> float:
     a, b = np.asarray(a), np.asarray(b)
     if a.shape != b.shape:
         return float("inf")
+    if _textual(a) or _textual(b):
+        return 0.0 if bit_identical(a, b) else float("inf")
     a64, b64 = a.astype(np.float64), b.astype(np.float64)
     if (np.isnan(a64) != np.isnan(b64)).any():
         return float("inf")

@@ -21,6 +21,7 @@ from dqtool import types
 from dqtool.errors import InputError, UsageError
 
 DEFAULT_DIM = 1
+STRING = "string"  # an InputSpec's type_name for a string input
 # What ``check`` generates at most, over all inputs: 256 MiB of input data (e.g. 64 Mi
 # float32). The values are drawn in their own type, so this is also what they cost; a
 # model declaring more (an int8[2^30] input in a 200-byte file) is refused with the
@@ -47,10 +48,15 @@ def model_inputs(model: onnx.ModelProto) -> list[InputSpec]:
             raise InputError(f"input '{vi.name}' is not a tensor; dqtool check feeds tensors "
                              "only")
         et = types.from_onnx_int(tt.elem_type)
-        if et is None:
+        if tt.elem_type == onnx.TensorProto.STRING:  # given with --inputs, never generated
+            et = None
+            type_name = STRING
+        elif et is None:
             kind = onnx.TensorProto.DataType.Name(tt.elem_type) if tt.elem_type in \
                 onnx.TensorProto.DataType.values() else str(tt.elem_type)
             raise InputError(f"input '{vi.name}' is {kind}, which dqtool cannot generate")
+        else:
+            type_name = et.name
         dims: list[int | str | None] = []
         if tt.HasField("shape"):
             for d in tt.shape.dim:
@@ -58,7 +64,7 @@ def model_inputs(model: onnx.ModelProto) -> list[InputSpec]:
                     dims.append(d.dim_value)
                 else:
                     dims.append(d.dim_param or None)
-        out.append(InputSpec(vi.name, et.name, tuple(dims)))
+        out.append(InputSpec(vi.name, type_name, tuple(dims)))
     return out
 
 
@@ -99,7 +105,14 @@ def check_given(spec: InputSpec, array: np.ndarray) -> np.ndarray:
     """An ``--inputs`` array must have the input's element type and fit its shape.
 
     ``numpy.savez`` stores ml_dtypes arrays (bfloat16, float8...) as raw bytes (``V2``,
-    ``V1``); those are read back as the input's type."""
+    ``V1``); those are read back as the input's type. A string input takes an array of
+    ``str`` or ``bytes`` (``numpy.savez`` stores them without pickling)."""
+    if spec.type_name == STRING:
+        if array.dtype.kind not in "US":
+            raise UsageError(f"--inputs {spec.name}: {array.dtype} array, the model takes "
+                             "string (an array of str)")
+        array = array.astype(str).astype(object)  # what onnxruntime takes for strings
+        return _fits(spec, array)
     et = types.by_name(spec.type_name)
     want = np.dtype(et.dtype)
     if array.dtype.kind == "V" and array.dtype.itemsize == want.itemsize \
@@ -108,6 +121,10 @@ def check_given(spec: InputSpec, array: np.ndarray) -> np.ndarray:
     if array.dtype != want:
         raise UsageError(f"--inputs {spec.name}: {array.dtype} array, the model takes "
                          f"{spec.type_name} (numpy {want})")
+    return _fits(spec, array)
+
+
+def _fits(spec: InputSpec, array: np.ndarray) -> np.ndarray:
     if spec.dims and array.ndim != len(spec.dims):
         raise UsageError(f"--inputs {spec.name}: shape {tuple(array.shape)} has {array.ndim} "
                          f"dimensions, the input has {len(spec.dims)} {_dims(spec.dims)}")
@@ -223,6 +240,13 @@ def generate(model: onnx.ModelProto, *, seed: int = 0,
         shape = given[spec.name].shape if spec.name in given else resolve_shape(
             spec, shapes, defaulted)
         n = int(np.prod(shape, dtype=object))
+        if spec.type_name == STRING:
+            if spec.name not in given:
+                raise InputError(f"input '{spec.name}' is STRING, which dqtool cannot "
+                                 f"generate; give it with --inputs (numpy.savez(path, "
+                                 f"{spec.name}=an array of str))")
+            feeds[spec.name] = given[spec.name]
+            continue
         if spec.name not in given:
             et = types.TYPES.get(spec.type_name)
             generated += n * (et.bits if et is not None else 64) // 8
