@@ -461,3 +461,40 @@ g (float[2] x) => (float[2] y) { y = Relu (x) }"""), src)
     assert r.exit_code == 0, r.output
     assert "nothing to compare" in r.output
     assert "┃ node" not in r.output and "status" not in r.output
+
+
+def test_an_output_nan_everywhere_in_both_models_is_noted(tmp_path):
+    """Equal (NaN against NaN), so it passes, but the note says the comparison saw nothing
+    (a shipped decoder gave all-NaN logits on onnxruntime for the seeded inputs)."""
+    src = tmp_path / "m.onnx"
+    onnx.save(onnx.parser.parse_model("""<ir_version: 7, opset_import: ["" : 13]>
+        g (float[1,4] x) => (float[1,4] y, float[1,4] z) {
+            w = Constant <value = int8[4,4] {-8,-7,-6,-5,-4,-3,-2,-1,0,1,2,3,4,5,6,7}> ()
+            sc = Constant <value = float {0.5}> ()
+            wf = DequantizeLinear(w, sc)
+            z = MatMul(x, wf)
+            one = Constant <value = float {1.0}> ()
+            a = Abs(z)
+            p = Add(a, one)
+            n = Neg(p)
+            y = Sqrt(n)
+        }"""), src)
+    up = tmp_path / "up.onnx"
+    dqtool.upgrade(str(src), 21, str(up))
+    report = check(str(up), against=str(src))
+    assert report.passed
+    nan_notes = [n for n in report.notes if "NaN in every element" in n]
+    assert [n.split(":")[0] for n in nan_notes] == ["onnxruntime", "reference"]
+    assert all("'y'" in n for n in nan_notes)  # z is finite: no note
+
+
+def test_integer_verdict_of_outputs_nan_in_both_is_not_beyond_a_step():
+    from dqtool.checking import compare
+    from dqtool.families.integer import numerics
+
+    nan = np.full((2, 3), np.nan, np.float32)
+    v = numerics._verdict("onnxruntime", compare.compare("y", nan, nan.copy()))
+    assert v["within_budget"] and v["max_abs"] == 0 and v["max_expected"] == 0
+    off = numerics._verdict("onnxruntime", compare.compare(
+        "y", np.array([1.0, np.nan], np.float32), np.array([1.5, np.nan], np.float32)))
+    assert not off["within_budget"]

@@ -150,15 +150,26 @@ def compare_models(model: onnx.ModelProto, original: onnx.ModelProto,
         notes.append(f"outputs only the checked model has (not compared): {', '.join(extra)}")
     return [
         _on("onnxruntime", _run_ort, (model, model_dir), (original, original_dir), feeds,
-            rtol, atol, range_steps),
+            rtol, atol, range_steps, notes),
         _on("reference", _run_ref, (model, model_dir), (original, original_dir), feeds,
-            rtol, atol, range_steps),
+            rtol, atol, range_steps, notes),
     ]
+
+
+def _all_nan(a: np.ndarray) -> bool:
+    a = np.asarray(a)
+    if a.size == 0 or a.dtype.kind in "OUSb" or (a.dtype.kind in "iu"):
+        return False
+    with np.errstate(invalid="ignore"):
+        return bool(np.isnan(a.astype(np.float64)).all())
 
 
 def _on(runtime: str, run: Runner, model: tuple[onnx.ModelProto, Path | None],
         original: tuple[onnx.ModelProto, Path | None], feeds: Mapping[str, np.ndarray],
-        rtol: float, atol: float, range_steps: bool = False) -> RuntimeComparison:
+        rtol: float, atol: float, range_steps: bool = False,
+        notes: list[str] | None = None) -> RuntimeComparison:
+    """``notes``: where an output is NaN everywhere in both models, it says so (they are
+    equal, NaN against NaN, and that says nothing of the conversion)."""
     results = []
     runtime_steps = runtime_step_sources(original[0])
     run_original = original
@@ -186,4 +197,8 @@ def _on(runtime: str, run: Runner, model: tuple[onnx.ModelProto, Path | None],
         else:
             outputs.append(compare.compare(o.name, got[o.name], want[o.name], rtol=rtol,
                                            atol=atol, step=steps.get(o.name)))
+            if notes is not None and _all_nan(got[o.name]) and _all_nan(want[o.name]):
+                notes.append(f"{runtime}: output '{o.name}' is NaN in every element of "
+                             "both models: equal, but that says nothing about the "
+                             "conversion (other inputs: --inputs, --seed)")
     return RuntimeComparison(runtime, tuple(outputs))
