@@ -116,12 +116,20 @@ def same_bytes(tensor: ir.TensorProtocol, dtype: ir.DataType, shape: tuple[int, 
                                  base_dir=tensor.base_dir)
     if isinstance(tensor, (inline_load.MappedTensor, WidenedCodes)):
         return tensor.retyped(dtype, ir.Shape(shape))
-    raw = np.frombuffer(tensor.tobytes(), np.uint8)
+    if isinstance(tensor, ir.LazyTensor):  # made when it is needed, as the tensor would be
+        return ir.LazyTensor(lambda: _bytes_as(tensor.tobytes(), dtype, shape, tensor.name),
+                             dtype=dtype, shape=ir.Shape(shape), name=tensor.name)
+    return _bytes_as(tensor.tobytes(), dtype, shape, tensor.name)
+
+
+def _bytes_as(data: bytes, dtype: ir.DataType, shape: tuple[int, ...], name: str | None
+              ) -> ir.TensorProtocol:
+    raw = np.frombuffer(data, np.uint8)
     if ir.DataType(dtype).bitwidth < 8:
         return ir.PackedTensor(raw, dtype, shape=shape)
     et = types.from_ir(dtype)
     assert et is not None and sys.byteorder == "little", dtype
-    return ir.Tensor(raw.view(et.dtype).reshape(shape), dtype=dtype, name=tensor.name)
+    return ir.Tensor(raw.view(et.dtype).reshape(shape), dtype=dtype, name=name)
 
 
 # Packed bytes one pass of ``unpack`` works on: its temporaries stay in L2. Over a whole

@@ -27,10 +27,10 @@ from dqtool.convert.report import CheckFailed, ConversionRefused, ConvertReport
 from dqtool.errors import InputError, UsageError
 
 
-def _rewrites_most(model: ir.Model, options: Options) -> bool:
+def _rewrites_most(model: ir.Model, options: Options, target: int) -> bool:
     from dqtool import families
 
-    return any(f.rewrites_most(model, options) for f in families.all_families()
+    return any(f.rewrites_most(model, options, target) for f in families.all_families()
                if f.rewrites_most is not None)
 
 
@@ -133,7 +133,7 @@ def _convert(model_or_path: ModelArg, opset: int, out, direction: Literal["upgra
     # (When they do, the data file is written as the conversion makes the new weights.)
     prefill: external_data.Prefill | external_data.Eager | None = None
     if out is not None and not check and writing.shard_size is None:
-        if not _rewrites_most(model, options):
+        if not _rewrites_most(model, options, opset):
             prefill = io.start_prefill(model, out)
         elif input_external and writing.external_data is not False:
             prefill = io.start_eager(model, out, writing.progress)

@@ -17,7 +17,7 @@ from __future__ import annotations
 import numpy as np
 import onnx_ir as ir
 
-from dqtool import graph, transposes, types
+from dqtool import graph, reading, transposes, types
 from dqtool.convert import params
 from dqtool.convert.context import Step
 from dqtool.convert.registry import Outcome
@@ -46,6 +46,13 @@ def to_per_axis(step: Step, spec: QuantSpec, why: str) -> Outcome:
         return Outcome.refused("blocked x is computed at run time, and only a constant x can "
                                "be laid out offline as per-axis rows")
     return _layout(step, spec, x_shape, s_shape, why)
+
+
+def _transposed(v: ir.Value | None):
+    """``v``'s constant's ``transposed()`` (a tensor of its transpose's bytes, see
+    ``fused.to_onnx``), or None."""
+    t = graph.constant_tensor(v) if v is not None else None
+    return getattr(t, "transposed", None)
 
 
 def _reshaped(step: Step, v: ir.Value, shape: tuple[int, ...], suffix: str) -> ir.Value:
@@ -110,6 +117,16 @@ def _layout(step: Step, spec: QuantSpec, x_shape: tuple[int, ...], s_shape: tupl
         # kept (a weight in a file is copied there by the save, never read into memory).
         def laid_out(v: ir.Value, shape: tuple[int, ...]) -> ir.Value:
             return step.reshaped(f"{v.name}_rows", v, shape)
+    elif a == 0 and rank == 2 and not pad and _transposed(x) is not None:
+        # x is another constant transposed (MatMulNBits' B as ai.onnx's (K, N)): the rows
+        # are that constant's bytes, and the scale's and zero point's likewise where known.
+        def laid_out(v: ir.Value, shape: tuple[int, ...]) -> ir.Value:
+            source = _transposed(v)
+            if source is None:
+                return step.constant(f"{v.name}_rows", v.dtype or _dtype_of(v), shape,
+                                     rows_x if v is x else rows_of(v))
+            t = graph.constant_tensor(v)
+            return step.holding(f"{v.name}_rows", reading.same_bytes(source(), t.dtype, shape))
     else:
         def laid_out(v: ir.Value, shape: tuple[int, ...]) -> ir.Value:
             return step.constant(f"{v.name}_rows", v.dtype or _dtype_of(v), shape,

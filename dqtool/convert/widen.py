@@ -63,7 +63,24 @@ def _retype(step: Step, index: int, to: str) -> None:
     else:
         new = step.constant(f"{old.name}_{to}", t.ir_type, shape,
                             lambda: params.values_as(old, t.dtype))
+    source = getattr(stored, "transposed", None)
+    if source is not None and len(shape) == 2:
+        # x is another constant transposed (fused.to_onnx): so is the widened x, and a
+        # layout that wants that transpose widens the other constant's codes instead.
+        graph.constant_tensor(new).transposed = (  # type: ignore[union-attr]
+            lambda: widened_tensor(source(), t.dtype, t.ir_type))
     step.set_input(index, new)
+
+
+def widened_tensor(codes: ir.TensorProtocol, dtype: np.dtype, ir_type: ir.DataType
+                   ) -> ir.TensorProtocol:
+    """``codes`` widened to ``dtype``: from its file a band at a time, else when needed."""
+    wide = reading.widened(codes, dtype)
+    if wide is not None:
+        return wide
+    shape = ir.Shape(tuple(int(d) for d in codes.shape))
+    return ir.LazyTensor(lambda: ir.Tensor(reading.int_array(codes, dtype), dtype=ir_type),
+                         dtype=ir_type, shape=shape, name=codes.name)
 
 
 def fold_int16(step: Step, spec: QuantSpec) -> Outcome:

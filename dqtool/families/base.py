@@ -56,8 +56,8 @@ Each capability is optional (``None``: the family does not offer it):
   numeric self-check (see ``CheckSupport``).
 - ``api``: names the family adds to the ``dqtool`` package (public name → the module
   defining it), imported when first read (``dqtool.pack``).
-- ``rewrites_most``: ``(model, conversion options) → bool``: whether a conversion with
-  these options rewrites the family's nodes and they hold most of the model's tensor
+- ``rewrites_most``: ``(model, conversion options, target opset) → bool``: whether a
+  conversion with these options rewrites the family's nodes and they hold most of the model's tensor
   bytes (reading no tensor data); the driver then skips copying the input's data file
   ahead of the conversion, since the copy would be dropped.
 - ``convert_steps``: ``ConvertStep`` entries: a flag of ``dqtool upgrade`` (or downgrade)
@@ -270,7 +270,7 @@ class Family:
     inspect: Callable[[], InspectSupport] | None = None
     check: Callable[[], CheckSupport] | None = None
     api: Mapping[str, str] = field(default_factory=dict)
-    rewrites_most: Callable[[ir.Model, Any], bool] | None = None
+    rewrites_most: Callable[[ir.Model, Any, int], bool] | None = None
     convert_steps: tuple[ConvertStep, ...] = ()
 
     @property

@@ -81,10 +81,16 @@ def _holds_fused(proto: Any) -> bool:
     return graph_has(proto.graph.node) or any(graph_has(f.node) for f in proto.functions)
 
 
-def _rewrites_most(model: ir.Model, options: Any) -> bool:
+def _rewrites_most(model: ir.Model, options: Any, target: int) -> bool:
     from dqtool.families.fused import facts
 
-    return not options.keep_contrib and facts.mostly_rewritten(model)
+    # With --per-axis, or below opset 21 (no blocked DequantizeLinear), a blocked weight
+    # is laid out as per-axis rows: B's own bytes, which the save copies from the input's
+    # data file (its copy made ahead, then, is kept); weights written as they were made
+    # would be dropped.
+    if options.keep_contrib or options.per_axis or target < 21:
+        return False
+    return facts.mostly_rewritten(model)
 
 
 FAMILY = Family(

@@ -29,7 +29,7 @@ from __future__ import annotations
 import numpy as np
 import onnx_ir as ir
 
-from dqtool import graph, types
+from dqtool import graph, reading, types
 from dqtool.families.fused import arrays, ort_facts, packing, read
 from dqtool.families.fused.rows import CodeRows
 from dqtool.families.fused.spec import FusedSpec
@@ -52,6 +52,17 @@ def _tensor(v: ir.Value | None) -> ir.TensorProtocol:
 
 def _array(v: ir.Value) -> np.ndarray:
     return arrays.value_array(v)
+
+
+def _stored_transpose(made: ir.Value, stored: ir.Value, shape: tuple[int, int]) -> None:
+    """Say that ``made`` (a new constant) is ``stored``'s bytes read as ``made``'s type and
+    ``shape``, transposed: a rewrite that wants ``made``'s transpose (blocked → per-axis
+    rows: B's own rows) takes the stored bytes as they are (``transposed``), where it would
+    transpose the transpose back."""
+    t, source = graph.constant_tensor(made), graph.constant_tensor(stored)
+    if t is not None and source is not None:
+        dtype = t.dtype
+        t.transposed = lambda: arrays.same_bytes(source, dtype, shape)  # type: ignore[attr-defined]
 
 
 def _default_zero_points(code: int, bits: int, shape: tuple[int, ...],
@@ -142,8 +153,20 @@ def _widen(b: Builder, note: bool) -> bool:
                 continue
             wide_t, np_t = _WIDE[v.dtype]
             shape = tuple(int(d) for d in _tensor(v).shape)
-            wide = b.constant(f"{'x' if i == 0 else 'zero_point'}_8bit", wide_t, shape,
-                              lambda v=v, np_t=np_t: arrays.value_array(v).astype(np_t))
+            role = f"{'x' if i == 0 else 'zero_point'}_8bit"
+            direct = reading.widened(_tensor(v), np_t)
+            if direct is not None:  # codes in a file: written a band at a time when saved
+                wide = b.existing(direct, role)
+            else:
+                wide = b.constant(role, wide_t, shape,
+                                  lambda v=v, np_t=np_t: arrays.value_array(v).astype(np_t))
+            source = getattr(_tensor(v), "transposed", None)
+            if source is not None:  # B's codes transposed: the widened ones are B's widened
+                from dqtool.convert.widen import widened_tensor
+
+                _tensor(wide).transposed = (  # type: ignore[attr-defined]
+                    lambda source=source, np_t=np_t, wide_t=wide_t:
+                    widened_tensor(source(), np_t, wide_t))
             made = wide.producer()
             if made is not None:  # in a function, a Constant node: before its reader
                 b.nodes.remove(made)
@@ -268,6 +291,9 @@ def matmul_nbits(node: ir.Node, spec: FusedSpec, b: Builder, unpacked: bool = Fa
         # written transposed a band at a time, in C where it can
         s = b.streamed("scale", s_type, s_shape, scale_kn(), lambda file: (
             packing.write_transposed(_array(scales).reshape(n, kb), file)))
+        if k == kb * block:  # x and the scale are B and the scales transposed, exactly
+            _stored_transpose(x, bq, (n, k))
+            _stored_transpose(s, scales, (n, kb))
         z = b.constant("zero_point", code_t, s_shape, zp_codes)
         w = b.op("DequantizeLinear", [x, s, z], "dequantize", dq_attrs, s_type, (k, n))
         how_parts.append(f"DequantizeLinear ({spec.quant_type} ({k}, {n}), "
