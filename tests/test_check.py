@@ -498,3 +498,33 @@ def test_integer_verdict_of_outputs_nan_in_both_is_not_beyond_a_step():
     off = numerics._verdict("onnxruntime", compare.compare(
         "y", np.array([1.0, np.nan], np.float32), np.array([1.5, np.nan], np.float32)))
     assert not off["within_budget"]
+
+
+def test_against_fails_a_checked_model_the_standard_forbids_even_when_runtimes_run_it(
+        tmp_path):
+    """onnxruntime runs a DequantizeLinear-13 with a float16 scale (the standard takes float
+    scales there): outputs equal, but the checked model is invalid, so the check fails
+    (it passed until the fourteenth session, which a downgrade's bug slipped through)."""
+    from onnx import helper, numpy_helper
+
+    def model(opset: int) -> onnx.ModelProto:
+        g = helper.make_graph(
+            [helper.make_node("DequantizeLinear", ["w", "sc"], ["wf"]),
+             helper.make_node("MatMul", ["x", "wf"], ["y"])], "g",
+            [helper.make_tensor_value_info("x", TensorProto.FLOAT16, [1, 4])],
+            [helper.make_tensor_value_info("y", TensorProto.FLOAT16, [1, 4])],
+            [numpy_helper.from_array(np.arange(-8, 8, dtype=np.int8).reshape(4, 4), "w"),
+             numpy_helper.from_array(np.array(0.5, np.float16), "sc")])
+        return helper.make_model(g, ir_version=8,
+                                 opset_imports=[helper.make_opsetid("", opset)])
+
+    good, bad = tmp_path / "good.onnx", tmp_path / "bad.onnx"
+    onnx.save(model(19), good)
+    onnx.save(model(13), bad)
+    assert check(str(good), against=str(good)).passed
+    report = check(str(bad), against=str(good))
+    assert any(c.skipped is None and c.passed for c in report.comparisons)  # runs alike
+    assert not report.passed and "x_scale" in report.structure.onnx_checker
+    r = CliRunner().invoke(cli, ["check", str(bad), "--against", str(good), "--json"], env=ENV)
+    assert r.exit_code == 1
+    assert json.loads(r.stdout)["structure"]["passed"] is False

@@ -51,12 +51,33 @@ def test_upgraded_weight_is_bit_identical(dtype, bits, zp, opset, k, block):
     assert {o.domain for o in converted.opset_import} == {""}
 
 
-def test_float16_scales_need_19():
+@pytest.mark.parametrize("op", ["MatMulNBits", "GatherBlockQuantized"])
+@pytest.mark.parametrize("opset", [13, 18])
+def test_half_scales_below_19_are_read_as_float32_and_cast_back(op, opset):
+    """DequantizeLinear takes float16 scales from 19: below, the scale is widened to float32
+    (exact), the weight dequantized in float32 (the product is exact there) and cast back
+    to float16: one rounding, the original's (until the fourteenth session: kept)."""
     rng = np.random.default_rng(12)
-    inputs = nbits_inputs(rng, 64, 5, 8, 32, np.float16)
-    _, report = _upgrade(nbits_model(64, 5, 8, 32, inputs, dtype=np.float16, opset=13), 13)
-    assert report.changes[0].status == "kept"
-    assert "float16 scale in DequantizeLinear needs ai.onnx opset 19+" in report.changes[0].why
+    if op == "MatMulNBits":
+        inputs = nbits_inputs(rng, 64, 5, 8, 32, np.float16)
+        original = nbits_model(64, 5, 8, 32, inputs, dtype=np.float16, opset=opset)
+        feeds = {"A": np.eye(64, dtype=np.float16)}
+    else:
+        table = rng.integers(-8, 8, (16, 64)).astype(ml_dtypes.int4)
+        scales = (rng.random((16, 2)) * 0.1 + 0.01).astype(np.float16)
+        original = gbq_model(table, scales, None, opset=opset)
+        feeds = {"indices": np.array([0, 3, 15, 7, 3], np.int64)}
+    converted, report = _upgrade(original, opset)
+    assert [c.status for c in report.changes] == ["changed"]
+    assert "float16 scale → float" in report.changes[0].how
+    assert "Cast" in _ops(converted) and op not in _ops(converted)
+    onnx.checker.check_model(converted, full_check=True)
+    dq = next(n for n in converted.graph.node if n.op_type == "DequantizeLinear")
+    scale = next(t for t in converted.graph.initializer if t.name == dq.input[1])
+    assert scale.data_type == onnx.TensorProto.FLOAT
+    (want,) = run_ort(original, feeds)
+    (got,) = run_ort(converted, feeds)
+    assert got.dtype == np.float16 and np.array_equal(bits_of(want), bits_of(got))
 
 
 def test_layout_of_the_converted_weight():

@@ -11,13 +11,14 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 import numpy as np
+import onnx_ir as ir
 
 from dqtool import families
 from dqtool.checking import against as against_mod
 from dqtool.checking import bounded, faithful, runners, selfcheck
 from dqtool.checking import inputs as inputs_mod
 from dqtool.checking.compare import OutputComparison
-from dqtool.checking.models import ModelLike, load
+from dqtool.checking.models import Loaded, ModelLike, load
 from dqtool.checking.report import CheckReport
 from dqtool.errors import InputError, UsageError
 
@@ -105,15 +106,17 @@ def check(
         fused = next((r for support in families.check_supports() if support.fused_run
                       for r in [support.fused_run(proto, other, feeds)] if r is not None),
                      None)
+        # The checked model must be valid too: a runtime may run a model the standard
+        # forbids (onnxruntime ran a DequantizeLinear-13 with a float16 scale).
+        model = loaded.ir_model()
         return CheckReport(input=name, against=other_name, comparisons=tuple(comparisons),
                            notes=tuple(notes), weights=tuple(weights), bounds=tuple(bounds),
-                           per_op=tuple(per_op), fused=fused, **common)
+                           per_op=tuple(per_op), fused=fused,
+                           structure=_structure(loaded, model, selfcheck.quant_sites(model)),
+                           **common)
     model = loaded.ir_model()
     sites = selfcheck.quant_sites(model)
-    # Past protobuf's limit onnx's checker must read the file itself.
-    structure = selfcheck.structure(
-        proto, sites + selfcheck.family_spec_sites(model),
-        loaded.path if loaded.external_dir is not None else None)
+    structure = _structure(loaded, model, sites)
     nodes = selfcheck.numeric(proto, model, sites, feeds, notes,
                               external_dir=loaded.external_dir)
     # Operators that are not Q/DQ (the integer ones): their family checks them.
@@ -126,6 +129,12 @@ def check(
                      "to compare")
     return CheckReport(input=name, against=None, structure=structure, nodes=tuple(nodes),
                        notes=tuple(notes), **common)
+
+
+def _structure(loaded: Loaded, model: ir.Model, sites: list) -> selfcheck.Structure:
+    # Past protobuf's limit onnx's checker must read the file itself.
+    return selfcheck.structure(loaded.proto, sites + selfcheck.family_spec_sites(model),
+                               loaded.path if loaded.external_dir is not None else None)
 
 
 def _signature(specs: dict[str, inputs_mod.InputSpec]) -> dict[str, tuple]:

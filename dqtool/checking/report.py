@@ -21,7 +21,7 @@ class CheckReport:
     atol: float
     inputs: dict[str, dict[str, Any]]  # name -> {"shape", "dtype", "source"}
     defaulted_dims: tuple[str, ...]  # dimensions that took DEFAULT_DIM
-    structure: Structure | None = None  # check alone
+    structure: Structure | None = None  # of the checked model
     nodes: tuple[NodeCheck, ...] = ()  # check alone
     comparisons: tuple[RuntimeComparison, ...] = ()  # --against
     notes: tuple[str, ...] = field(default=())
@@ -41,11 +41,11 @@ class CheckReport:
 
     @property
     def passed(self) -> bool:
+        structure = self.structure is None or self.structure.passed
         if self.against is not None:
-            return self.compared and all(c.passed for c in self.comparisons) and \
-                all(w.passed for w in self.weights)
-        return (self.structure is None or self.structure.passed) and all(
-            n.passed for n in self.nodes)
+            return structure and self.compared and all(
+                c.passed for c in self.comparisons) and all(w.passed for w in self.weights)
+        return structure and all(n.passed for n in self.nodes)
 
     @property
     def compared(self) -> bool:
@@ -73,8 +73,8 @@ class CheckReport:
             "default_dim": DEFAULT_DIM, "defaulted_dims": list(self.defaulted_dims),
             "notes": list(self.notes),
         }
+        doc["structure"] = None if self.structure is None else self.structure.to_json()
         if self.against is None:
-            doc["structure"] = None if self.structure is None else self.structure.to_json()
             doc["nodes"] = [n.to_json() for n in self.nodes]
             doc["summary"] = {s: sum(n.status == s for n in self.nodes)
                               for s in ("bit-exact", "within-tolerance", "mismatch",

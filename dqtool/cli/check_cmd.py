@@ -18,17 +18,7 @@ def _num(v: object) -> str:
 
 
 def _render_self(app: App, doc: dict) -> None:
-    st = doc["structure"]
-    inference = st.get("onnx_inference", "passed")
-    checker = "(full check)" if inference == "passed" else "(type inference not counted, below)"
-    app.out.print(f"structure: onnx checker {checker} {st['onnx_checker']}; dqtool rules: "
-                  f"{sum(p['severity'] == 'error' for p in st['problems'])} errors, "
-                  f"{sum(p['severity'] != 'error' for p in st['problems'])} other findings")
-    if inference != "passed":
-        app.out.print(f"  onnx's type inference {inference}", markup=False)
-    for p in st["problems"]:
-        if p["severity"] == "error":
-            app.out.print(f"  {p['code']} {p['node']}: {p['message']}")
+    _render_structure(app, doc)
     if not doc["nodes"]:
         return  # a note says there was nothing to compare; no empty table
     table = Table(title="DequantizeLinear, fused and integer operators: onnxruntime vs "
@@ -44,7 +34,24 @@ def _render_self(app: App, doc: dict) -> None:
     app.out.print(table)
 
 
+def _render_structure(app: App, doc: dict) -> None:
+    st = doc.get("structure")
+    if st is None:
+        return
+    inference = st.get("onnx_inference", "passed")
+    checker = "(full check)" if inference == "passed" else "(type inference not counted, below)"
+    app.out.print(f"structure: onnx checker {checker} {st['onnx_checker']}; dqtool rules: "
+                  f"{sum(p['severity'] == 'error' for p in st['problems'])} errors, "
+                  f"{sum(p['severity'] != 'error' for p in st['problems'])} other findings")
+    if inference != "passed":
+        app.out.print(f"  onnx's type inference {inference}", markup=False)
+    for p in st["problems"]:
+        if p["severity"] == "error":
+            app.out.print(f"  {p['code']} {p['node']}: {p['message']}")
+
+
 def _render_against(app: App, doc: dict) -> None:
+    _render_structure(app, doc)
     for c in doc["comparisons"]:
         if c["skipped"]:
             app.out.print(f"{c['runtime']}: skipped: {c['skipped']}")

@@ -102,10 +102,10 @@ def native_opset(spec: FusedSpec) -> int:
 def needed_opset(spec: FusedSpec) -> int:
     """The lowest opset ``upgrade`` rewrites the node at: below ``native_opset`` 2/4-bit
     codes are widened to 8 bits and a blocked weight laid out as per-axis rows (the usual
-    lowerings, exact); float16/bfloat16 scales need 19; float8 tables 21."""
+    lowerings, exact); below 19, float16/bfloat16 scales are read as float32 and the
+    weight cast back (exact: the product fits float32, then one rounding, as the
+    original's); float8 tables 21."""
     need = 13 if spec.quant_type in ("uint2", "int2", "uint4", "int4", "uint8") else 21
-    if spec.scale_type != "float" and spec.zero_point != "float":
-        need = max(need, 19)
     return need
 
 
@@ -501,7 +501,7 @@ def convert(node: ir.Node, step) -> object:
     the usual lowerings: ``--per-axis``, blocked → per-axis rows below opset 21), or keep
     it with the reason."""
     from dqtool import codecs
-    from dqtool.convert import blocked, generic
+    from dqtool.convert import blocked, generic, outputs
     from dqtool.convert.context import Step
     from dqtool.convert.registry import Outcome
 
@@ -520,13 +520,18 @@ def convert(node: ir.Node, step) -> object:
         return out  # no lowering applies (nor a reading of the new nodes to find one)
     for dq in (n for n in new if n.op_type == "DequantizeLinear"):
         spec = codecs.read_node(dq, {"": max(dst, 21)})  # as built: a DequantizeLinear-21
-        if spec.granularity != "blocked":
-            continue
         sub = Step(dq, step.where, step.in_function, dst, dst, step.ctx)
-        reason = "--per-axis" if step.ctx.options.per_axis else \
-            f"DequantizeLinear-{dst} has no blocked form"
-        res = blocked.to_per_axis(sub, spec, reason)
-        if res.status == "refused":
-            return res
-        out = Outcome.merge([out, res])
+        if spec.granularity == "blocked":
+            reason = "--per-axis" if step.ctx.options.per_axis else \
+                f"DequantizeLinear-{dst} has no blocked form"
+            res = blocked.to_per_axis(sub, spec, reason)
+            if res.status == "refused":
+                return res
+            out = Outcome.merge([out, res])
+        if spec.scale_type not in (None, "float") and dst < 19:
+            res = outputs.float32_detour(sub, codecs.read_node(dq, {"": max(dst, 21)}),
+                                         f"DequantizeLinear-{dst} takes float scales only")
+            if res.status == "refused":
+                return res
+            out = Outcome.merge([out, res])
     return out
