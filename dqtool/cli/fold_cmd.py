@@ -25,6 +25,8 @@ def render(app: App, report) -> None:
     verb = "would fold" if report.dry_run else "folded"
     for n in report.folded:
         note = f" ({n.rounding} rounding)" if n.rounding else ""
+        if n.before_gather:
+            note += " (it dequantized a Gather's rows: moved before the Gather, the table folded)"
         pair = " Q→DQ pair" if n.pair else ""
         _line(app, f"{verb} {n.name} [{n.graph}] {n.op}{pair}: {n.quant_type}→"
                       f"{n.stored_type} {tuple(n.shape)} {_size(n.bytes_quantized or 0)}→"

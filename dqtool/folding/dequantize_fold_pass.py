@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import onnx_ir as ir
 
 from dqtool import cleanup, codecs, families, graph, types
+from dqtool.folding import commute
 from dqtool.folding.compute import FoldedTensor, Folding
 from dqtool.folding.plan import not_constant_reason, plan
 from dqtool.folding.report import FoldedNode, LeftNode, rounding
@@ -37,7 +40,10 @@ class DequantizeFoldPass(ir.passes.InPlacePass):
        is folded (quantize, then dequantize, with the kernel).
     4. With ``dtype`` other than "keep" and different from y's type: the constant holds
        ``Cast(y, dtype)`` and a ``Cast`` back to y's type keeps the graph well typed.
-    5. With ``prepack_guard`` (default), a folded value read as a weight that onnxruntime
+    5. ``y = DQ(Gather(T, i), s, zp)`` with T, s, zp constant and a per-tensor scale (an
+       embedding as onnxruntime's dynamic quantizer writes it) → ``Gather(DQ(T, s, zp), i)``
+       (the same values), then T's dequantization is folded (``commute``).
+    6. With ``prepack_guard`` (default), a folded value read as a weight that onnxruntime
        prepacks (MatMul/Gemm B, RNN weights) goes through an ``Identity``, so onnxruntime's
        outputs stay bit-identical to the original's (see ``PREPACKED``).
 
@@ -89,11 +95,19 @@ class DequantizeFoldPass(ir.passes.InPlacePass):
             reason = "; ".join(p.message for p in spec.errors)
             self.left.append(LeftNode(name, site.graph, reason, refused=True))
             return False
+        moved = False
         if not spec.constant:
-            reason = not_constant_reason(node, spec, site.function)
-            self.left.append(LeftNode(name, site.graph, reason))
-            return False
-        why = self.selection.why_not(node, spec)
+            gather = commute.gathered_table(node, spec)
+            why = None if gather is None or spec.errors else self.selection.why_not(node, spec)
+            if gather is None or spec.errors or why:
+                reason = why or not_constant_reason(node, spec, site.function)
+                self.left.append(LeftNode(name, site.graph, reason))
+                return False
+            # (selected as it was: it feeds the Gather now)
+            commute.move_before(node, gather, spec,
+                                lambda base: self._unique_name(node.graph, base))
+            spec, moved = codecs.read_node(node, site.opsets), True
+        why = None if moved else self.selection.why_not(node, spec)
         if why:
             self.left.append(LeftNode(name, site.graph, why))
             return False
@@ -111,7 +125,8 @@ class DequantizeFoldPass(ir.passes.InPlacePass):
         support = families.fold_support(node.domain, node.op_type)
         assert support is not None  # plan() found it
         self._replace(node, folding, support, in_function=site.function is not None)
-        self.folded.append(self._record(name, site, spec, folding))
+        self.folded.append(dataclasses.replace(self._record(name, site, spec, folding),
+                                               before_gather=moved))
         return True
 
     def _replace(self, node: ir.Node, folding: Folding, support: families.FoldSupport, *,

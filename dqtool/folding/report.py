@@ -34,6 +34,9 @@ class FoldedNode:
     bytes_folded: int
     pair: bool = False  # x came from a QuantizeLinear of a constant
     rounding: str | None = None  # "float→float16" when --dtype narrows
+    # x was gathered rows of a constant table: the node was moved before the Gather and
+    # the table folded (``folding.commute``)
+    before_gather: bool = False
 
     @property
     def elements(self) -> int:
@@ -49,6 +52,7 @@ class FoldedNode:
             "stored_type": self.stored_type, "shape": list(self.shape),
             "elements": self.elements, "bytes_quantized": self.bytes_quantized,
             "bytes_folded": self.bytes_folded, "pair": self.pair, "rounding": self.rounding,
+            "before_gather": self.before_gather,
         }
 
 
