@@ -121,6 +121,39 @@ class UniqueNames:
         return candidate
 
 
+class ScopedNames:
+    """Value names taken, scope by scope: the main graph with its subgraphs, and each
+    model-local function with its subgraphs (a function's names are its own: two functions
+    may both have a value named ``B``). ``claim(name, function)``."""
+
+    def __init__(self, model: ir.Model) -> None:
+        self._taken: dict[int | None, set[str]] = {None: set()}
+        for site in graph.walk(model):
+            names = self._taken.setdefault(_scope(site.function), set())
+            for v in (*site.node.inputs, *site.node.outputs):
+                if v is not None and v.name:
+                    names.add(v.name)
+        for g in model.graphs():
+            self._taken[None].update(v.name for v in (*g.inputs, *g.outputs) if v.name)
+            self._taken[None].update(g.initializers)
+        for f in model.functions.values():
+            self._taken.setdefault(id(f), set()).update(
+                v.name for v in (*f.inputs, *f.outputs) if v.name)
+
+    def claim(self, name: str, function: ir.Function | None = None) -> bool:
+        """Take ``name`` in ``function``'s scope (None: the main graph's) if nothing there
+        has it; whether it was free."""
+        names = self._taken.setdefault(_scope(function), set())
+        if name in names:
+            return False
+        names.add(name)
+        return True
+
+
+def _scope(function: ir.Function | None) -> int | None:
+    return None if function is None else id(function)
+
+
 class ModelNames:
     """Fresh value names unique across the whole model (every graph, subgraph and
     function): ``name``, or ``name_1``, ``name_2``, ... (deterministic). A conversion names

@@ -762,6 +762,36 @@ def test_pack_gives_back_the_names_inside_a_function(zp):
     assert consts(back) == consts(original)
 
 
+def test_pack_gives_back_the_names_in_two_functions_with_the_same_local_names():
+    """Each function is a namespace of its own: the second one's B and scales get their
+    names back too (they came back as `…/matmul/B`: the first function had the names)."""
+    rng = np.random.default_rng(12)
+    one = in_function(nbits_model(64, 16, 4, 32, nbits_inputs(rng, 64, 16, 4, 32), m=2))
+    two = onnx.FunctionProto()
+    two.CopyFrom(one.functions[0])
+    two.name = "QLinear2"
+    for t in (n.attribute[0].t for n in two.node if n.op_type == "Constant"):
+        t.raw_data = bytes(b ^ 0x11 for b in t.raw_data)  # other weights, the same names
+    one.functions.append(two)
+    call = onnx.helper.make_node("QLinear2", ["A"], ["q2"], domain="local")
+    one.graph.node.insert(1, call)
+    add = onnx.helper.make_node("Add", ["Z", "q2"], ["Z2"])
+    one.graph.node.append(add)
+    one.graph.output[0].name = "Z2"
+    back = _roundtrip(one)
+
+    def body(fn):
+        return [(n.name, n.op_type, list(n.input), list(n.output)) for n in fn.node]
+
+    def consts(fn):
+        return {n.output[0]: onnx.numpy_helper.to_array(n.attribute[0].t).tobytes()
+                for n in fn.node if n.op_type == "Constant"}
+
+    for i in range(2):
+        assert body(back.functions[i]) == body(one.functions[i])
+        assert consts(back.functions[i]) == consts(one.functions[i])
+
+
 def _tied(bytes_of_b: np.ndarray | None = None) -> onnx.ModelProto:
     """A tied embedding as scripts make it from an 8-bit lm_head: the Gather reads the
     MatMulNBits' own B (N, k_blocks, block) and scales, a blocked DequantizeLinear of the

@@ -31,7 +31,7 @@ import numpy as np
 import onnx_ir as ir
 
 from dqtool import codecs, graph, reading, types
-from dqtool.cleanup import ModelNames
+from dqtool.cleanup import ModelNames, ScopedNames
 from dqtool.families.fused import arrays, packing
 from dqtool.families.fused.surgery import Builder
 from dqtool.spec import QuantSpec
@@ -614,7 +614,8 @@ def _restore_names(model: ir.Model, named: list[tuple[ir.Node, dict, set[str]]])
     notes = [n for n in named if n[0].graph is not None]
     if not notes:
         return
-    taken = ModelNames(model)
+    taken = ScopedNames(model)
+    function_of = {id(site.node): site.function for site in graph.walk(model)}
     node_names: dict[int, set[str]] = {}
     for node, names, created in notes:
         in_graph = node_names.get(id(node.graph))
@@ -646,7 +647,7 @@ def _restore_names(model: ir.Model, named: list[tuple[ir.Node, dict, set[str]]])
             if not want or v.name == want or (not v.is_initializer() and holder is None) \
                     or not ours:
                 continue
-            if not taken.claim(want):
+            if not taken.claim(want, function_of.get(id(node))):
                 # The name is still the original's: the stored weight upgrade left for
                 # another reader (a tied embedding's Gather reads the lm_head's B). The same
                 # bytes are that weight again: read from it, not stored twice.
