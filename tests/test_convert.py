@@ -441,12 +441,31 @@ def test_unchanged_data_keeps_its_offsets_and_the_copy_overlaps_the_conversion(t
         "again.onnx", "again.onnx.data", "up.onnx", "up.onnx.data"]
 
 
+def _external_with_prefill_log(g, tmp_path, monkeypatch):
+    """Graph ``g`` saved at opset 21 with external data (tmp_path/in/model.onnx); the list
+    each ``Prefill.finish`` call appends its ``cancel`` to."""
+    from onnx import helper
+
+    from dqtool import external_data
+
+    folder = tmp_path / "in"
+    folder.mkdir()
+    src = folder / "model.onnx"
+    onnx.save_model(helper.make_model(g, opset_imports=[helper.make_opsetid("", 21)],
+                                      ir_version=10), src, save_as_external_data=True,
+                    location="model.onnx.data", size_threshold=1024)
+    cancelled: list[bool] = []
+    real_finish = external_data.Prefill.finish
+    monkeypatch.setattr(external_data.Prefill, "finish", lambda self, cancel=False: (
+        cancelled.append(cancel) or real_finish(self, cancel)))
+    return src, cancelled
+
+
 def test_when_most_data_changes_the_copy_is_dropped_and_the_output_packed(tmp_path,
                                                                             monkeypatch):
     import ml_dtypes
     from onnx import TensorProto, helper
 
-    from dqtool import external_data
 
     rng = np.random.default_rng(0)
     w = rng.integers(-8, 8, (64, 64)).astype(ml_dtypes.int4)  # 2 KiB packed
@@ -458,16 +477,7 @@ def test_when_most_data_changes_the_copy_is_dropped_and_the_output_packed(tmp_pa
         [helper.make_tensor_value_info("Y", TensorProto.FLOAT, [1, 64])],
         [onnx.numpy_helper.from_array(w, "W"),
          onnx.numpy_helper.from_array(np.full((64, 2), 0.01, np.float32), "S")])
-    folder = tmp_path / "in"
-    folder.mkdir()
-    src = folder / "model.onnx"
-    onnx.save_model(helper.make_model(g, opset_imports=[helper.make_opsetid("", 21)],
-                                      ir_version=10), src, save_as_external_data=True,
-                    location="model.onnx.data", size_threshold=1024)
-    cancelled = []
-    real_finish = external_data.Prefill.finish
-    monkeypatch.setattr(external_data.Prefill, "finish", lambda self, cancel=False: (
-        cancelled.append(cancel) or real_finish(self, cancel)))
+    src, cancelled = _external_with_prefill_log(g, tmp_path, monkeypatch)
     out = tmp_path / "out" / "down.onnx"
     out.parent.mkdir()
     report = dqtool.downgrade(src, 19, out)
@@ -487,7 +497,6 @@ def test_a_copy_that_would_keep_a_quarter_unused_is_dropped(tmp_path, monkeypatc
     import ml_dtypes
     from onnx import TensorProto, helper
 
-    from dqtool import external_data
 
     rng = np.random.default_rng(0)
     keep = rng.integers(-128, 128, (96, 64)).astype(np.int8)  # 6 KiB, per-axis: kept
@@ -506,17 +515,8 @@ def test_a_copy_that_would_keep_a_quarter_unused_is_dropped(tmp_path, monkeypatc
          onnx.numpy_helper.from_array(np.full(64, 0.01, np.float32), "KS"),
          onnx.numpy_helper.from_array(w, "W"),
          onnx.numpy_helper.from_array(np.full((64, 2), 0.01, np.float32), "S")])
-    folder = tmp_path / "in"
-    folder.mkdir()
-    src = folder / "model.onnx"
-    onnx.save_model(helper.make_model(g, opset_imports=[helper.make_opsetid("", 21)],
-                                      ir_version=10), src, save_as_external_data=True,
-                    location="model.onnx.data", size_threshold=1024)
-    data = (folder / "model.onnx.data").stat().st_size
-    cancelled = []
-    real_finish = external_data.Prefill.finish
-    monkeypatch.setattr(external_data.Prefill, "finish", lambda self, cancel=False: (
-        cancelled.append(cancel) or real_finish(self, cancel)))
+    src, cancelled = _external_with_prefill_log(g, tmp_path, monkeypatch)
+    data = (src.parent / "model.onnx.data").stat().st_size
     out = tmp_path / "out" / "down.onnx"
     out.parent.mkdir()
     dqtool.downgrade(src, 19, out)
