@@ -192,7 +192,7 @@ def widened(t: ir.TensorProtocol, dtype: np.dtype) -> WidenedCodes | None:
             or dtype.itemsize != 1 or dtype.kind != ("i" if et.signed else "u")):
         return None
     return WidenedCodes(where[0], where[1], et.bits, et.signed,
-                        tuple(int(d) for d in t.shape), t.name)
+                        tuple(int(d) for d in t.shape), t.name, keep=t)
 
 
 class WidenedCodes(ir.LazyTensor):
@@ -204,8 +204,13 @@ class WidenedCodes(ir.LazyTensor):
     BAND = 1 << 20  # codes a band unpacks and writes
 
     def __init__(self, path: str | os.PathLike, offset: int, bits: int, signed: bool,
-                 shape: tuple[int, ...], name: str | None) -> None:
+                 shape: tuple[int, ...], name: str | None, keep: object = None) -> None:
         self.path, self.offset, self.bits, self.signed = path, offset, bits, signed
+        # The tensor read from, kept: a large inline model's (``inline_load.MappedTensor``)
+        # names its file by a descriptor (/proc/self/fd/N) that lives as long as its
+        # source does; with the narrow tensor gone, the save read another file that took
+        # the number (a downgrade failed or wrote wrong codes).
+        self.keep = keep
         self.np_dtype = np.dtype(np.int8 if signed else np.uint8)
         self.count = int(np.prod(shape, dtype=np.int64))
         super().__init__(lambda: ir.Tensor(self.whole(), name=self.name),
@@ -233,7 +238,7 @@ class WidenedCodes(ir.LazyTensor):
         """The same codes in another shape (``same_bytes``)."""
         assert dtype == self.dtype, (dtype, self.dtype)
         return WidenedCodes(self.path, self.offset, self.bits, self.signed,
-                            tuple(int(d) for d in shape), self.name)
+                            tuple(int(d) for d in shape), self.name, self.keep)
 
 
 def constant_array(v: ir.Value | None) -> np.ndarray | None:

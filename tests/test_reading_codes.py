@@ -151,3 +151,39 @@ def test_a_downgrade_widens_an_int4_weight_without_holding_it(tmp_path, monkeypa
     (wq,) = [t for t in out.values() if t.data_type == onnx.TensorProto.INT8]
     assert wq.raw_data == q.astype(np.int8).tobytes()
     assert check(str(tmp_path / "out.onnx"), against=str(src)).passed
+
+
+def test_codes_widened_from_an_inline_models_file_keep_it_open(tmp_path, monkeypatch):
+    """A large inline model's tensors name their file by a descriptor (/proc/self/fd/N)
+    its source holds open. The widened codes keep that source: once the narrow tensor was
+    replaced, the descriptor was closed and the save read whatever file took the number
+    (a downgrade failed with 'Is a directory', or wrote wrong codes; found by a review)."""
+    import gc
+    import os
+
+    import onnx
+    from onnx import helper, numpy_helper
+
+    import dqtool
+    from dqtool import inline_load
+
+    monkeypatch.setattr(inline_load, "MIN_FILE_BYTES", 0)
+    monkeypatch.setattr(inline_load, "MIN_TENSOR_BYTES", 256)
+    x = np.random.default_rng(0).integers(-8, 8, (4, 4096)).astype(ml_dtypes.int4)
+    g = helper.make_graph(
+        [helper.make_node("DequantizeLinear", ["x", "s"], ["y"], axis=0)], "g", [],
+        [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [4, 4096])],
+        [numpy_helper.from_array(x, "x"),
+         numpy_helper.from_array(np.array([0.5, 0.25, 1, 2], np.float32), "s")])
+    src = tmp_path / "m.onnx"
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 21)],
+                                ir_version=10), src)
+    report = dqtool.downgrade(str(src), 19)
+    (wide,) = [v.const_value for v in report.model.graph.initializers.values()
+               if isinstance(v.const_value, reading.WidenedCodes)]
+    gc.collect()
+    assert str(wide.path).startswith("/proc/self/fd/") and os.path.exists(wide.path)
+    with open(tmp_path / "other.bin", "wb") as other:  # would take a freed descriptor
+        other.write(b"\xff" * 65536)
+        other.flush()
+        assert np.array_equal(wide.numpy(), x.astype(np.int8))
