@@ -169,6 +169,40 @@ def test_downgrade_refuses_an_attribute_the_target_lacks_off_its_default(tmp_pat
     assert not (tmp_path / "o.onnx").exists()
 
 
+@pytest.mark.parametrize(("text", "attr"), [
+    ("""g (float[1,1,8,8] x) => (float[1,1,4,4] y) {
+            [p] y = AveragePool <kernel_shape = [3, 3], dilations = [2, 2]> (x)
+        }""", "dilations"),
+    ("""g (float[2,3] x) => (float[2,3] y) {
+            [e] e = Constant <value = int64[0] {}> ()
+            [r] y = ReduceMean <noop_with_empty_axes = 1> (x, e)
+        }""", "noop_with_empty_axes"),
+])
+def test_downgrade_refuses_an_attribute_set_that_the_target_has_not(tmp_path, text, attr):
+    """Set off its default (dilations 2; a ReduceMean told to do nothing with no axes), the
+    attribute has no equivalent below: refused. (onnx's converter let both through; for
+    a review, a downgrade first dropped them, and the node then meant another thing.)"""
+    src = save(f"""<ir_version: 8, opset_import: ["" : 19]>
+        {text}""", tmp_path / "m.onnx")
+    with pytest.raises(ConversionRefused) as e:
+        dqtool.downgrade(src, 13, tmp_path / "o.onnx")
+    assert f"attribute '{attr}' is not at its default" in str(e.value)
+
+
+def test_downgrade_drops_casts_float8_attributes_whatever_their_value(tmp_path):
+    # saturate only acts on float8 (and round_mode on float8/float4), types below 19 lacks
+    src = save("""<ir_version: 9, opset_import: ["" : 19]>
+        g (float[4] x) => (int8[4] y) {
+            [c] y = Cast <to = 3, saturate = 0> (x)
+        }""", tmp_path / "m.onnx")
+    out = tmp_path / "o.onnx"
+    report = dqtool.downgrade(src, 13, out, check=True)
+    assert any("saturate" in c.how for c in report.changes)
+    m = onnx.load(out)
+    assert [a.name for a in m.graph.node[0].attribute] == ["to"]
+    onnx.checker.check_model(m, full_check=True)
+
+
 def test_shared_constant_axes_kept_while_used(tmp_path):
     src = save("""<ir_version: 8, opset_import: ["" : 18]>
         g (float[4,6] x) => (float[4] m, int64[1] k) {

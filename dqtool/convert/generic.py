@@ -163,24 +163,41 @@ def convert(node: ir.Node, step: Step, source_opset: int) -> Outcome:
     if untyped:
         step.ctx.untyped.append((node.name or f"<unnamed {op}>", op, src, dst,
                                  tuple(dict.fromkeys(untyped))))
-    done.append(_drop_foreign_attributes(node, dst))
+    dropped = _drop_foreign_attributes(node, src, dst)
+    if dropped.status == "refused":
+        return dropped
+    done.append(dropped)
     # A step onnx's converter left as it was (e.g. ReduceMean without axes) is no change.
     return Outcome.merge(done)
 
 
-def _drop_foreign_attributes(node: ir.Node, dst: int) -> Outcome:
-    """Remove the attributes ``node``'s schema at ``dst`` does not have. The steps let one
-    through only at its default, where the versions without it mean the same (Reshape-14's
-    ``allowzero=0`` going to 13, where a downgrade kept it and wrote a model onnxruntime
-    and the checker reject)."""
+# Attributes that only act on types the versions without them do not have (float8,
+# float4): dropped whatever their value (a Cast to int8 ignores ``saturate``).
+_TYPE_ONLY = {"Cast": {"saturate", "round_mode"}, "CastLike": {"saturate", "round_mode"}}
+
+
+def _drop_foreign_attributes(node: ir.Node, src: int, dst: int) -> Outcome:
+    """Remove the attributes ``node``'s schema at ``dst`` does not have, where the node has
+    them at their default (the versions without them mean the same: Reshape-14's
+    ``allowzero=0`` going to 13, where a downgrade kept it and wrote a model onnxruntime and
+    the checker reject); one set otherwise has no equivalent there: refused (AveragePool's
+    ``dilations`` going below 19; onnx's converter let them through)."""
     have = _schema(node.op_type, dst).attributes
     foreign = sorted(n for n in node.attributes if n not in have)
     if not foreign:
         return Outcome.unchanged()
+    source = _schema(node.op_type, src).attributes
+    for name in foreign:
+        attr = node.attributes[name]
+        default = source[name].default_value.SerializeToString() if name in source else b""
+        if name not in _TYPE_ONLY.get(node.op_type, ()) and not _is_default(attr, default):
+            return Outcome.refused(f"attribute '{name}' is not at its default, and "
+                                   f"{node.op_type}-{dst} has no such attribute")
     for name in foreign:
         node.attributes.pop(name)
-    return Outcome("changed", f"attribute {', '.join(foreign)} (at its default) removed",
-                   f"{node.op_type}-{dst} has no attribute {', '.join(foreign)}")
+    return Outcome("changed", f"attribute {', '.join(foreign)} removed",
+                   f"{node.op_type}-{dst} has no attribute {', '.join(foreign)} (at its "
+                   "default it means what the version without it does)")
 
 
 def _split_num_outputs_down(node: ir.Node, step: Step) -> Outcome:
