@@ -128,3 +128,26 @@ def test_a_selection_that_leaves_it_leaves_the_model_as_it_was(tmp_path):
     assert not report.folded and "not --op-types MatMul" in report.left[0].reason
     m = onnx.load(out)
     assert _ops(m) == ["Gather", "DequantizeLinear", "Add"]
+
+
+def test_codes_packed_across_rows_are_left(tmp_path):
+    """opmx packs four int4 codes per int16 along dim 0: the Gather reads packed rows, and
+    moved after it the node would gather logical ones (wrong values and shape; found by a
+    review)."""
+    rng = np.random.default_rng(0)
+    inits = [numpy_helper.from_array(rng.integers(-32768, 32767, (2, 16)).astype(np.int16),
+                                     "T"),
+             numpy_helper.from_array(np.array(0.5, np.float16), "s"),
+             numpy_helper.from_array(np.array([1, 0], np.int64), "idx")]
+    nodes = [helper.make_node("Gather", ["T", "idx"], ["rows"], axis=0),
+             helper.make_node("DequantizeLinear", ["rows", "s"], ["y"], name="dq",
+                              domain="opmx", float_zeropoint=0, group_size=0,
+                              has_zeropoint=0, quant_axis=1, quant_data_type="int4",
+                              quant_method="")]
+    g = helper.make_graph(nodes, "g", [], [helper.make_tensor_value_info(
+        "y", TensorProto.FLOAT16, None)], inits)
+    src = tmp_path / "m.onnx"
+    onnx.save(helper.make_model(g, ir_version=7, opset_imports=[
+        helper.make_opsetid("", 13), helper.make_opsetid("opmx", 1)]), src)
+    report = dqtool.fold(str(src), str(tmp_path / "f.onnx"))
+    assert not report.folded and "computed by Gather" in report.left[0].reason

@@ -23,7 +23,10 @@ def gathered_table(node: ir.Node, spec: QuantSpec) -> ir.Node | None:
     """The Gather whose rows ``node`` dequantizes, where the node can move before it
     exactly: per-tensor constant scale and zero point, the Gather's table a constant, and
     the gathered rows read by this node alone (and not a graph output)."""
-    if spec.granularity != "per-tensor" or spec.x_from_quantize:
+    # (x as stored: codes packed across rows, as opmx packs int4 along dim 0, gather
+    # other rows than the table's logical ones)
+    if spec.granularity != "per-tensor" or spec.x_from_quantize or spec.packing != "none" \
+            or node.domain not in ("", "ai.onnx", "com.microsoft"):
         return None
     x = graph.input_value(node, 0)
     gather = x.producer() if x is not None else None
