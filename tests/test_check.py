@@ -340,6 +340,19 @@ def test_a_string_input_given_as_numbers_is_refused_by_name(tmp_path):
     assert "--inputs s: float64 array, the model takes string" in r.stderr
 
 
+def test_string_inputs_given_as_bytes_are_read_as_utf8_or_refused(tmp_path):
+    src, up = _strings_model(tmp_path)
+    np.savez(tmp_path / "ok.npz", s=np.array(["wörld".encode(), b"a"]))
+    r = CliRunner().invoke(cli, ["check", str(up), "--against", str(src), "--inputs",
+                                 str(tmp_path / "ok.npz")], env=ENV)
+    assert r.exit_code == 0, r.output
+    np.savez(tmp_path / "bad.npz", s=np.array([b"\xff\xfe", b"a"]))
+    r = CliRunner().invoke(cli, ["check", str(up), "--inputs", str(tmp_path / "bad.npz")],
+                           env=ENV)
+    assert r.exit_code == 2, r.output
+    assert r.stderr.count("\n") == 1 and "not UTF-8 text" in r.stderr
+
+
 def test_string_outputs_that_differ_fail_with_the_first_difference():
     from dqtool.checking import compare
 

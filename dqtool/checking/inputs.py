@@ -111,6 +111,13 @@ def check_given(spec: InputSpec, array: np.ndarray) -> np.ndarray:
         if array.dtype.kind not in "US":
             raise UsageError(f"--inputs {spec.name}: {array.dtype} array, the model takes "
                              "string (an array of str)")
+        if array.dtype.kind == "S":  # bytes: ONNX strings are UTF-8 text
+            try:
+                array = np.char.decode(array, "utf-8")
+            except UnicodeDecodeError as e:
+                raise UsageError(f"--inputs {spec.name}: bytes that are not UTF-8 text "
+                                 f"({e.reason} at byte {e.start}); ONNX strings are "
+                                 "UTF-8") from None
         array = array.astype(str).astype(object)  # what onnxruntime takes for strings
         return _fits(spec, array)
     et = types.by_name(spec.type_name)
