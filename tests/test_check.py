@@ -541,3 +541,18 @@ def test_against_fails_a_checked_model_the_standard_forbids_even_when_runtimes_r
     r = CliRunner().invoke(cli, ["check", str(bad), "--against", str(good), "--json"], env=ENV)
     assert r.exit_code == 1
     assert json.loads(r.stdout)["structure"]["passed"] is False
+
+
+def test_against_does_not_count_an_invalid_node_the_original_has_too(tmp_path):
+    """A conversion of an invalid model carries its invalid node over: the check judges
+    the conversion, so the structure failure is shown with the original's, not counted."""
+    from helpers import MODELS
+
+    src = MODELS / "invalid_ort_axis_opset11.onnx"
+    out = tmp_path / "packed.onnx"
+    dqtool.pack(str(src), str(out))
+    report = check(str(out), against=str(src))
+    assert report.passed and not report.structure.valid
+    assert report.structure.inherited.startswith("onnx checker: ")
+    r = CliRunner().invoke(cli, ["check", str(out), "--against", str(src)], env=ENV)
+    assert r.exit_code == 0 and "not counted: the original fails too" in r.output

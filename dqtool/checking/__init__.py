@@ -9,6 +9,7 @@ evaluator, and every output is compared (statistics in ``dqtool.checking.compare
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import replace
 
 import numpy as np
 import onnx_ir as ir
@@ -109,11 +110,15 @@ def check(
         # The checked model must be valid too: a runtime may run a model the standard
         # forbids (onnxruntime ran a DequantizeLinear-13 with a float16 scale).
         model = loaded.ir_model()
+        structure = _structure(loaded, model, selfcheck.quant_sites(model))
+        if not structure.valid:
+            theirs = other_loaded.ir_model()
+            original = _structure(other_loaded, theirs, selfcheck.quant_sites(theirs))
+            if not original.valid:
+                structure = replace(structure, inherited=original.first_problem())
         return CheckReport(input=name, against=other_name, comparisons=tuple(comparisons),
                            notes=tuple(notes), weights=tuple(weights), bounds=tuple(bounds),
-                           per_op=tuple(per_op), fused=fused,
-                           structure=_structure(loaded, model, selfcheck.quant_sites(model)),
-                           **common)
+                           per_op=tuple(per_op), fused=fused, structure=structure, **common)
     model = loaded.ir_model()
     sites = selfcheck.quant_sites(model)
     structure = _structure(loaded, model, sites)

@@ -60,15 +60,30 @@ class Structure:
     # Why the checker's type inference did not count (None: it ran and counted): it stopped
     # at operators onnx has no schema for, and the checker passed without it.
     inference: str | None = None
+    # With --against, where the original fails too: its first problem (a conversion
+    # carries an invalid node over; the check judges the conversion, so not counted)
+    inherited: str | None = None
 
     @property
-    def passed(self) -> bool:
+    def valid(self) -> bool:
         return self.onnx_checker is None and not any(
             p["severity"] == "error" for p in self.problems)
 
+    @property
+    def passed(self) -> bool:
+        return self.valid or self.inherited is not None
+
+    def first_problem(self) -> str | None:
+        if self.onnx_checker is not None:
+            return f"onnx checker: {self.onnx_checker}"
+        errors = [p for p in self.problems if p["severity"] == "error"]
+        return f"{errors[0]['code']} {errors[0]['node']}: {errors[0]['message']}" \
+            if errors else None
+
     def to_json(self) -> dict[str, Any]:
         return {"passed": self.passed, "onnx_checker": self.onnx_checker or "passed",
-                "onnx_inference": self.inference or "passed", "problems": list(self.problems)}
+                "onnx_inference": self.inference or "passed", "problems": list(self.problems),
+                "inherited": self.inherited}
 
 
 def structure(proto: onnx.ModelProto, sites: list[tuple[Site, QuantSpec]],

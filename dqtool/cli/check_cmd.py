@@ -45,6 +45,9 @@ def _render_structure(app: App, doc: dict) -> None:
                   f"{sum(p['severity'] != 'error' for p in st['problems'])} other findings")
     if inference != "passed":
         app.out.print(f"  onnx's type inference {inference}", markup=False)
+    if st.get("inherited"):
+        app.out.print("  not counted: the original fails too "
+                      f"({st['inherited']})", markup=False)
     for p in st["problems"]:
         if p["severity"] == "error":
             app.out.print(f"  {p['code']} {p['node']}: {p['message']}")
