@@ -186,7 +186,7 @@ def test_downgrade_refuses_an_attribute_set_that_the_target_has_not(tmp_path, te
         {text}""", tmp_path / "m.onnx")
     with pytest.raises(ConversionRefused) as e:
         dqtool.downgrade(src, 13, tmp_path / "o.onnx")
-    assert f"attribute '{attr}' is not at its default" in str(e.value)
+    assert f"attribute '{attr}' is " in str(e.value) and "has no such attribute" in str(e.value)
 
 
 def test_downgrade_drops_casts_float8_attributes_whatever_their_value(tmp_path):
