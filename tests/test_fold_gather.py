@@ -151,3 +151,19 @@ def test_codes_packed_across_rows_are_left(tmp_path):
         helper.make_opsetid("", 13), helper.make_opsetid("opmx", 1)]), src)
     report = dqtool.fold(str(src), str(tmp_path / "f.onnx"))
     assert not report.folded and "computed by Gather" in report.left[0].reason
+
+
+@pytest.mark.parametrize("in_function", [False, True])
+def test_the_quantized_table_goes(tmp_path, in_function):
+    """Nothing reads the uint8 table once its float one is gathered: it goes, and is listed
+    as removed (it stayed, unused; found by a new-user trial)."""
+    src = _model(tmp_path / "m.onnx", in_function=in_function)
+    out = tmp_path / "f.onnx"
+    report = dqtool.fold(str(src), str(out))
+    assert "table" in report.removed
+    m = onnx.load(out)
+    if in_function:
+        assert "table" not in [o for n in m.functions[0].node for o in n.output]
+    else:
+        assert {t.name: t.data_type for t in m.graph.initializer} == {
+            "one": TensorProto.FLOAT, "emb/table": TensorProto.FLOAT}

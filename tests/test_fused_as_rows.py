@@ -125,3 +125,14 @@ def test_these_conversions_do_not_write_the_transposed_weights_early():
     assert not hook(model, Options(per_axis=True), 21)
     assert not hook(model, Options(), 20)
     assert not hook(model, Options(keep_contrib=True), 21)
+
+
+def test_pack_of_per_axis_rows_says_how_to_get_a_packable_form(tmp_path):
+    inputs = nbits_inputs(np.random.default_rng(9), 64, 8, 4, 32)
+    src = tmp_path / "m.onnx"
+    onnx.save(nbits_model(64, 8, 4, 32, inputs), src)
+    dqtool.upgrade(str(src), 21, str(tmp_path / "u.onnx"), per_axis=True)
+    report = dqtool.pack(str(tmp_path / "u.onnx"), str(tmp_path / "p.onnx"))
+    assert not report.packed
+    assert any("`dqtool upgrade --opset 21` of the original, without --per-axis" in s.why
+               for s in report.skipped)

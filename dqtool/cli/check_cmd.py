@@ -40,9 +40,11 @@ def _render_structure(app: App, doc: dict) -> None:
         return
     inference = st.get("onnx_inference", "passed")
     checker = "(full check)" if inference == "passed" else "(type inference not counted, below)"
+    errors = sum(p["severity"] == "error" for p in st["problems"])
+    others = len(st["problems"]) - errors
     app.out.print(f"structure: onnx checker {checker} {st['onnx_checker']}; dqtool rules: "
-                  f"{sum(p['severity'] == 'error' for p in st['problems'])} errors, "
-                  f"{sum(p['severity'] != 'error' for p in st['problems'])} other findings")
+                  f"{errors} error{'' if errors == 1 else 's'}, {others} other "
+                  f"finding{'' if others == 1 else 's'}")
     if inference != "passed":
         app.out.print(f"  onnx's type inference {inference}", markup=False)
     if st.get("inherited"):

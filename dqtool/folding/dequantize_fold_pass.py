@@ -73,6 +73,7 @@ class DequantizeFoldPass(ir.passes.InPlacePass):
         self._model = model
         self._unique_name = cleanup.UniqueNames()
         self._shared: dict[tuple, ir.Value] = {}  # folded weights by what they fold
+        self._tables: list[ir.Value] = []  # quantized tables of nodes moved before a Gather
         domains_before = cleanup.used_domains(model)
         # Collect first: folding edits the graphs being walked.
         sites = [s for s in graph.walk(model)
@@ -83,6 +84,7 @@ class DequantizeFoldPass(ir.passes.InPlacePass):
             before = [v for v in site.node.inputs if v is not None]
             if self._try_fold(site):
                 inputs.extend(before)
+        inputs.extend(self._tables)  # read by nodes moved before their Gather
         self.removed, self.kept = cleanup.remove_unused(inputs)
         cleanup.prune_opsets(model, domains_before)
         return ir.passes.PassResult(model, modified=bool(self.folded))
@@ -107,6 +109,7 @@ class DequantizeFoldPass(ir.passes.InPlacePass):
             commute.move_before(node, gather, spec,
                                 lambda base: self._unique_name(node.graph, base))
             spec, moved = codecs.read_node(node, site.opsets), True
+            self._tables.append(graph.input_value(node, 0))
         why = None if moved else self.selection.why_not(node, spec)
         if why:
             self.left.append(LeftNode(name, site.graph, why))

@@ -100,10 +100,11 @@ def _unsigned_codes(arr: np.ndarray, bits: int, signed: bool) -> np.ndarray:
     return (a + (1 << (bits - 1)) if signed else a).astype(np.uint8)
 
 
-# Below opset 21 upgrade lays a blocked weight out as per-axis rows, reshaped and
-# transposed back: pack does not take that form.
-_LAYOUT_HINT = {op: "; upgrade's per-axis rows (below opset 21) pack after `dqtool upgrade "
-                    "--opset 21` of the original" for op in ("Reshape", "Transpose")}
+# With --per-axis, or below opset 21, upgrade lays a blocked weight out as per-axis rows,
+# reshaped and transposed back: pack does not take that form.
+_LAYOUT_HINT = {op: "; a weight laid out as per-axis rows (`--per-axis`, or below opset 21) "
+                    "packs after `dqtool upgrade --opset 21` of the original, without "
+                    "--per-axis" for op in ("Reshape", "Transpose")}
 
 
 class FusedPackPass:
