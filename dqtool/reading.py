@@ -86,10 +86,9 @@ def tensor_array(t: ir.TensorProtocol) -> np.ndarray:
         if et.bits >= 8:
             arr = from_file(path, et.dtype, count, offset)
             return arr.reshape(shape)
-        raw = from_file(path, np.dtype(np.uint8), (count * et.bits + 7) // 8, offset)
         # ml_dtypes keeps a 2/4-bit code in the low bits of its byte, so the unpacked codes
         # are the array as they are (no cast: a copy the size of the weight).
-        return unpack(raw, et.bits)[:count].view(et.dtype).reshape(shape)
+        return file_codes(path, offset, 0, count, et.bits).view(et.dtype).reshape(shape)
     return t.numpy().reshape(shape)
 
 
@@ -158,6 +157,15 @@ def unpack(packed: np.ndarray, bits: int, signed: bool = False) -> np.ndarray:
     return out.view(np.int8) if signed else out
 
 
+def file_codes(path: str | os.PathLike, offset: int, start: int, stop: int, bits: int,
+               signed: bool = False) -> np.ndarray:
+    """Codes ``start`` to ``stop`` of the ``bits``-bit codes packed at ``offset`` of
+    ``path`` (``start`` a multiple of ``8 / bits``), unpacked as ``unpack`` does."""
+    raw = from_file(path, np.dtype(np.uint8), -(-(stop - start) * bits // 8),
+                    offset + start * bits // 8)
+    return unpack(raw, bits, signed)[: stop - start]
+
+
 def _unpack_chunk(src: np.ndarray, dst: np.ndarray, bits: int) -> None:
     if bits == 4 and sys.byteorder == "little":
         # Byte b widened to 16 bits, b | b·16 masked with 0x0F0F: its low nibble in the
@@ -218,11 +226,8 @@ class WidenedCodes(ir.LazyTensor):
                          shape=ir.Shape(shape), name=name)
 
     def _codes(self, start: int, stop: int) -> np.ndarray:
-        """Codes ``start`` to ``stop`` (``start`` a multiple of ``8 / bits``)."""
-        first = start * self.bits // 8
-        raw = from_file(self.path, np.dtype(np.uint8), -(-(stop - start) * self.bits // 8),
-                        self.offset + first)
-        return unpack(raw, self.bits, self.signed)[: stop - start].view(self.np_dtype)
+        return file_codes(self.path, self.offset, start, stop, self.bits, self.signed
+                          ).view(self.np_dtype)
 
     def whole(self) -> np.ndarray:
         return self._codes(0, self.count).reshape(tuple(int(d) for d in self.shape))

@@ -55,11 +55,6 @@ def _transposed(v: ir.Value | None):
     return getattr(t, "transposed", None)
 
 
-def _reshaped(step: Step, v: ir.Value, shape: tuple[int, ...], suffix: str) -> ir.Value:
-    return step.constant(f"{v.name}_{suffix}", v.dtype or _dtype_of(v), shape,
-                         lambda: params.values(v).reshape(shape))
-
-
 def _dtype_of(v: ir.Value) -> ir.DataType:
     return types.by_name(graph.elem_type(v)).ir_type
 
@@ -68,9 +63,10 @@ def _plain(step: Step, spec: QuantSpec, varying: list[int], why: str) -> Outcome
     node = step.node
     scale, zp = graph.input_value(node, 1), graph.input_value(node, 2)
     shape: tuple[int, ...] = (spec.scale_shape[varying[0]],) if varying else ()
-    step.set_input(1, _reshaped(step, scale, shape, "per_axis" if varying else "scalar"))
+    suffix = "per_axis" if varying else "scalar"
+    step.set_input(1, step.reshaped(f"{scale.name}_{suffix}", scale, shape))
     if zp is not None:
-        step.set_input(2, _reshaped(step, zp, shape, "per_axis" if varying else "scalar"))
+        step.set_input(2, step.reshaped(f"{zp.name}_{suffix}", zp, shape))
     node.attributes.pop("block_size", None)
     if varying:
         node.attributes["axis"] = ir.AttrInt64("axis", varying[0])

@@ -23,14 +23,6 @@ def values(v: ir.Value) -> np.ndarray:
     return reading.tensor_array(tensor).reshape(tuple(int(d) for d in tensor.shape))
 
 
-def values_as(v: ir.Value, dtype: np.dtype) -> np.ndarray:
-    """``values(v).astype(dtype)`` for an integer constant; 2/4-bit codes in a file are
-    unpacked straight into a byte type (``reading.int_array``)."""
-    tensor = graph.constant_tensor(v)
-    assert tensor is not None, f"{v.name} is not constant"
-    return reading.int_array(tensor, dtype).reshape(tuple(int(d) for d in tensor.shape))
-
-
 def const_shape(v: ir.Value) -> tuple[int, ...]:
     """A constant's shape, from its tensor (always known, unlike value_info)."""
     tensor = graph.constant_tensor(v)

@@ -55,32 +55,27 @@ def widen_int(step: Step, spec: QuantSpec, allowed: frozenset[str]) -> Outcome:
 def _retype(step: Step, index: int, to: str) -> None:
     old = graph.input_value(step.node, index)
     t = types.by_name(to)
-    shape = params.const_shape(old)
     stored = graph.constant_tensor(old)
-    wide = reading.widened(stored, t.dtype) if stored is not None else None
-    if wide is not None:  # 2/4-bit codes in a file: unpacked a band at a time when saved
-        new = step.holding(f"{old.name}_{to}", wide)
-    else:
-        new = step.constant(f"{old.name}_{to}", t.ir_type, shape,
-                            lambda: params.values_as(old, t.dtype))
-    source = getattr(stored, "transposed", None)
-    if source is not None and len(shape) == 2:
-        # x is another constant transposed (fused.to_onnx): so is the widened x, and a
-        # layout that wants that transpose widens the other constant's codes instead.
-        graph.constant_tensor(new).transposed = (  # type: ignore[union-attr]
-            lambda: widened_tensor(source(), t.dtype, t.ir_type))
-    step.set_input(index, new)
+    assert stored is not None, f"{old.name} is not constant"
+    step.set_input(index, step.holding(f"{old.name}_{to}",
+                                       widened_tensor(stored, t.dtype, t.ir_type)))
 
 
 def widened_tensor(codes: ir.TensorProtocol, dtype: np.dtype, ir_type: ir.DataType
                    ) -> ir.TensorProtocol:
-    """``codes`` widened to ``dtype``: from its file a band at a time, else when needed."""
+    """``codes`` (2/4-bit integers) widened to ``dtype``: from its file a band at a time
+    (``reading.WidenedCodes``), else computed when needed. Where ``codes`` is another
+    constant transposed (``transposed``: MatMulNBits' B as ai.onnx's (K, N)), so is the
+    result: a layout that wants that transpose widens the other constant's codes."""
     wide = reading.widened(codes, dtype)
-    if wide is not None:
-        return wide
-    shape = ir.Shape(tuple(int(d) for d in codes.shape))
-    return ir.LazyTensor(lambda: ir.Tensor(reading.int_array(codes, dtype), dtype=ir_type),
-                         dtype=ir_type, shape=shape, name=codes.name)
+    if wide is None:
+        wide = ir.LazyTensor(lambda: ir.Tensor(reading.int_array(codes, dtype), dtype=ir_type),
+                             dtype=ir_type, shape=ir.Shape(tuple(int(d) for d in codes.shape)),
+                             name=codes.name)
+    source = getattr(codes, "transposed", None)
+    if source is not None and len(codes.shape) == 2:
+        wide.transposed = lambda: widened_tensor(source(), dtype, ir_type)  # type: ignore[attr-defined]
+    return wide
 
 
 def fold_int16(step: Step, spec: QuantSpec) -> Outcome:

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
-
 import onnx_ir as ir
 
 from dqtool import cleanup, codecs, families, graph, types
@@ -128,8 +126,7 @@ class DequantizeFoldPass(ir.passes.InPlacePass):
         support = families.fold_support(node.domain, node.op_type)
         assert support is not None  # plan() found it
         self._replace(node, folding, support, in_function=site.function is not None)
-        self.folded.append(dataclasses.replace(self._record(name, site, spec, folding),
-                                               before_gather=moved))
+        self.folded.append(self._record(name, site, spec, folding, before_gather=moved))
         return True
 
     def _replace(self, node: ir.Node, folding: Folding, support: families.FoldSupport, *,
@@ -241,7 +238,8 @@ class DequantizeFoldPass(ir.passes.InPlacePass):
         if "" not in opsets and "ai.onnx" not in opsets:
             opsets[""] = graph.opset_of(dict(model.opset_imports), "") or 13
 
-    def _record(self, name: str, site: graph.Site, spec, folding: Folding) -> FoldedNode:
+    def _record(self, name: str, site: graph.Site, spec, folding: Folding,
+                before_gather: bool = False) -> FoldedNode:
         store = types.from_dtype(folding.store_dtype)
         out = types.from_dtype(folding.out_dtype)
         n = 1
@@ -256,7 +254,7 @@ class DequantizeFoldPass(ir.passes.InPlacePass):
             op=spec.op_id, quant_type=spec.quant_type,
             output_type=out.name, stored_type=store.name, shape=folding.shape,
             bytes_quantized=stored, bytes_folded=(n * store.bits + 7) // 8, pair=pair,
-            rounding=rounding(out, store),
+            rounding=rounding(out, store), before_gather=before_gather,
         )
 
 

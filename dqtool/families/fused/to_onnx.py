@@ -29,7 +29,7 @@ from __future__ import annotations
 import numpy as np
 import onnx_ir as ir
 
-from dqtool import graph, reading, types
+from dqtool import graph, types
 from dqtool.families.fused import arrays, ort_facts, packing, read
 from dqtool.families.fused.rows import CodeRows
 from dqtool.families.fused.spec import FusedSpec
@@ -145,6 +145,8 @@ _NARROW_BITS = {ir.DataType.UINT4: 4, ir.DataType.INT4: 4, ir.DataType.UINT2: 2,
 def _widen(b: Builder, note: bool) -> bool:
     """Give every new DequantizeLinear 8-bit codes in place of 2/4-bit ones (exact);
     ``note``: say so on it (``BITS_KEY``)."""
+    from dqtool.convert.widen import widened_tensor
+
     done = False
     for dq in [n for n in b.nodes if n.op_type == "DequantizeLinear"]:
         for i in (0, 2):
@@ -152,21 +154,9 @@ def _widen(b: Builder, note: bool) -> bool:
             if v is None or v.dtype not in _WIDE:
                 continue
             wide_t, np_t = _WIDE[v.dtype]
-            shape = tuple(int(d) for d in _tensor(v).shape)
-            role = f"{'x' if i == 0 else 'zero_point'}_8bit"
-            direct = reading.widened(_tensor(v), np_t)
-            if direct is not None:  # codes in a file: written a band at a time when saved
-                wide = b.existing(direct, role)
-            else:
-                wide = b.constant(role, wide_t, shape,
-                                  lambda v=v, np_t=np_t: arrays.value_array(v).astype(np_t))
-            source = getattr(_tensor(v), "transposed", None)
-            if source is not None:  # B's codes transposed: the widened ones are B's widened
-                from dqtool.convert.widen import widened_tensor
-
-                _tensor(wide).transposed = (  # type: ignore[attr-defined]
-                    lambda source=source, np_t=np_t, wide_t=wide_t:
-                    widened_tensor(source(), np_t, wide_t))
+            # (codes in a file: written a band at a time when saved)
+            wide = b.existing(widened_tensor(_tensor(v), np_t, wide_t),
+                              f"{'x' if i == 0 else 'zero_point'}_8bit")
             made = wide.producer()
             if made is not None:  # in a function, a Constant node: before its reader
                 b.nodes.remove(made)
