@@ -89,7 +89,7 @@ def test_check_against_reports_steps_and_lint_flags(model_path, tmp_path):
     (o,) = ort.outputs
     assert o.step is not None and o.step > 0
     assert o.off_by_one is not None and o.off_by_more is not None
-    assert o.max_steps >= 1
+    assert o.max_steps > 0.5  # the drift, in steps (a fraction: a float output)
     lint = dqtool.lint(model_path, target="onnx-opset-21", select="DQ110")
     assert [f.op.split(":")[1] for f in lint.findings] == ["DynamicQuantizeLSTM"]
 

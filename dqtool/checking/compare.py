@@ -40,12 +40,20 @@ class OutputComparison:
     # In quantization steps, when the output has one (an integer output: 1; the output of
     # a DequantizeLinear with a constant per-tensor scale: that scale); else None.
     step: float | None = None
-    max_steps: int | None = None
-    off_by_one: int | None = None  # elements differing by exactly one step
-    off_by_more: int | None = None  # elements differing by more than one step
+    max_steps: float | int | None = None  # the largest distance in steps (see ``steps``)
+    off_by_one: int | None = None  # elements more than half a step, at most one apart
+    off_by_more: int | None = None  # elements more than one step apart (``steps``)
     # Why the output passes though beyond rtol/atol (a proven bound on the runtime's own
     # rounding, see ``dqtool.checking.bounded``); None when only the tolerances judge it.
     tolerated: str | None = None
+
+    @property
+    def within_one_step(self) -> bool | None:
+        """No element more than one quantization step apart (beyond the values' own float
+        rounding) and no NaN against a number; None when the output has no step."""
+        if self.off_by_more is None:
+            return None
+        return self.off_by_more == 0 and self.nan_mismatches == 0
 
     @property
     def min_atol(self) -> float:
@@ -120,10 +128,16 @@ def _as_float64(a: np.ndarray) -> np.ndarray:
     return np.asarray(a).astype(np.float64)
 
 
-def steps(absdiff: np.ndarray, step: float | np.ndarray | None) -> dict[str, int | None]:
-    """How many quantization steps apart two arrays are: the largest distance, and how many
-    elements are one step and more than one step apart. ``step`` is one size, or one per
-    element (broadcast: a per-channel scale)."""
+def steps(absdiff: np.ndarray, step: float | np.ndarray | None,
+          slack: np.ndarray | float = 0.0) -> dict[str, float | int | None]:
+    """How many quantization steps apart two arrays are: the largest distance (an int when
+    whole, as an integer output's always is; else to three decimals: a float output 1.47
+    steps away reads 1.47, where rounding to the nearest step read 1 and passed), the
+    elements about one step apart (more than half a step, at most one) and those more than
+    one step apart. ``step`` is one size, or one per element (broadcast: a per-channel
+    scale). ``slack``: what the values' own float rounding may add to a distance
+    (``_slack``): an element is more than one step apart only beyond it, so that two
+    float32 values one step of 0.01 apart near 1000 (1.006 steps as rounded) are not."""
     none = {"max_steps": None, "off_by_one": None, "off_by_more": None}
     if step is None or absdiff.size == 0:
         return none
@@ -134,10 +148,36 @@ def steps(absdiff: np.ndarray, step: float | np.ndarray | None) -> dict[str, int
     if not np.all(step > 0):
         return none
     with np.errstate(invalid="ignore", over="ignore"):
-        n = np.rint(absdiff / step)
-    n = np.where(np.isfinite(n), n, np.iinfo(np.int64).max).astype(np.int64)
-    return {"max_steps": int(n.max()), "off_by_one": int((n == 1).sum()),
-            "off_by_more": int((n > 1).sum())}
+        n = absdiff / step
+        beyond = (absdiff - slack) / step > 1
+    n = np.where(np.isnan(n), np.inf, n)
+    beyond |= ~np.isfinite(n)
+    worst: float | int = float(n.max())
+    if not math.isfinite(worst):  # a NaN against a number (JSON has no inf)
+        worst = int(np.iinfo(np.int64).max)
+    else:
+        worst = round(worst, 3)
+        worst = int(worst) if worst.is_integer() else worst
+    return {"max_steps": worst, "off_by_one": int(((n > 0.5) & ~beyond).sum()),
+            "off_by_more": int(beyond.sum())}
+
+
+def _slack(actual: np.ndarray, expected: np.ndarray) -> np.ndarray | float:
+    """Half a unit in the last place of each value, in its own float type (0 for integer
+    outputs, whose steps are exact): the most by which a distance between two values
+    rounded to that type can exceed the distance between what they stand for."""
+    out: np.ndarray | float = 0.0
+    for v in (actual, expected):
+        if v.dtype.kind == "f":
+            with np.errstate(invalid="ignore", over="ignore"):
+                out = out + np.spacing(np.abs(v)).astype(np.float64) / 2
+        elif v.dtype in _FLOATS:  # ml_dtypes' floats: NumPy has no spacing for them
+            import ml_dtypes
+
+            info = ml_dtypes.finfo(v.dtype)
+            mag = np.abs(_as_float64(v))
+            out = out + mag * float(info.eps) / 2 + float(info.smallest_subnormal)
+    return out
 
 
 def compare(name: str, actual: np.ndarray, expected: np.ndarray, *, rtol: float = 0.0,
@@ -180,7 +220,7 @@ def compare(name: str, actual: np.ndarray, expected: np.ndarray, *, rtol: float 
         nan_mismatches=int(nan_mismatch.sum()), worst_index=idx,
         worst_actual=float(a.reshape(-1)[flat]), worst_expected=float(e.reshape(-1)[flat]),
         mismatched=int((~same).sum()), size=n, failure=failure,
-        **_step_fields(absdiff, step),
+        **_step_fields(absdiff, step, _slack(actual, expected)),
     ).judge(rtol, atol)
 
 
@@ -214,8 +254,9 @@ def _as_text(a: np.ndarray) -> np.ndarray:
                         else str(v), otypes=[object])(a) if a.size else a.astype(object)
 
 
-def _step_fields(absdiff: np.ndarray, step: float | np.ndarray | None) -> dict[str, Any]:
-    counted = steps(absdiff, step)
+def _step_fields(absdiff: np.ndarray, step: float | np.ndarray | None,
+                 slack: np.ndarray | float = 0.0) -> dict[str, Any]:
+    counted = steps(absdiff, step, slack)
     if counted["max_steps"] is None:
         return {"step": None, **counted}
     return {"step": float(np.min(step)), **counted}  # the smallest, when per channel

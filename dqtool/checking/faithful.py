@@ -26,9 +26,8 @@ def within_one_step(entry: Any) -> bool:
     c = entry.comparison
     if c is None:
         return False
-    if c.max_steps is not None:
-        return c.max_steps <= 1
-    return c.max_abs == 0.0
+    within = c.within_one_step
+    return c.max_abs == 0.0 if within is None else within
 
 
 def apply(comparisons: Sequence[RuntimeComparison], per_op: Sequence[Any],

@@ -65,7 +65,7 @@ def _render_against(app: App, doc: dict) -> None:
                       title_justify="left")
         for col in ("output", "ok", "max abs", "max rel", "mean abs", "worst index",
                     "values (checked / original)", "min atol / rtol",
-                    "steps: max, =1, >1"):
+                    "steps: max, ~1, >1"):
             table.add_column(col, overflow="fold")
         # Tolerated by a fused node's rounding bound, or by a faithful conversion's per-op
         # steps (the notes say which and why).

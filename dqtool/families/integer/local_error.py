@@ -47,8 +47,14 @@ class LocalError:
     skipped: str | None = None
 
     @property
-    def max_steps(self) -> int | None:
+    def max_steps(self) -> float | int | None:
         return None if self.comparison is None else self.comparison.max_steps
+
+    @property
+    def beyond_one_step(self) -> bool:
+        """Measured, with a step, and some element more than one step apart."""
+        c = self.comparison
+        return c is not None and c.within_one_step is False
 
     def to_json(self) -> dict[str, Any]:
         c = self.comparison
@@ -67,7 +73,7 @@ class LocalError:
         c = self.comparison
         steps = "no step" if c.max_steps is None else \
             f"max {c.max_steps} step(s) (step {c.step:.6g}), {c.off_by_one} of {c.size} " \
-            f"1 step apart, {c.off_by_more} more"
+            f"about 1 step apart, {c.off_by_more} more"
         return f"{self.node} ({self.op} → {self.into}): {steps}; max abs {c.max_abs:.6g}"
 
 
@@ -314,6 +320,5 @@ def summary(errors: list[LocalError]) -> dict[str, Any]:
     steps = [e.max_steps for e in measured if e.max_steps is not None]
     return {"measured": len(measured), "skipped": len(errors) - len(measured),
             "max_steps": max(steps, default=None),
-            "beyond_one_step": [e.node for e in measured
-                                if e.max_steps is not None and e.max_steps > 1]}
+            "beyond_one_step": [e.node for e in measured if e.beyond_one_step]}
 

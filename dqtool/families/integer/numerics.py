@@ -42,7 +42,7 @@ class ConversionCheck:
 
     @property
     def local_ok(self) -> bool:
-        return all(e.comparison is None or (e.max_steps is not None and e.max_steps <= 1)
+        return all(e.comparison is None or bool(e.comparison.within_one_step)
                    or (e.max_steps is None and e.comparison.max_abs == 0.0)
                    for e in self.local)
 
@@ -77,7 +77,7 @@ class ConversionCheck:
                          + ("ok" if self.local_ok else "BEYOND ONE STEP: "
                             + ", ".join(s["beyond_one_step"])))
             lines += [f"  {e.describe()}" for e in self.local
-                      if e.comparison is None or (e.max_steps or 0) > 1]
+                      if e.comparison is None or e.beyond_one_step]
         judged = not self.measured_locally
         head = "end to end" + ("" if judged else " (reported: growth through re-quantizing "
                                "layers is the model's, not the conversion's)")
@@ -85,7 +85,7 @@ class ConversionCheck:
         for o in self.outputs:
             if o["max_steps"] is not None:
                 what = (f"max {o['max_steps']} step(s) (step {o['step']:.6g}); "
-                        f"{o['off_by_one']} of {o['size']} elements 1 step apart, "
+                        f"{o['off_by_one']} of {o['size']} elements about 1 step apart, "
                         f"{o['off_by_more']} more; max abs {o['max_abs']:.6g}")
             else:
                 what = (f"no quantization step: max abs {o['max_abs']:.6g}, max rel "
@@ -143,7 +143,7 @@ def _verdict(runtime: str, o: compare.OutputComparison) -> dict[str, Any]:
     if o.failure:
         ok = False
     elif o.max_steps is not None:
-        ok = o.max_steps <= 1 and o.nan_mismatches == 0
+        ok = bool(o.within_one_step)
     else:  # equal outputs are within any budget
         ok = o.nan_mismatches == 0 and (o.mismatched == 0 or
                                         o.max_abs <= FLOAT_BUDGET * max(expected, 1e-30))
