@@ -195,3 +195,37 @@ g (float[2,3] x) => (float[2,3] y) <int8[2,3] w = {1, 2, 3, 4, 5, 6}, float[3] s
     last = r.output.strip().splitlines()[-1]
     assert "moved" not in last and "no runtime ran both models" in last, last
     assert not (tmp_path / "out.onnx").exists()
+
+
+# onnxruntime's MatMulInteger takes a per-column weight zero point beside one scale;
+# DequantizeLinear takes a scale and a zero point of one shape.
+COLUMN_ZP = DYNAMIC.replace("float[3] wscale = {0.1, 0.2, 0.3}", "float wscale = {0.0123}")
+
+
+@pytest.mark.parametrize("exact", [False, True])
+def test_a_per_column_zero_point_beside_one_scale_makes_a_valid_per_axis_dequantize(exact):
+    original = ir.to_proto(ir.from_onnx_text(COLUMN_ZP))
+    m = api.to_qdq(ir.from_onnx_text(COLUMN_ZP), exact_dynamic=exact).model
+    w_dq = next(n for n in m.graph if n.op_type == "DequantizeLinear"
+                and n.inputs[0].name == "w")
+    assert w_dq.attributes["axis"].value == 1
+    scale = w_dq.inputs[1].const_value.numpy()
+    assert w_dq.inputs[2].name == "wzp" and scale.shape == (3,)
+    if not exact:  # the one scale in every column
+        assert np.array_equal(scale, np.full(3, 0.0123, np.float32))
+    proto = ir.to_proto(m)
+    onnx.checker.check_model(proto, full_check=True)
+    x = np.random.default_rng(2).standard_normal((2, 4)).astype(np.float32)
+    want, got = run_ort(original, {"x": x})[0], run_ort(proto, {"x": x})[0]
+    if exact:
+        assert np.array_equal(got, want)
+    else:
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+def test_a_per_column_zero_point_beside_a_run_time_scale_is_refused():
+    text = COLUMN_ZP.replace("float wscale = {0.0123},", "").replace(
+        "(float[2,4] x)", "(float[2,4] x, float wscale)")
+    assert "0.0123" not in text
+    with pytest.raises(api.IntegerConversionRefused, match="computed at run time"):
+        api.to_qdq(ir.from_onnx_text(text))

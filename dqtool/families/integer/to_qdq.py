@@ -138,8 +138,32 @@ class _Builder:
                 raise Refused(f"'{role}' is per-axis, which DequantizeLinear takes from "
                               "ai.onnx opset 13; run `dqtool upgrade --opset 13` first")
             attrs.append(ir.AttrInt64("axis", axis))
+            scale, zp = self._matched(scale, zp, role)
         return self.add("DequantizeLinear", [value, scale, zp], attrs,
                         suffix=f"DequantizeLinear_{role}").outputs[0]
+
+    def _matched(self, scale: ir.Value, zp: ir.Value | None, role: str
+                 ) -> tuple[ir.Value, ir.Value | None]:
+        """A per-axis scale and zero point of one length, as DequantizeLinear takes them:
+        the single-element one of the two (a per-column zero point beside one scale, which
+        onnxruntime's MatMulInteger takes) becomes a constant of the other's length, the
+        same value in every place (so the same products)."""
+        if zp is None:
+            return scale, zp
+        ns, nz = (graph.num_elements(graph.shape_of(v)) for v in (scale, zp))
+        if ns is None or nz is None or ns == nz:
+            return scale, zp
+        if 1 not in (ns, nz):
+            raise Refused(f"'{role}' has {ns} scales and {nz} zero points")
+        one, n, what = (scale, nz, "scale") if ns == 1 else (zp, ns, "zero point")
+        arr = graph.constant_array(one)
+        if arr is None:
+            raise Refused(f"'{role}' is per-axis in its {'zero point' if ns == 1 else 'scale'}"
+                          f" but its one {what} is computed at run time: DequantizeLinear "
+                          "takes a scale and a zero point of one shape")
+        wide = self.constant(f"{what.replace(' ', '_')}_per_axis",
+                             np.full((n,), arr.reshape(-1)[0], arr.dtype))
+        return (wide, zp) if ns == 1 else (scale, wide)
 
     def constant(self, base: str, arr: np.ndarray) -> ir.Value:
         value, node = make_constant(self.graph, self.names, f"{self.base}/{base}", arr)
@@ -185,8 +209,12 @@ def _trim(inputs: list[ir.Value | None]) -> list[ir.Value | None]:
 def _axis_of(node: ir.Node, opdef: ops.OpDef, slot: ops.Slot) -> int | None:
     """The DequantizeLinear axis of a per-axis slot; None when per-tensor. Only a 1-D
     parameter can be expressed (QLinearMatMul's [M, 1] per-row form cannot)."""
-    param = graph.input_value(node, slot.scale if slot.scale is not None else slot.zero_point)
-    shape = describe.value_shape(param)
+    params = [graph.input_value(node, i) for i in (slot.scale, slot.zero_point)
+              if i is not None]
+    shapes = [describe.value_shape(p) for p in params if p is not None]
+    # the longer of the two: a per-column zero point beside one scale is per-axis too
+    shape = None if not shapes or None in shapes else \
+        max(shapes, key=lambda s: graph.num_elements(s) or 0)
     if shape is None:
         raise Refused(f"the shape of '{slot.role}''s scale is unknown")
     n = graph.num_elements(shape)
@@ -360,12 +388,12 @@ def _rewrite_integer(node: ir.Node, opdef: ops.OpDef, opsets: dict[str, int],
     b = _Builder(node, names, opsets)
     a = b.dequantize(node.inputs[0], pattern.a_scale, graph.input_value(node, a_slot.zero_point),
                      None, a_slot.role)
-    w_axis = _weight_axis(node, opdef, pattern.w_scale)
-    if pattern.bias is not None and w_axis is not None:
+    w_zp = graph.input_value(node, w_slot.zero_point)
+    if pattern.bias is not None and _weight_axis(node, opdef, pattern.w_scale) is not None:
         raise Refused("an int32 bias added before the per-channel scale: its scale would be "
                       "per-channel along a broadcast axis")
-    w = b.dequantize(node.inputs[1], pattern.w_scale, graph.input_value(node, w_slot.zero_point),
-                     w_axis, w_slot.role)
+    w = b.dequantize(node.inputs[1], pattern.w_scale, w_zp,
+                     _weight_axis(node, opdef, pattern.w_scale, w_zp), w_slot.role)
     attrs = list(node.attributes.values())
     f = b.add(opdef.float_op or "", [a, w], attrs, name=node.name or None)
     out = f.outputs[0]
@@ -410,10 +438,11 @@ def _rewrite_integer_exact(node: ir.Node, opdef: ops.OpDef, opsets: dict[str, in
     one = b.constant("unit_scale", np.ones((), np.float32))
     a_zp = graph.input_value(node, a_slot.zero_point)
     w_zp = graph.input_value(node, w_slot.zero_point)
-    w_axis = _weight_axis(node, opdef, pattern.w_scale)
+    w_axis = _weight_axis(node, opdef, pattern.w_scale, w_zp)
     w_one = one
     if w_axis is not None:
-        n = graph.num_elements(graph.shape_of(pattern.w_scale))
+        n = max(graph.num_elements(graph.shape_of(v)) or 1 for v in (pattern.w_scale, w_zp)
+                if v is not None)
         w_one = b.constant("unit_scale_per_channel", np.ones((n,), np.float32))
     a = b.dequantize(node.inputs[0], one, a_zp, None, a_slot.role)
     w = b.dequantize(node.inputs[1], w_one, w_zp, w_axis, w_slot.role)
@@ -590,13 +619,21 @@ def _static_activation_scale(node: ir.Node, s0: ir.Value | None, s1: ir.Value | 
     return None
 
 
-def _weight_axis(node: ir.Node, opdef: ops.OpDef, w_scale: ir.Value) -> int | None:
+def _weight_axis(node: ir.Node, opdef: ops.OpDef, w_scale: ir.Value,
+                 w_zp: ir.Value | None = None) -> int | None:
+    """The weight's DequantizeLinear axis: where its scale (or, with ``w_zp``, its zero
+    point: onnxruntime's MatMulInteger takes a per-column one beside one scale) has one
+    value per output channel; None when per-tensor."""
     p = w_scale.producer()
     if p is not None and p.op_type == "DynamicQuantizeLinear":
         return None  # a second activation (QKᵀ), quantized at run time: one scale
     shape = graph.shape_of(w_scale)
     if shape is None:
         raise Refused("the shape of the weight scale is unknown")
+    zshape = graph.shape_of(w_zp) if w_zp is not None else None
+    if graph.num_elements(shape) == 1 and zshape is not None and \
+            (graph.num_elements(zshape) or 1) > 1:
+        shape = zshape
     if graph.num_elements(shape) == 1:
         return None
     if len(shape) != 1:
