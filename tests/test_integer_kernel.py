@@ -180,3 +180,35 @@ def test_elementwise_and_pooling_match_onnxruntime(seed):
                      TP.UINT8, domain=MS, axis=1)
     want = K.qlinear_via_float("Concat", [(a, sa, az), (b, sb, bz)], sy, yz, {"axis": 1})
     assert np.array_equal(run_ort(model, feeds)[0], want)
+
+
+# Scales whose ratios put many sums on a tie (x.5): which code a tie goes to depends on the
+# float order (the output zero point added before rounding, the products fused), so these
+# compare the kernel with onnxruntime over every pair of codes. The second case is the one
+# an audit found 25 of 256 elements off in.
+TIE_CASES = [(0.05, 0.05, 0.08, 127, 127, -5), (0.2, 0.025, 2.0, 78, 91, 109),
+             (0.1, 0.3, 0.2, -3, 40, 17), (0.5, 0.5, 1.0, 1, -1, 3)]
+BROADCASTS = [((256, 256), (256, 256)), ((256, 256), (256, 1)), ((256, 1), (256, 256)),
+              ((1, 256), (256, 1)), ((256,), (1,)), ((1,), (256,))]
+
+
+@pytest.mark.parametrize("op", ["Add", "Mul"])
+@pytest.mark.parametrize("dtype", [np.int8, np.uint8])
+def test_qlinear_add_and_mul_round_ties_as_onnxruntime(op, dtype):
+    info = np.iinfo(dtype)
+    codes = np.arange(info.min, info.max + 1).astype(dtype)
+    for sa, sb, sc, za, zb, zc in TIE_CASES:
+        za, zb, zc = (np.array(dtype(z + (128 if info.min == 0 else 0))) for z in (za, zb, zc))
+        for a_shape, b_shape in BROADCASTS:
+            a = np.resize(codes, a_shape)
+            b = np.resize(codes[::-1] if len(b_shape) == 1 else codes, b_shape).copy()
+            if len(b_shape) == 2 and b_shape[0] == 256:
+                b = np.resize(codes, b_shape[::-1]).T.copy()  # every pair (a, b) once
+            inputs = [("in_a", a), ("as", f32(sa)), ("az", za), ("in_b", b), ("bs", f32(sb)),
+                      ("bz", zb), ("ys", f32(sc)), ("yz", zc)]
+            model = one_node("QLinear" + op, inputs, TP.INT8 if info.min else TP.UINT8,
+                             domain=MS)
+            got = run_ort(model, {"in_a": a, "in_b": b})[0]
+            want = K.qlinear_binary(op, a, f32(sa), za, b, f32(sb), zb, f32(sc), zc)
+            assert np.array_equal(got, want), (op, a_shape, b_shape,
+                                               int((got != want).sum()))

@@ -11,13 +11,17 @@ open, the kernel follows onnxruntime's CPU kernels, measured bit for bit in the 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from functools import lru_cache
 from typing import Any
 
 import numpy as np
 
+from dqtool.families.integer.mlas import fma
 from dqtool.kernel.quantize import quantize
+
+F32 = np.float32
 
 
 def _i64(x: np.ndarray) -> np.ndarray:
@@ -246,23 +250,59 @@ def _dq(x, scale, zp) -> np.ndarray:
 
 def qlinear_binary(op: str, a, a_scale, a_zero_point, b, b_scale, b_zero_point, c_scale,
                    c_zero_point) -> np.ndarray:
-    """com.microsoft QLinearAdd / QLinearMul.
+    """com.microsoft QLinearAdd / QLinearMul, as onnxruntime's MLAS kernels compute them on
+    x86-64 (read from MLAS; every pair of 8-bit codes compared bit for bit in the tests,
+    rounding ties included, which the float order decides):
 
-    Add: ``round((a - a_zp)·(a_scale/c_scale) + (b - b_zp)·(b_scale/c_scale)) + c_zp``;
-    Mul: ``round((a - a_zp)·(b - b_zp)·(a_scale·b_scale/c_scale)) + c_zp``; in float32,
-    as onnxruntime's kernels compute them.
+    - Add (the AVX2 kernel): with ``r_a = a_scale/c_scale``, ``r_b = b_scale/c_scale`` and
+      ``fixed = c_zp - fma(r_1, zp_1, r_2·zp_2)``, ``fma(x_1, r_1, fma(x_2, r_2,
+      fixed))``, where input 1 is the one onnxruntime passes first: ``a``, or ``b`` where
+      ``a`` is one value over the broadcast's innermost run (onnxruntime swaps them);
+    - Mul: ``(a - a_zp)·(b - b_zp)`` (exact) times ``a_scale·b_scale/c_scale``, plus
+      ``c_zp``, each step rounded to float32;
+    then rounded half to even (the sum with ``c_zp`` first: ``round(x) + c_zp`` differs
+    from it on ties where ``c_zp`` is odd) and saturated.
     """
     dtype = np.asarray(a).dtype
-    ac = (_i64(a) - _zp(a_zero_point)).astype(np.float32)
-    bc = (_i64(b) - _zp(b_zero_point)).astype(np.float32)
-    if op == "Add":
-        ra = multiplier(a_scale, divide_by=c_scale)
-        rb = multiplier(b_scale, divide_by=c_scale)
-        v = (ac * ra).astype(np.float32) + (bc * rb).astype(np.float32)
-    else:
-        v = ((ac * bc).astype(np.float32) * multiplier(a_scale, b_scale, divide_by=c_scale))
-    v = np.rint(np.asarray(v, np.float32))
-    return saturate(v.astype(np.int64) + _zp(c_zero_point), dtype)
+    a, b = np.asarray(a), np.asarray(b)
+    za, zb, zc = (F32(_zp(z)) for z in (a_zero_point, b_zero_point, c_zero_point))
+    sa, sb, sc = (F32(np.asarray(s, F32).reshape(-1)[0]) for s in (a_scale, b_scale, c_scale))
+    af, bf = a.astype(F32), b.astype(F32)
+    with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
+        if op == "Mul":
+            prod = ((_i64(a) - _zp(a_zero_point)) * (_i64(b) - _zp(b_zero_point))).astype(F32)
+            v = (prod * F32(F32(sa * sb) / sc)).astype(F32) + zc
+        else:
+            ra, rb = F32(sa / sc), F32(sb / sc)
+            first, second = ((bf, rb, zb), (af, ra, za)) if _scalar_first(a.shape, b.shape) \
+                else ((af, ra, za), (bf, rb, zb))
+            fixed = F32(zc - fma(first[1], first[2], F32(second[1] * second[2])))
+            v = fma(first[0], first[1], fma(second[0], second[1], fixed))
+    return _to_codes(np.asarray(v, F32), dtype)
+
+
+def _scalar_first(a_shape: tuple[int, ...], b_shape: tuple[int, ...]) -> bool:
+    """Whether onnxruntime runs a QLinearAdd with ``a`` as the one value of each run of
+    the output (its broadcaster's "scalar input 0"): ``a`` has one element, or (``b``
+    having more) ``a`` is broadcast along the output's innermost axis longer than 1."""
+    a_n, b_n = math.prod(a_shape), math.prod(b_shape)
+    if a_n == 1 or b_n == 1:
+        return a_n == 1
+    out = np.broadcast_shapes(a_shape, b_shape)
+    rank = len(out)
+    a_full = (1,) * (rank - len(a_shape)) + tuple(a_shape)
+    for axis in range(rank - 1, -1, -1):
+        if out[axis] > 1:
+            return a_full[axis] == 1
+    return False
+
+
+def _to_codes(v: np.ndarray, dtype: np.dtype) -> np.ndarray:
+    """float32 → the output's codes as the kernels convert: rounded half to even (SSE's
+    conversion; NaN and what int32 cannot hold become its minimum), saturated."""
+    r = np.rint(v).astype(np.float64)
+    r = np.where(np.isnan(r) | (np.abs(r) >= 2.0**31), -(2.0**31), r)
+    return saturate(r.astype(np.int64), dtype)
 
 
 def qlinear_lookup(op: str, x, x_scale, x_zero_point, y_scale, y_zero_point,
