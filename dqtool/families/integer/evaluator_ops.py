@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 from onnx.reference.op_run import OpRun
 
-from dqtool.families.integer import attention, embed, lstm
+from dqtool.families.integer import attention, embed, lstm, pool
 from dqtool.families.integer import kernel as k
 
 
@@ -148,6 +148,22 @@ def _via_float(op: str, drop: tuple[str, ...] = ()) -> type[OpRun]:
     return _F
 
 
+def _pool(global_: bool) -> type[OpRun]:
+    """QLinearAveragePool / QLinearGlobalAveragePool, as onnxruntime computes them
+    (``pool.py``), in either layout."""
+    class _P(_Op):
+        def _run(self, x, xs, xz=None, ys=None, yz=None, **_):
+            attrs = self._attrs()
+            last = attrs.get("channels_last", 0)
+            if last:
+                x = np.moveaxis(x, -1, 1)
+            y = pool.global_average_pool(x, xs, xz, ys, yz) if global_ else \
+                pool.average_pool(x, xs, xz, ys, yz, attrs)
+            return (np.ascontiguousarray(np.moveaxis(y, 1, -1)) if last else y,)
+
+    return _P
+
+
 class _QLinearConcat(_Op):
     def _run(self, ys, yz, *rest, **_):
         triples = [tuple(rest[i:i + 3]) for i in range(0, len(rest), 3)]
@@ -185,8 +201,8 @@ EVALUATOR_OPS: list[type[OpRun]] = [
     _named(_binary("Mul"), "QLinearMul", MS),
     _named(_lookup("Sigmoid"), "QLinearSigmoid", MS),
     _named(_lookup("LeakyRelu"), "QLinearLeakyRelu", MS),
-    _named(_via_float("AveragePool"), "QLinearAveragePool", MS),
-    _named(_via_float("GlobalAveragePool"), "QLinearGlobalAveragePool", MS),
+    _named(_pool(False), "QLinearAveragePool", MS),
+    _named(_pool(True), "QLinearGlobalAveragePool", MS),
     _named(_via_float("Softmax", drop=("opset",)), "QLinearSoftmax", MS),
     _named(_via_float("ReduceMean"), "QLinearReduceMean", MS),
     _named(_QLinearConcat, "QLinearConcat", MS),

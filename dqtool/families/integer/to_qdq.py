@@ -246,6 +246,37 @@ def _zero_point(b: _Builder, zp: ir.Value | None, like: ir.Value | None) -> ir.V
     return b.constant("zero_point", np.zeros((), types.by_name(t).dtype))
 
 
+def _overhang_as_pads(node: ir.Node, attrs: list[ir.Attr]) -> list[ir.Attr]:
+    """onnxruntime's QLinearAveragePool with ``ceil_mode`` and ``count_include_pad``
+    divides a last window that runs past the input and its end pad by the whole kernel;
+    AveragePool counts only the pads. The same windows with the end pads grown to cover
+    them and ``ceil_mode`` 0 give the same output size and the same divisor."""
+    at = {a.name: a.value for a in attrs}
+    if not at.get("ceil_mode") or not at.get("count_include_pad") or \
+            at.get("auto_pad", "NOTSET") not in ("NOTSET", b"NOTSET"):
+        return attrs
+    shape = graph.shape_of(node.inputs[0])
+    kernel = [int(k) for k in at["kernel_shape"]]
+    rank = len(kernel)
+    spatial = None if shape is None else \
+        (shape[1:-1] if at.get("channels_last") else shape[2:])
+    if spatial is None or len(spatial) != rank or not all(isinstance(d, int) for d in spatial):
+        raise Refused("ceil_mode with count_include_pad: onnxruntime divides a window that "
+                      "runs past the input by the whole kernel, and whether one does needs "
+                      "the input's spatial size, which is not known")
+    strides = [int(s) for s in (at.get("strides") or [1] * rank)]
+    pads = [int(p) for p in (at.get("pads") or [0] * (2 * rank))]
+    grown = list(pads)
+    for i, (size, k, s) in enumerate(zip(spatial, kernel, strides, strict=True)):
+        span = size + pads[i] + pads[i + rank] - k
+        out = -(-span // s) + 1
+        if (out - 1) * s >= size + pads[i]:
+            out -= 1
+        grown[i + rank] = max(pads[i + rank], (out - 1) * s + k - size - pads[i])
+    kept = [a for a in attrs if a.name not in ("ceil_mode", "pads")]
+    return [*kept, ir.AttrInt64s("pads", grown)]
+
+
 def _float_attrs(node: ir.Node, opdef: ops.OpDef, opsets: dict[str, int]) -> list[ir.Attr]:
     attrs = [a for name, a in node.attributes.items() if name not in opdef.drop_attributes]
     if opdef.op == "QLinearSoftmax":
@@ -254,6 +285,8 @@ def _float_attrs(node: ir.Node, opdef: ops.OpDef, opsets: dict[str, int]) -> lis
         if sm is not None and (sm.value >= 13) != (model_opset >= 13):
             raise Refused(f"its softmax follows opset {sm.value} semantics, which Softmax at "
                           f"the model's opset {model_opset} does not")
+    if opdef.op == "QLinearAveragePool":
+        attrs = _overhang_as_pads(node, attrs)
     if opdef.op == "QGemm":
         alpha = node.attributes.get("alpha")
         if alpha is not None and alpha.value != 1.0 and graph.input_value(node, 6) is not None:
