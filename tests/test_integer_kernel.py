@@ -121,6 +121,18 @@ def test_dynamic_quantize_linear_spec_values():
     assert (float(s), int(z), y.tolist()) == (1.0, 0, [0, 0, 0])
 
 
+def test_dynamic_quantize_linear_leaves_nan_out_of_the_range_as_onnxruntime():
+    # onnxruntime 1.32 (measured): x = [NaN, -1, 1] → scale 2/255, zero point 127, NaN → 0.
+    # (A NaN in a SIMD lane's last comparison would change its range: not these.)
+    x = f32([np.nan, -1, 1])
+    y, s, z = K.dynamic_quantize_linear(x)
+    assert (float(s), int(z), y.tolist()) == (float(np.float32(2) / np.float32(255)), 127,
+                                              [0, 0, 254])
+    model = one_node("DynamicQuantizeLinear", [("in_x", x)], [TP.UINT8, TP.FLOAT, TP.UINT8])
+    got = run_ort(model, {"in_x": x})
+    assert [v.tolist() for v in got] == [y.tolist(), s.tolist(), z.tolist()]
+
+
 @pytest.mark.parametrize("seed", SEEDS)
 def test_conv_family_matches_onnxruntime(seed):
     r = np.random.default_rng(100 + seed)

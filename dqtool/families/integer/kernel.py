@@ -118,10 +118,15 @@ def mul_integer(a: np.ndarray, a_zero_point: np.ndarray | None, b: np.ndarray,
 
 def dynamic_quantize_linear(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """DynamicQuantizeLinear: uint8, scale ``(max(0, x_max) - min(0, x_min)) / 255``, zero
-    point ``saturate(round_half_even(0 - x_min / scale))``, then QuantizeLinear."""
+    point ``saturate(round_half_even(0 - x_min / scale))``, then QuantizeLinear.
+
+    NaN elements are left out of the range, as onnxruntime's vectorized min/max leaves
+    them out unless one sits where a SIMD lane's last comparison keeps it (the
+    specification says nothing of NaN; docs/integer-ops.md): they quantize to 0."""
     x = np.asarray(x, np.float32)
-    lo = np.float32(min(0.0, float(x.min()))) if x.size else np.float32(0)
-    hi = np.float32(max(0.0, float(x.max()))) if x.size else np.float32(0)
+    seen = x[~np.isnan(x)]
+    lo = np.float32(min(0.0, float(seen.min()))) if seen.size else np.float32(0)
+    hi = np.float32(max(0.0, float(seen.max()))) if seen.size else np.float32(0)
     scale = np.float32(1.0) if hi == lo else np.float32((hi - lo) / np.float32(255))
     zp_float = np.float32(np.float32(0) - lo / scale)
     zp = np.uint8(np.rint(np.clip(zp_float, 0, 255)))
