@@ -160,3 +160,46 @@ def test_onnxruntime_release_not_measured_is_assumed_to_run_it():
 
     assert lint.why_not("MulInteger", "com.microsoft", "onnxruntime-9.99") is None
     assert lint.why_not("QLinearConv", "ai.onnx", "onnxruntime-1.32") is None
+
+
+QMATMUL = """
+<ir_version: 8, opset_import: ["" : 13]>
+g (TA[2,4] a) => (TY[2,3] y) <float as = {0.1}, TA az = {0},
+                             TB[4,3] b = {1,2,3,4,5,6,7,8,9,10,11,12}, float bs = {0.1},
+                             TB bz = {0}, float ys = {0.2}, TY yz = {0}> {
+  y = QLinearMatMul (a, as, az, b, bs, bz, ys, yz)
+}
+"""
+
+
+@pytest.mark.parametrize("target", ["onnxruntime", "onnxruntime-1.31", "onnxruntime-1.32"])
+@pytest.mark.parametrize(("a", "b", "ok"), [("int8", "uint8", False), ("uint8", "int8", True),
+                                            ("int8", "int8", True)])
+def test_onnxruntime_types_its_kernels_do_not_take_are_flagged(tmp_path, target, a, b, ok):
+    # The schema lets A and B be int8 or uint8 alike; the CPU kernels of these releases
+    # take no int8 A with a uint8 B (measured, ort_types; "Could not find an
+    # implementation").
+    path = tmp_path / "qmm.onnx"
+    text = QMATMUL.replace("TA", a).replace("TB", b).replace("TY", a)
+    ir.save(ir.from_onnx_text(text), path)
+    found = _dq109(path, target)
+    if ok:
+        assert found == {}
+    else:
+        assert list(found) == ["QLinearMatMul"]
+        assert f"(a {a}, b {b}, output {a}; measured)" in found["QLinearMatMul"]
+
+
+def test_the_type_table_is_what_the_installed_release_runs():
+    # Runtime facts are data keyed by release: the installed one, probed with one-node
+    # sessions, agrees with the table of its release.
+    from importlib import metadata
+
+    from dqtool.families.integer import ort_types
+    from dqtool.runtimes.onnxruntime import release_of
+
+    release = release_of(metadata.version("onnxruntime"))
+    assert release in ort_types.TYPE_COMBOS, (
+        f"onnxruntime {release} has no entry in ort_types.TYPE_COMBOS; measured here: "
+        f"{ {k: sorted(v) for k, v in ort_types.probe().items()} }")
+    assert ort_types.probe() == ort_types.TYPE_COMBOS[release]

@@ -6,7 +6,8 @@ What each target runs (``docs/integer-ops.md`` lists the sources):
   DynamicQuantizeLinear from 11; no com.microsoft operator at all;
 * ``onnxruntime``: every operator of the family (CPU kernels, ai.onnx and com.microsoft)
   except those its release has no CPU kernel for (``ort_facts.NO_CPU_KERNEL``: MulInteger
-  on 1.31 and 1.32);
+  on 1.31 and 1.32) and the type combinations its kernels do not take
+  (``ort_types``: e.g. QLinearMatMul of an int8 A with a uint8 B);
 * ``directml-flX.Y`` (DirectML's operator set by feature level, ``_DML``):
   DML_OPERATOR_QUANTIZED_LINEAR_CONVOLUTION / _MATRIX_MULTIPLY, CONVOLUTION_INTEGER and
   MATRIX_MULTIPLY_INTEGER from FL2.1; DYNAMIC_QUANTIZE_LINEAR and
@@ -26,7 +27,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from dqtool import graph
-from dqtool.families.integer import describe, ops, ort_facts
+from dqtool.families.integer import describe, ops, ort_facts, ort_types
 from dqtool.linting.context import ModelContext
 from dqtool.linting.finding import Finding
 from dqtool.linting.registry import define
@@ -74,14 +75,19 @@ _DML = {
 }
 
 
+_TYPED = frozenset(ort_types._MEASURED)  # the operators whose types a release restricts
+
+
 def dml_fact(op: str) -> DmlFact | None:
     return _DML.get(op)
 
 
-def why_not(op: str, domain: str, target: str) -> str | None:
-    """Why ``target`` cannot run the operator, or None when it can."""
+def why_not(op: str, domain: str, target: str,
+            signature: tuple[str | None, ...] = ()) -> str | None:
+    """Why ``target`` cannot run the operator (with inputs and output of the types in
+    ``signature``, see ``ort_types``), or None when it can."""
     if target == "onnxruntime" or target.startswith("onnxruntime-"):
-        return _ort_why_not(op, target)
+        return _ort_why_not(op, domain, target, signature)
     if target.startswith("onnx-opset-"):
         n = int(target.rsplit("-", 1)[1])
         if domain != "ai.onnx":
@@ -103,9 +109,11 @@ def why_not(op: str, domain: str, target: str) -> str | None:
     return None
 
 
-def _ort_why_not(op: str, target: str) -> str | None:
-    """An operator with a schema but no CPU kernel in the target's release (measured,
-    ``ort_facts``); ``onnxruntime`` is the installed release. A release not measured is
+def _ort_why_not(op: str, domain: str, target: str,
+                 signature: tuple[str | None, ...]) -> str | None:
+    """An operator with a schema but no CPU kernel in the target's release, or none for
+    its types (measured, ``ort_facts`` and ``ort_types``); ``onnxruntime`` is the installed
+    release (probed where the table does not hold it). Another release not measured is
     assumed to run the family."""
     from dqtool.runtimes import onnxruntime as ort_runtime
 
@@ -116,7 +124,39 @@ def _ort_why_not(op: str, target: str) -> str | None:
         release = target[len("onnxruntime-"):]
     if release is not None and ort_facts.has_cpu_kernel(op, release) is False:
         return f"onnxruntime {release} has no CPU kernel for com.microsoft {op} (measured)"
+    if not signature or None in signature:
+        return None
+    sig = tuple(t for t in signature if t is not None)
+    takes = ort_types.takes((domain, op), sig, release)
+    if takes is None and target == "onnxruntime" and release is not None:
+        probed = ort_types.probe().get((domain, op))  # the installed one, not in the table
+        takes = None if probed is None else sig in probed
+    if takes is False:
+        return (f"onnxruntime {release} has no CPU kernel for {domain} {op} of these types "
+                f"({_types_text(op, sig)}; measured)")
     return None
+
+
+def _types_text(op: str, signature: tuple[str, ...]) -> str:
+    opdef = next(d for d in ops.OPS if d.op == op)
+    roles = [s.role for s in opdef.inputs] + ["output"]
+    return ", ".join(f"{r} {t}" for r, t in zip(roles, signature, strict=False))
+
+
+def signature(node, opdef: ops.OpDef) -> tuple[str | None, ...]:
+    """The node's quantized inputs' element types in slot order, then its output's
+    ("int32", "float" or the quantized type), as ``ort_types`` keys them; None where a
+    type is not known."""
+    types = [graph.elem_type(graph.input_value(node, s.value)) for s in opdef.inputs
+             if s.value is not None]
+    if opdef.output is not None and graph.input_value(node, opdef.output.scale) is not None:
+        out = graph.elem_type(graph.input_value(node, opdef.output.zero_point)) \
+            if opdef.output.zero_point is not None and \
+            graph.input_value(node, opdef.output.zero_point) is not None \
+            else graph.elem_type(node.outputs[0])
+    else:
+        out = "int32" if opdef.kind == "integer" else "float"
+    return (*types, out)
 
 
 def fix_for(opdef: ops.OpDef, target: str = "") -> str:
@@ -141,7 +181,8 @@ def target_findings(ctx: ModelContext, target: str) -> Iterator[Finding]:
         opdef = ops.lookup(graph.domain_name(node.domain), node.op_type)
         if opdef is None:
             continue
-        reason = why_not(opdef.op, opdef.domain, target)
+        reason = why_not(opdef.op, opdef.domain, target,
+                         signature(node, opdef) if opdef.key in _TYPED else ())
         if reason is None:
             continue
         spec = describe.read(node, site.opsets)
