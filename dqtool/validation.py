@@ -34,6 +34,7 @@ def validate(path: Path, proto: onnx.ModelProto,
         for t, where in _tensors(proto):
             _tensor(t, where, in_file or {})
         _attributes(proto)
+        _sparse(proto)
         _value_types(proto)
         _graphs(proto)
         _functions(proto)
@@ -229,6 +230,31 @@ def _attributes(proto: onnx.ModelProto) -> None:
                               f"type {a.type}, not an ONNX attribute type")
             for g in [a.g] if a.HasField("g") else a.graphs:
                 nodes.extend(g.node)
+
+
+def _sparse(proto: onnx.ModelProto) -> None:
+    """No sparse tensor: onnx_ir (dqtool's graph library) reads none, so a sparse
+    initializer would be left out of every model written (onnxruntime then refuses the
+    output) and a sparse Constant fails to load; refused up front, with the way out."""
+    graphs = [("main graph", proto.graph)]
+    nodes = [n for f in proto.functions for n in f.node]
+    while graphs or nodes:
+        if graphs:
+            where, g = graphs.pop()
+            if g.sparse_initializer:
+                raise Invalid(f"{where}: sparse initializer '{g.sparse_initializer[0].values.name}'"
+                              ": dqtool does not read sparse tensors (store it dense and "
+                              "run dqtool on that)")
+            nodes.extend(g.node)
+            continue
+        node = nodes.pop()
+        for a in node.attribute:
+            if a.HasField("sparse_tensor") or a.sparse_tensors:
+                raise Invalid(f"node '{node.name or node.op_type}': attribute '{a.name}' is a "
+                              "sparse tensor: dqtool does not read sparse tensors (store it "
+                              "dense and run dqtool on that)")
+            for g in [a.g] if a.HasField("g") else a.graphs:
+                graphs.append((f"subgraph '{a.name}' of node '{node.name or node.op_type}'", g))
 
 
 def _value_types(proto: onnx.ModelProto) -> None:
