@@ -109,6 +109,14 @@ def test_bad_pyproject_is_exit_2(tmp_path, monkeypatch):
     assert run("lint", HEALTHY).exit_code == 2
 
 
+def test_a_pyproject_that_is_not_utf8_is_one_line_and_exit_2(tmp_path, monkeypatch):
+    # An editor's UTF-16 file: it ended in a UnicodeDecodeError traceback.
+    (tmp_path / "pyproject.toml").write_bytes(
+        '[tool.dqtool.lint]\ntarget = "onnxruntime"\n'.encode("utf-16"))
+    monkeypatch.chdir(tmp_path)
+    _one_line_error(run("lint", HEALTHY), "pyproject.toml: cannot read (not UTF-8 text")
+
+
 def test_pre_commit_hook_file():
     text = Path(".pre-commit-hooks.yaml").read_text()
     for needle in ("id: dqtool-lint", "entry: dqtool lint", "language: python",

@@ -39,6 +39,10 @@ def find(start: Path | None = None) -> LintConfig:
             continue
         try:
             doc = tomllib.loads(path.read_text(encoding="utf-8"))
+        except UnicodeDecodeError as e:  # TOML is UTF-8 (a UTF-16 file from an editor)
+            raise UsageError(f"{path}: cannot read (not UTF-8 text: byte {e.start} is "
+                             f"{e.object[e.start:e.start + 1]!r}; TOML files are UTF-8)"
+                             ) from None
         except (OSError, tomllib.TOMLDecodeError) as e:
             raise UsageError(f"{path}: cannot read ({e})") from None
         table = doc.get("tool", {}).get("dqtool", {}).get("lint")
