@@ -153,6 +153,39 @@ def test_pack_leaves_what_it_cannot_express_with_the_reason():
     assert "blocks run along N" in report.skipped[0].why
 
 
+def test_a_dequantize_whose_output_type_is_not_its_scales_is_left():
+    # float16 scales, output_dtype float, A float only through a Cast (no value_info):
+    # MatMulNBits takes A, scales and Y of one type, and the packed node was one
+    # onnxruntime refuses to load ("bound to different types"), written with exit 0.
+    m = model("""
+        <ir_version: 10, opset_import: ["" : 23]>
+        g (float16[1, 32] x) => (float[1, 4] y)
+        <uint8[32, 4] w = {5}, float16[4] s = {15360, 15360, 15360, 15360}>
+        { a = Cast <to = 1> (x)
+          wf = DequantizeLinear <axis = 1, output_dtype = 1> (w, s)
+          y = MatMul(a, wf) }
+    """)
+    m.graph.initializers["w"].const_value = ir.tensor(np.full((32, 4), 5, np.uint8), name="w")
+    report = dqtool.pack(m)
+    assert report.packed == []
+    assert "makes float from float16 scales (output_dtype)" in report.skipped[0].why
+
+
+def test_an_empty_weight_is_left():
+    # K = 0: pack wrote a MatMulNBits with K 0 that check's kernel could not run.
+    m = model("""
+        <ir_version: 10, opset_import: ["" : 21]>
+        g (float[1, 0] x) => (float[1, 3] y) <float s = {0.1}, int8 z = {1}>
+        { wf = DequantizeLinear (w, s, z)
+          y = MatMul(x, wf) }
+    """)
+    m.graph.initializers["w"] = ir.Value(name="w", const_value=ir.tensor(
+        np.zeros((0, 3), np.int8), name="w"))
+    m.graph.node(0).replace_input_with(0, m.graph.initializers["w"])
+    report = dqtool.pack(m)
+    assert report.packed == [] and "the weight is empty (0, 3)" in report.skipped[0].why
+
+
 @pytest.mark.parametrize("kind", ["int4", "uint4"])
 def test_gather_round_trip_reuses_the_stored_table(kind):
     rng = np.random.default_rng(3)

@@ -32,6 +32,7 @@ import onnx_ir as ir
 
 from dqtool import codecs, graph, reading, types
 from dqtool.cleanup import ModelNames, ScopedNames
+from dqtool.codecs.base import output_dtype_attr
 from dqtool.families.fused import arrays, packing
 from dqtool.families.fused.surgery import Builder
 from dqtool.spec import QuantSpec
@@ -165,7 +166,7 @@ class FusedPackPass:
             if why is None and not spec.errors:
                 for u in uses:
                     try:
-                        _check_a(graph.input_value(u.node, 0), spec)
+                        _check_a(graph.input_value(u.node, 0), spec, dq)
                     except NoMatch as e:
                         why = f"its MatMul '{u.node.name}' cannot take it: {e}"
                         break
@@ -243,6 +244,8 @@ class FusedPackPass:
         if x_shape is None or len(x_shape) != 2:
             raise NoMatch("the weight is not 2-D")
         k, n = x_shape
+        if not k or not n:  # (a weight of no elements: nothing for MatMulNBits to hold)
+            raise NoMatch(f"the weight is empty ({k}, {n})")
         if spec.granularity == "blocked":
             if spec.axis != 0:
                 raise NoMatch("blocks run along N (axis 1); MatMulNBits blocks run along K")
@@ -288,7 +291,7 @@ class FusedPackPass:
         if spec.granularity == "per-axis":  # one block spans K: the original's, if noted
             block = _noted_block(dq, k) or block
         a = graph.input_value(mm, 0)
-        _check_a(a, spec)
+        _check_a(a, spec, dq)
         narrowed = self._narrower(dq, spec, bits)
         bits = narrowed or bits
         kn_scales, zps, zp_codes, kb, signed = self._scales_zps(dq, spec, k, n, bits, block)
@@ -676,9 +679,14 @@ def _share_stored(node: ir.Node, i: int, made: ir.Value, name: str) -> None:
     home.initializers.pop(made.name, None)
 
 
-def _check_a(a: ir.Value | None, spec: QuantSpec) -> None:
+def _check_a(a: ir.Value | None, spec: QuantSpec, dq: ir.Node) -> None:
     """NoMatch when a MatMul's A cannot be a MatMulNBits' A for this weight."""
-    # MatMul's A and B share a type, so an undeclared A has the weight's type.
+    # MatMulNBits takes A, scales and Y of one type. MatMul's A and B share a type, so an
+    # undeclared A has the dequantized weight's: the scale's, or ``output_dtype``'s.
+    out = output_dtype_attr(dq)
+    if out not in (None, spec.scale_type):
+        raise NoMatch(f"the DequantizeLinear makes {out} from {spec.scale_type} scales "
+                      "(output_dtype): MatMulNBits takes A, scales and Y of one type")
     if graph.elem_type(a) not in (None, spec.scale_type):
         raise NoMatch(f"A is {graph.elem_type(a)} and the scale {spec.scale_type}: "
                       "MatMulNBits needs them equal")
