@@ -59,5 +59,7 @@ def float32_detour(step: Step, spec: QuantSpec, why: str) -> Outcome:
     if out != "float":
         step.append([("Cast", [], {"to": types.by_name(out).ir_type}, "cast")],
                     ir.DataType.FLOAT)
-        how += f", DequantizeLinear to float then Cast to {out} (one rounding)"
+        how += (f", DequantizeLinear to float then Cast to {out} (one rounding; "
+                "onnxruntime's CPU provider skips that Cast where the next node has no "
+                f"{out} kernel: `check --against` shows it)")
     return Outcome("changed", how, why)
