@@ -63,7 +63,8 @@ def writer_options(default_output: str) -> Callable[[F], F]:
                      help="Write tensors as external data <OUT>.data (automatic past ~1.8 GB "
                           "or when the input used external data)."),
         click.option("--shard-size", metavar="SIZE",
-                     help="Split external data into files of at most SIZE (e.g. 1GB)."),
+                     help="Split external data into files of at most SIZE, e.g. 1GB (a "
+                          "tensor larger than SIZE gets a file of its own)."),
         click.option("--progress/--no-progress", default=None,
                      help="Progress bar on stderr [default: for large saves on a terminal]."),
     ]
