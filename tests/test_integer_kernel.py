@@ -3,6 +3,8 @@ random small cases; and against hand-computed values."""
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 from helpers.integer import one_node, run_ort
@@ -204,6 +206,28 @@ BROADCASTS = [((256, 256), (256, 256)), ((256, 256), (256, 1)), ((256, 1), (256,
               ((1, 256), (256, 1)), ((256,), (1,)), ((1,), (256,))]
 
 
+def _every_pair(codes: np.ndarray, a_shape: tuple[int, ...], b_shape: tuple[int, ...]
+                ) -> tuple[np.ndarray, np.ndarray]:
+    """a and b of these shapes whose broadcast meets every pair of codes where the output
+    has 256 × 256 elements (each a run along its own axis), else each code of the one
+    that varies: a along its last axis of 256, b along its first."""
+    def along(shape: tuple[int, ...], axis: int) -> np.ndarray:
+        out = np.empty(shape, codes.dtype)
+        out[...] = codes.reshape([-1 if i == axis else 1 for i in range(len(shape))]) \
+            if shape[axis] == 256 else codes[0]
+        return out
+
+    a_axis = max(i for i, d in enumerate(a_shape) if d == 256) if 256 in a_shape else 0
+    b_axis = next((i for i, d in enumerate(b_shape) if d == 256 and
+                   (len(b_shape) != len(a_shape) or i != a_axis)), 0)
+    a, b = along(a_shape, a_axis), along(b_shape, b_axis)
+    pairs = {(int(x), int(y)) for x, y in zip(*(v.ravel() for v in np.broadcast_arrays(a, b)),
+                                              strict=True)}
+    want = 256 * 256 if math.prod(np.broadcast_shapes(a_shape, b_shape)) == 256 * 256 else 256
+    assert len(pairs) == want, (a_shape, b_shape, len(pairs))
+    return a, b
+
+
 @pytest.mark.parametrize("op", ["Add", "Mul"])
 @pytest.mark.parametrize("dtype", [np.int8, np.uint8])
 def test_qlinear_add_and_mul_round_ties_as_onnxruntime(op, dtype):
@@ -212,10 +236,7 @@ def test_qlinear_add_and_mul_round_ties_as_onnxruntime(op, dtype):
     for sa, sb, sc, za, zb, zc in TIE_CASES:
         za, zb, zc = (np.array(dtype(z + (128 if info.min == 0 else 0))) for z in (za, zb, zc))
         for a_shape, b_shape in BROADCASTS:
-            a = np.resize(codes, a_shape)
-            b = np.resize(codes[::-1] if len(b_shape) == 1 else codes, b_shape).copy()
-            if len(b_shape) == 2 and b_shape[0] == 256:
-                b = np.resize(codes, b_shape[::-1]).T.copy()  # every pair (a, b) once
+            a, b = _every_pair(codes, a_shape, b_shape)
             inputs = [("in_a", a), ("as", f32(sa)), ("az", za), ("in_b", b), ("bs", f32(sb)),
                       ("bz", zb), ("ys", f32(sc)), ("yz", zc)]
             model = one_node("QLinear" + op, inputs, TP.INT8 if info.min else TP.UINT8,

@@ -29,6 +29,12 @@ WINDOWS = [  # (spatial shape, attributes)
     ((4, 5, 3), {"kernel_shape": [2, 2, 2], "ceil_mode": 1, "strides": [2, 2, 2],
                  "count_include_pad": 1}),
     ((4, 4), {"kernel_shape": [4, 4]}),  # the whole image: onnxruntime's global pool
+    # a kernel shorter than the stride: onnxruntime keeps SAME's negative padding
+    ((6, 7), {"kernel_shape": [1, 1], "auto_pad": "SAME_UPPER", "strides": [3, 4]}),
+    ((10,), {"kernel_shape": [1], "auto_pad": "SAME_LOWER", "strides": [6]}),
+    # VALID is pads of 0: ceil_mode still runs the last window past the input
+    ((5, 9), {"kernel_shape": [2, 2], "strides": [2, 2], "auto_pad": "VALID", "ceil_mode": 1,
+              "count_include_pad": 1}),
 ]
 
 
@@ -99,6 +105,28 @@ def test_qdq_form_of_an_overhanging_window_grows_the_end_pad():
     want, got = run_ort(original, {"x": x})[0], run_ort(converted, {"x": x})[0]
     assert want.shape == got.shape == (1, 1, 3, 2)
     assert np.abs(got.astype(int) - want.astype(int)).max() <= 1
+
+
+@pytest.mark.parametrize(("shape", "attrs", "grown"), [
+    ("1,1,5,9", 'auto_pad = "VALID", ', [0, 0, 1, 1]),  # VALID: pads of 0, grown alike
+    ("1,1,H,4", "", None),  # stride 1 along the unknown axis: no window can overhang
+])
+def test_qdq_grows_the_end_pads_where_a_window_can_overhang(shape, attrs, grown):
+    strides = "[2, 2]" if grown else "[1, 2]"
+    text = OVERHANG.replace("uint8[1,1,5,4] x", f"uint8[{shape}] x").replace(
+        "uint8[1,1,3,2] y", "uint8[1,1,?,?] y").replace(
+        "<kernel_shape = [2, 1], strides = [2, 2],",
+        f"<{attrs}kernel_shape = [2, 2], strides = {strides},")
+    m = api.to_qdq(ir.from_onnx_text(text)).model
+    (avg,) = [n for n in m.graph if n.op_type == "AveragePool"]
+    assert "ceil_mode" not in avg.attributes and "auto_pad" not in avg.attributes
+    assert list(avg.attributes["pads"].value) == (grown or [0, 0, 0, 0])
+    if grown:
+        original, converted = ir.to_proto(ir.from_onnx_text(text)), ir.to_proto(m)
+        x = np.random.default_rng(2).integers(0, 256, (1, 1, 5, 9)).astype(np.uint8)
+        want, got = run_ort(original, {"x": x})[0], run_ort(converted, {"x": x})[0]
+        assert want.shape == got.shape == (1, 1, 3, 5)
+        assert np.abs(got.astype(int) - want.astype(int)).max() <= 1
 
 
 def test_check_runs_the_pools_as_onnxruntime_does(tmp_path):

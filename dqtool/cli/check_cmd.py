@@ -139,8 +139,8 @@ def _render_per_op(app: App, entries: list[dict]) -> None:
 
 
 def _steps(o: dict) -> str:
-    """``1, 3, 0`` (largest distance in steps, elements one step apart, more than one);
-    ``-`` when the output has no quantization step."""
+    """``1, 3, 0`` (largest distance in steps, elements about one step apart, more than
+    one); ``-`` when the output has no quantization step."""
     if o.get("max_steps") is None:
         return "-"
     return f"{o['max_steps']}, {o['off_by_one']}, {o['off_by_more']} (step {_num(o['step'])})"

@@ -120,9 +120,10 @@ def dynamic_quantize_linear(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.n
     """DynamicQuantizeLinear: uint8, scale ``(max(0, x_max) - min(0, x_min)) / 255``, zero
     point ``saturate(round_half_even(0 - x_min / scale))``, then QuantizeLinear.
 
-    NaN elements are left out of the range, as onnxruntime's vectorized min/max leaves
-    them out unless one sits where a SIMD lane's last comparison keeps it (the
-    specification says nothing of NaN; docs/integer-ops.md): they quantize to 0."""
+    NaN elements are left out of the range and quantize to 0, as onnxruntime's vectorized
+    min/max does in most placements (not all: its lanes' comparison order lets a NaN
+    replace a lane's extreme, depending on position and data; the specification says
+    nothing of NaN; docs/integer-ops.md)."""
     x = np.asarray(x, np.float32)
     seen = x[~np.isnan(x)]
     lo = np.float32(min(0.0, float(seen.min()))) if seen.size else np.float32(0)

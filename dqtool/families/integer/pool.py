@@ -72,10 +72,12 @@ def _pads(attrs: Mapping[str, Any], shape: Sequence[int], kernel: Sequence[int],
         begin, end = [], []
         for size, k, s in zip(shape, kernel, strides, strict=True):
             out = -(-size // s)
-            total = max((out - 1) * s + k - size, 0)
-            small, large = total // 2, total - total // 2
-            begin.append(small if auto == "SAME_UPPER" else large)
-            end.append(large if auto == "SAME_UPPER" else small)
+            # Negative where the kernel is shorter than the stride: onnxruntime keeps it
+            # (its windows then start later), halved as C divides, toward zero.
+            total = (out - 1) * s + k - size
+            head = int((total + (auto == "SAME_LOWER")) / 2)
+            begin.append(head)
+            end.append(total - head)
         return begin + end
     if auto == "VALID":
         return [0] * (2 * rank)
@@ -96,10 +98,12 @@ def average_pool(x: np.ndarray, x_scale: Any, x_zero_point: Any, y_scale: Any,
     ceil = bool(attrs.get("ceil_mode", 0))
     include_pad = bool(attrs.get("count_include_pad", 0))
     out_shape, starts, ends = [], [], []
+    same = attrs.get("auto_pad", "NOTSET") in ("SAME_UPPER", "SAME_LOWER", b"SAME_UPPER",
+                                               b"SAME_LOWER")
     for i, (size, k, s) in enumerate(zip(spatial, kernel, strides, strict=True)):
         span = size + pads[i] + pads[i + rank] - k
-        out = (-(-span // s) if ceil else span // s) + 1
-        if ceil and (out - 1) * s >= size + pads[i]:
+        out = (-(-span // s) if ceil and not same else span // s) + 1
+        if ceil and not same and (out - 1) * s >= size + pads[i]:
             out -= 1  # the last window starts inside the input or its begin pad
         first = np.arange(out) * s - pads[i]
         out_shape.append(out)

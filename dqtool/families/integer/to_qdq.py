@@ -250,30 +250,37 @@ def _overhang_as_pads(node: ir.Node, attrs: list[ir.Attr]) -> list[ir.Attr]:
     """onnxruntime's QLinearAveragePool with ``ceil_mode`` and ``count_include_pad``
     divides a last window that runs past the input and its end pad by the whole kernel;
     AveragePool counts only the pads. The same windows with the end pads grown to cover
-    them and ``ceil_mode`` 0 give the same output size and the same divisor."""
+    them and ``ceil_mode`` 0 give the same output size and the same divisor. ``VALID``
+    is pads of 0 here (its windows overhang alike); ``SAME_*`` windows never overhang.
+    An axis of stride 1 cannot overhang (its ceiling is its floor), whatever its size."""
     at = {a.name: a.value for a in attrs}
+    auto = at.get("auto_pad", "NOTSET")
+    auto = auto.decode() if isinstance(auto, bytes) else auto
     if not at.get("ceil_mode") or not at.get("count_include_pad") or \
-            at.get("auto_pad", "NOTSET") not in ("NOTSET", b"NOTSET"):
+            auto not in ("NOTSET", "VALID"):
         return attrs
-    shape = graph.shape_of(node.inputs[0])
     kernel = [int(k) for k in at["kernel_shape"]]
     rank = len(kernel)
-    spatial = None if shape is None else \
-        (shape[1:-1] if at.get("channels_last") else shape[2:])
-    if spatial is None or len(spatial) != rank or not all(isinstance(d, int) for d in spatial):
-        raise Refused("ceil_mode with count_include_pad: onnxruntime divides a window that "
-                      "runs past the input by the whole kernel, and whether one does needs "
-                      "the input's spatial size, which is not known")
     strides = [int(s) for s in (at.get("strides") or [1] * rank)]
-    pads = [int(p) for p in (at.get("pads") or [0] * (2 * rank))]
+    pads = [0] * (2 * rank) if auto == "VALID" else \
+        [int(p) for p in (at.get("pads") or [0] * (2 * rank))]
+    shape = graph.shape_of(node.inputs[0])
+    spatial = [None] * rank if shape is None or len(shape) != rank + 2 else \
+        list(shape[1:-1] if at.get("channels_last") else shape[2:])
     grown = list(pads)
     for i, (size, k, s) in enumerate(zip(spatial, kernel, strides, strict=True)):
+        if s == 1:
+            continue
+        if not isinstance(size, int):
+            raise Refused("ceil_mode with count_include_pad: onnxruntime divides a window "
+                          "that runs past the input by the whole kernel, and whether one "
+                          f"does needs spatial axis {i}'s size, which is not known")
         span = size + pads[i] + pads[i + rank] - k
         out = -(-span // s) + 1
         if (out - 1) * s >= size + pads[i]:
             out -= 1
         grown[i + rank] = max(pads[i + rank], (out - 1) * s + k - size - pads[i])
-    kept = [a for a in attrs if a.name not in ("ceil_mode", "pads")]
+    kept = [a for a in attrs if a.name not in ("ceil_mode", "pads", "auto_pad")]
     return [*kept, ir.AttrInt64s("pads", grown)]
 
 
@@ -670,7 +677,8 @@ def _weight_axis(node: ir.Node, opdef: ops.OpDef, w_scale: ir.Value,
     if graph.num_elements(shape) == 1:
         return None
     if len(shape) != 1:
-        raise Refused(f"a {list(shape)} weight scale has no DequantizeLinear axis")
+        raise Refused(f"a {list(shape)} weight scale (or zero point) has no "
+                      "DequantizeLinear axis")
     wshape = graph.shape_of(node.inputs[1])
     if opdef.op == "ConvInteger":
         return 0
