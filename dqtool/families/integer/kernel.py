@@ -272,7 +272,7 @@ def qlinear_binary(op: str, a, a_scale, a_zero_point, b, b_scale, b_zero_point, 
     dtype = np.asarray(a).dtype
     a, b = np.asarray(a), np.asarray(b)
     za, zb, zc = (F32(_zp(z)) for z in (a_zero_point, b_zero_point, c_zero_point))
-    sa, sb, sc = (F32(np.asarray(s, F32).reshape(-1)[0]) for s in (a_scale, b_scale, c_scale))
+    sa, sb, sc = (first_f32(s) for s in (a_scale, b_scale, c_scale))
     af, bf = a.astype(F32), b.astype(F32)
     with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
         if op == "Mul":
@@ -284,7 +284,7 @@ def qlinear_binary(op: str, a, a_scale, a_zero_point, b, b_scale, b_zero_point, 
                 else ((af, ra, za), (bf, rb, zb))
             fixed = F32(zc - fma(first[1], first[2], F32(second[1] * second[2])))
             v = fma(first[0], first[1], fma(second[0], second[1], fixed))
-    return _to_codes(np.asarray(v, F32), dtype)
+    return to_codes(np.asarray(v, F32), dtype)
 
 
 def _scalar_first(a_shape: tuple[int, ...], b_shape: tuple[int, ...]) -> bool:
@@ -303,7 +303,12 @@ def _scalar_first(a_shape: tuple[int, ...], b_shape: tuple[int, ...]) -> bool:
     return False
 
 
-def _to_codes(v: np.ndarray, dtype: np.dtype) -> np.ndarray:
+def first_f32(v: Any) -> np.float32:
+    """A one-element scale (scalar or 1-D of one) as float32."""
+    return F32(np.asarray(v, F32).reshape(-1)[0])
+
+
+def to_codes(v: np.ndarray, dtype: np.dtype) -> np.ndarray:
     """float32 → the output's codes as the kernels convert: rounded half to even (SSE's
     conversion; NaN and what int32 cannot hold become its minimum), saturated."""
     r = np.rint(v).astype(np.float64)

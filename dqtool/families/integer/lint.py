@@ -75,9 +75,6 @@ _DML = {
 }
 
 
-_TYPED = frozenset(ort_types._MEASURED)  # the operators whose types a release restricts
-
-
 def dml_fact(op: str) -> DmlFact | None:
     return _DML.get(op)
 
@@ -182,7 +179,7 @@ def target_findings(ctx: ModelContext, target: str) -> Iterator[Finding]:
         if opdef is None:
             continue
         reason = why_not(opdef.op, opdef.domain, target,
-                         signature(node, opdef) if opdef.key in _TYPED else ())
+                         signature(node, opdef) if opdef.key in ort_types.TYPED_OPS else ())
         if reason is None:
             continue
         spec = describe.read(node, site.opsets)

@@ -34,6 +34,7 @@ _MEASURED: dict[tuple[str, str], frozenset[tuple[str, ...]]] = {
 }
 TYPE_COMBOS: dict[str, dict[tuple[str, str], frozenset[tuple[str, ...]]]] = {
     "1.31": _MEASURED, "1.32": _MEASURED}
+TYPED_OPS = frozenset(_MEASURED)  # the operators whose types a release restricts
 
 
 def takes(key: tuple[str, str], signature: tuple[str, ...], release: str | None
@@ -112,4 +113,4 @@ def probe() -> dict[tuple[str, str], frozenset[tuple[str, ...]]]:
     from dqtool.runtimes.onnxruntime import _runs
 
     return {key: frozenset(s for s in signatures(key) if _runs(_model(key, s)))
-            for key in _MEASURED}
+            for key in TYPED_OPS}

@@ -25,20 +25,9 @@ from typing import Any
 
 import numpy as np
 
+from dqtool.families.integer.kernel import first_f32, saturate, to_codes
+
 F32 = np.float32
-
-
-def _codes(v: np.ndarray, dtype: np.dtype) -> np.ndarray:
-    """float32 → int32 as the kernels convert (half to even; NaN and what int32 cannot
-    hold become its minimum), then saturated to ``dtype``."""
-    info = np.iinfo(dtype)
-    r = np.rint(np.asarray(v, F32)).astype(np.float64)
-    r = np.where(np.isnan(r) | (np.abs(r) >= 2.0**31), -(2.0**31), r)
-    return np.clip(r, info.min, info.max).astype(dtype)
-
-
-def _one(v: Any) -> F32:
-    return F32(np.asarray(v, F32).reshape(-1)[0])
 
 
 def _zp(v: Any) -> int:
@@ -52,13 +41,13 @@ def global_average_pool(x: np.ndarray, x_scale: Any, x_zero_point: Any, y_scale:
     n = int(math.prod(x.shape[2:]))
     zx, zy = _zp(x_zero_point), _zp(y_zero_point)
     info = np.iinfo(x.dtype)
-    scale = F32(_one(x_scale) / F32(_one(y_scale) * F32(n)))
+    scale = F32(first_f32(x_scale) / F32(first_f32(y_scale) * F32(n)))
     acc = x.reshape(x.shape[0], x.shape[1], -1).astype(np.int64).sum(axis=-1) - zx * n
     acc = acc.astype(np.int32).astype(F32)  # (an int32 accumulator)
     with np.errstate(invalid="ignore", over="ignore"):
         v = np.clip((acc * scale).astype(F32), F32(info.min - zy), F32(info.max - zy))
-    y = _codes(v, np.dtype(np.int32)).astype(np.int64) + zy
-    out = np.clip(y, info.min, info.max).astype(x.dtype)
+    y = to_codes(v, np.dtype(np.int32)).astype(np.int64) + zy
+    out = saturate(y, x.dtype)
     return out.reshape(*x.shape[:2], *([1] * (x.ndim - 2)))
 
 
@@ -111,7 +100,7 @@ def average_pool(x: np.ndarray, x_scale: Any, x_zero_point: Any, y_scale: Any,
         ends.append(np.minimum(first + k, size))
     zx, zy = _zp(x_zero_point), _zp(y_zero_point)
     with np.errstate(invalid="ignore", over="ignore"):
-        xf = (_one(x_scale) * (x.astype(np.int64) - zx).astype(F32)).astype(F32)
+        xf = (first_f32(x_scale) * (x.astype(np.int64) - zx).astype(F32)).astype(F32)
     total = np.zeros((*x.shape[:2], *out_shape), F32)
     for offset in itertools.product(*(range(k) for k in kernel)):
         # each window's element at ``offset``, added where it lies in the input: the
@@ -138,5 +127,5 @@ def average_pool(x: np.ndarray, x_scale: Any, x_zero_point: Any, y_scale: Any,
             count = count * size.astype(F32)
     with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
         mean = (total / count).astype(F32)
-        v = ((mean / _one(y_scale)).astype(F32) + F32(zy)).astype(F32)
-    return _codes(v, x.dtype)
+        v = ((mean / first_f32(y_scale)).astype(F32) + F32(zy)).astype(F32)
+    return to_codes(v, x.dtype)
