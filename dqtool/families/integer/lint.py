@@ -130,12 +130,13 @@ def _ort_why_not(op: str, domain: str, target: str,
         takes = None if probed is None else sig in probed
     if takes is False:
         return (f"onnxruntime {release} has no CPU kernel for {domain} {op} of these types "
-                f"({_types_text(op, sig)}; measured)")
+                f"({_types_text(domain, op, sig)}; measured)")
     return None
 
 
-def _types_text(op: str, signature: tuple[str, ...]) -> str:
-    opdef = next(d for d in ops.OPS if d.op == op)
+def _types_text(domain: str, op: str, signature: tuple[str, ...]) -> str:
+    opdef = ops.lookup(domain, op)
+    assert opdef is not None
     roles = [s.role for s in opdef.inputs] + ["output"]
     return ", ".join(f"{r} {t}" for r, t in zip(roles, signature, strict=False))
 

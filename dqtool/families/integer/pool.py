@@ -73,6 +73,17 @@ def _pads(attrs: Mapping[str, Any], shape: Sequence[int], kernel: Sequence[int],
     return list(attrs.get("pads") or [0] * (2 * rank))
 
 
+def pooled_size(size: int, k: int, s: int, begin: int, end: int, ceil: bool) -> int:
+    """Windows along one axis, as onnxruntime's pool attributes count them: with
+    ``ceil_mode``, rounded up, less one where the last window would start past the input
+    and its begin pad."""
+    span = size + begin + end - k
+    out = (-(-span // s) if ceil else span // s) + 1
+    if ceil and (out - 1) * s >= size + begin:
+        out -= 1
+    return out
+
+
 def average_pool(x: np.ndarray, x_scale: Any, x_zero_point: Any, y_scale: Any,
                  y_zero_point: Any, attrs: Mapping[str, Any]) -> np.ndarray:
     """QLinearAveragePool, NCHW."""
@@ -90,10 +101,7 @@ def average_pool(x: np.ndarray, x_scale: Any, x_zero_point: Any, y_scale: Any,
     same = attrs.get("auto_pad", "NOTSET") in ("SAME_UPPER", "SAME_LOWER", b"SAME_UPPER",
                                                b"SAME_LOWER")
     for i, (size, k, s) in enumerate(zip(spatial, kernel, strides, strict=True)):
-        span = size + pads[i] + pads[i + rank] - k
-        out = (-(-span // s) if ceil and not same else span // s) + 1
-        if ceil and not same and (out - 1) * s >= size + pads[i]:
-            out -= 1  # the last window starts inside the input or its begin pad
+        out = pooled_size(size, k, s, pads[i], pads[i + rank], ceil and not same)
         first = np.arange(out) * s - pads[i]
         out_shape.append(out)
         starts.append(first)

@@ -37,7 +37,7 @@ import numpy as np
 import onnx_ir as ir
 
 from dqtool import graph
-from dqtool.families.integer import describe, ops
+from dqtool.families.integer import describe, ops, pool
 from dqtool.families.integer.rewrite import (
     Change,
     Names,
@@ -275,10 +275,7 @@ def _overhang_as_pads(node: ir.Node, attrs: list[ir.Attr]) -> list[ir.Attr]:
             raise Refused("ceil_mode with count_include_pad: onnxruntime divides a window "
                           "that runs past the input by the whole kernel, and whether one "
                           f"does needs spatial axis {i}'s size, which is not known")
-        span = size + pads[i] + pads[i + rank] - k
-        out = -(-span // s) + 1
-        if (out - 1) * s >= size + pads[i]:
-            out -= 1
+        out = pool.pooled_size(size, k, s, pads[i], pads[i + rank], ceil=True)
         grown[i + rank] = max(pads[i + rank], (out - 1) * s + k - size - pads[i])
     kept = [a for a in attrs if a.name not in ("ceil_mode", "pads", "auto_pad")]
     return [*kept, ir.AttrInt64s("pads", grown)]
