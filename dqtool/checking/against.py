@@ -158,7 +158,7 @@ def compare_models(model: onnx.ModelProto, original: onnx.ModelProto,
 
 def _all_nan(a: np.ndarray) -> bool:
     a = np.asarray(a)
-    if a.size == 0 or a.dtype.kind in "OUSb" or (a.dtype.kind in "iu"):
+    if a.size == 0 or a.dtype.kind in "OUSbiu":  # (no NaN in strings, bools, integers)
         return False
     with np.errstate(invalid="ignore"):
         return bool(np.isnan(a.astype(np.float64)).all())
