@@ -23,7 +23,7 @@ export DQTOOL_SLOW ?=
 FUZZ_SECONDS ?= 300
 FUZZ_SEED ?= 0
 
-.PHONY: run test lint models docs bench bench-quick fuzz clean lock test-latest test-ort
+.PHONY: run test lint models docs bench bench-quick fuzz clean lock test-latest test-ort test-cpu
 
 # $(1): the virtualenv folder. Installs the lock (hash-checked), then dqtool itself, built
 # with the locked hatchling (no build isolation: nothing unpinned is fetched).
@@ -73,6 +73,19 @@ test-ort:
 	.venv-ort-$(ORT)/bin/python $(PIP) onnxruntime==$(ORT)
 	@.venv-ort-$(ORT)/bin/python tools/lock_drift.py $(LOCK)
 	.venv-ort-$(ORT)/bin/python $(PYTEST)
+
+# `make test-cpu CPU=Haswell`: the integer, check and docs tests with onnxruntime on another
+# CPU code path, emulated by qemu-user (Debian package qemu-user, installed here if missing):
+# Haswell is x86-64 AVX2 without VNNI (docs/semantics.md "CPU code paths").
+CPU ?= Haswell
+CPU_TESTS ?= tests/test_integer_*.py tests/test_check*.py tests/test_docs.py tests/test_code_paths.py
+test-cpu: $(STAMP)
+	@command -v qemu-x86_64 >/dev/null || (apt-get update -qq && apt-get install -y -qq qemu-user)
+	@tools/python-on-cpu $(CPU) $(abspath $(BIN))/python > $(BIN)/python-$(CPU)
+	@chmod +x $(BIN)/python-$(CPU)
+	@$(BIN)/python-$(CPU) -c "from dqtool.runtimes import cpu_path; print('CPU path under qemu:', cpu_path.probe().describe())"
+	$(BIN)/python -m pytest -q -p no:cacheprovider --dist load \
+	  --tx "2*popen//python=$(abspath $(BIN))/python-$(CPU)" $(CPU_TESTS)
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

@@ -1,5 +1,6 @@
 """The integer operators' kernels against onnxruntime (ORT_DISABLE_ALL), bit for bit, on
-random small cases; and against hand-computed values."""
+random small cases, through the entry of ``dqtool.runtimes.code_paths`` for the CPU path
+they run on (``helpers.paths``); and against hand-computed values."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import math
 
 import numpy as np
 import pytest
+from helpers import paths
 from helpers.integer import one_node, run_ort
 from onnx import TensorProto as TP
 
@@ -59,7 +61,8 @@ def test_matmul_integer_wraps_in_int32():
 
 
 @pytest.mark.parametrize("seed", SEEDS)
-def test_matmul_family_matches_onnxruntime(seed):
+def test_matmul_family_matches_onnxruntime(seed, monkeypatch):
+    paths.patch_accumulation(monkeypatch)  # the spec, or this path's entry
     r, c = _case(seed)
     a, b = c["a"], c["b"]
     feeds = {"in_a": a}
@@ -99,7 +102,8 @@ def test_matmul_family_matches_onnxruntime(seed):
 
 
 @pytest.mark.parametrize("seed", SEEDS)
-def test_dynamic_quantization_matches_onnxruntime(seed):
+def test_dynamic_quantization_matches_onnxruntime(seed, monkeypatch):
+    paths.patch_accumulation(monkeypatch)  # the spec, or this path's entry
     r, c = _case(seed)
     x = f32(r.standard_normal(c["a"].shape) * r.uniform(0.1, 10) + r.uniform(-3, 3))
     m = one_node("DynamicQuantizeLinear", [("in_x", x)], [TP.UINT8, TP.FLOAT, TP.UINT8])
@@ -136,7 +140,8 @@ def test_dynamic_quantize_linear_leaves_nan_out_of_the_range_as_onnxruntime():
 
 
 @pytest.mark.parametrize("seed", SEEDS)
-def test_conv_family_matches_onnxruntime(seed):
+def test_conv_family_matches_onnxruntime(seed, monkeypatch):
+    paths.patch_accumulation(monkeypatch)  # the spec, or this path's entry
     r = np.random.default_rng(100 + seed)
     cin, m, h = int(r.integers(1, 5)), int(r.integers(1, 6)), int(r.integers(3, 9))
     x = r.integers(0, 256, (1, cin, h, h)).astype(np.uint8)

@@ -16,7 +16,7 @@ import onnx_ir as ir
 
 from dqtool import families
 from dqtool.checking import against as against_mod
-from dqtool.checking import bounded, faithful, runners, selfcheck
+from dqtool.checking import bounded, faithful, path_deviations, runners, selfcheck
 from dqtool.checking import inputs as inputs_mod
 from dqtool.checking.compare import OutputComparison
 from dqtool.checking.models import Loaded, ModelLike, load
@@ -104,6 +104,10 @@ def check(
                     [(name, proto, loaded.external_dir),
                      (other_name, other, other_loaded.external_dir)]))
         comparisons = faithful.apply(comparisons, per_op, notes)
+        found = path_deviations.applicable(proto, other)
+        if found:
+            comparisons = path_deviations.keep_out(comparisons, found, notes)
+            notes += path_deviations.own_distance(other, feeds)
         fused = next((r for support in families.check_supports() if support.fused_run
                       for r in [support.fused_run(proto, other, feeds)] if r is not None),
                      None)

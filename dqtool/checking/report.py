@@ -77,8 +77,9 @@ class CheckReport:
         if self.against is None:
             doc["nodes"] = [n.to_json() for n in self.nodes]
             doc["summary"] = {s: sum(n.status == s for n in self.nodes)
-                              for s in ("bit-exact", "within-tolerance", "mismatch",
-                                        "kernel-only", "skipped", "error")}
+                              for s in ("bit-exact", "within-tolerance",
+                                        "runtime-deviation", "mismatch", "kernel-only",
+                                        "skipped", "error")}
         else:
             doc["comparisons"] = [c.to_json() for c in self.comparisons]
             doc["weights"] = [w.to_json() for w in self.weights]

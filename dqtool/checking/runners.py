@@ -57,8 +57,11 @@ def ort_runtime() -> Runtime:
         import onnxruntime as ort
     except ImportError as e:  # a broken install must not hide the kernel-only result
         return Runtime("onnxruntime", f"unavailable ({_first_line(e)})")
+    from dqtool.runtimes import cpu_path
+
     return Runtime("onnxruntime", f"onnxruntime {ort.__version__}, {ORT_PROVIDER}, "
-                   f"graph optimization {ORT_LEVEL}")
+                   f"graph optimization {ORT_LEVEL}; CPU path "
+                   f"{cpu_path.probe().description}")
 
 
 def reference_runtime() -> Runtime:

@@ -2,7 +2,9 @@
 depends on, read from the installed distributions' metadata.
 
 Importing onnxruntime to ask its version costs about a second; its metadata costs
-milliseconds and names the same release, so nothing here imports the packages it lists.
+milliseconds and names the same release, so versions are read from metadata. The last line,
+the CPU code path onnxruntime takes here, is a behaviour: it imports onnxruntime and runs
+one one-node session (``dqtool.runtimes.cpu_path``).
 """
 
 from __future__ import annotations
@@ -54,4 +56,10 @@ def text() -> str:
     from dqtool.native import status
 
     lines.append(f"native transpose {status()}")
+    # The one import of onnxruntime here: which CPU code path it takes is a behaviour, not
+    # metadata (one one-node session; docs/semantics.md "CPU code paths").
+    from dqtool.runtimes import cpu_path
+
+    p = cpu_path.probe()
+    lines.append(f"cpu {p.name}: {p.describe()}")
     return "\n".join(lines)

@@ -43,7 +43,7 @@ FAMILY = Family(
     keys=tuple((d.domain, d.op, d.since_version) for d in ops.OPS if d.domain == ops.MS),
     evaluator_ops=_evaluator_ops,
     prunable=frozenset({ops.MS}),
-    lint_modules=("dqtool.families.integer.lint",),
+    lint_modules=("dqtool.families.integer.lint", "dqtool.families.integer.lint_saturation"),
     inspect=_inspect,
     convert_steps=(ConvertStep(
         "--to-qdq", "First rewrite integer operators (QLinear*, MatMulInteger, dynamic "

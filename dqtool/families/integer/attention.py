@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from dqtool.families.integer import kernel
 from dqtool.families.integer.mlas import fma, softmax
 
 F32 = np.float32
@@ -125,13 +126,11 @@ def _dot_rows(v: np.ndarray, rows: np.ndarray, c: np.ndarray | None) -> np.ndarr
 
 def qkv(x, w, bias, x_scale, w_scale, x_zp=None, w_zp=None) -> np.ndarray:
     """Stage 1: ``float32(acc) · (w_scale · x_scale) + bias``, shape (batch, seq, 3·hidden)."""
-    xz = 0 if x_zp is None else int(np.asarray(x_zp).reshape(-1)[0])
+    xz = np.asarray(0 if x_zp is None else int(np.asarray(x_zp).reshape(-1)[0]))
     wz = np.zeros((), np.int64) if w_zp is None else np.asarray(w_zp).astype(np.int64)
     if wz.size == 1:
         wz = wz.reshape(())
-    acc = (np.asarray(x).astype(np.float64) - xz) @ (np.asarray(w).astype(np.int64) - wz
-                                                      ).astype(np.float64)
-    acc32 = np.rint(acc).astype(np.int64).astype(np.int32)
+    acc32 = kernel.integer_matmul(x, xz, w, wz).astype(np.int32)
     ws = np.asarray(w_scale, F32)
     scale = (ws.reshape(-1) if ws.size > 1 else ws.reshape(())) * F32(
         np.asarray(x_scale, F32).reshape(-1)[0])

@@ -82,18 +82,27 @@ def _row_zp(a_zp: np.ndarray | None, a: np.ndarray) -> np.ndarray:
     return zp
 
 
+def integer_matmul(a: np.ndarray, a_zero_point: np.ndarray | None, b: np.ndarray,
+                   b_zero_point: np.ndarray | None) -> np.ndarray:
+    """The family's one integer GEMM: int64 ``(a - a_zp) @ (b - b_zp)`` of raw codes, exact
+    (a per-tensor or per-row a_zp, a per-tensor or per-column b_zp). A runtime that
+    accumulates otherwise on some CPU path is emulated in ``dqtool.runtimes.code_paths``,
+    never here."""
+    return _exact_sum(np.matmul, _i64(a) - _row_zp(a_zero_point, a),
+                      _i64(b) - _zp(b_zero_point))
+
+
 def matmul_integer(a: np.ndarray, b: np.ndarray, a_zero_point: np.ndarray | None = None,
                    b_zero_point: np.ndarray | None = None) -> np.ndarray:
     """MatMulInteger: int32 ``(a - a_zp) @ (b - b_zp)`` (per-row a_zp, per-column b_zp)."""
-    return _wrap_int32(_exact_sum(np.matmul, _i64(a) - _row_zp(a_zero_point, a),
-                                  _i64(b) - _zp(b_zero_point)))
+    return _wrap_int32(integer_matmul(a, a_zero_point, b, b_zero_point))
 
 
 def qlinear_matmul(a, a_scale, a_zero_point, b, b_scale, b_zero_point, y_scale,
                    y_zero_point) -> np.ndarray:
     """QLinearMatMul: int32 accumulation, then one requantization by
     ``(a_scale * b_scale) / y_scale``."""
-    acc = _exact_sum(np.matmul, _i64(a) - _zp(a_zero_point), _i64(b) - _zp(b_zero_point))
+    acc = integer_matmul(a, _zp(a_zero_point), b, b_zero_point)
     m = multiplier(a_scale, b_scale, divide_by=y_scale)
     return requantize(_wrap_int32(acc), m, y_zero_point, _out_dtype(y_zero_point))
 
@@ -198,21 +207,28 @@ def _channel(v: np.ndarray | None, rank: int) -> np.ndarray:
 def conv_integer(x, w, x_zero_point=None, w_zero_point=None, **attrs: Any) -> np.ndarray:
     """ConvInteger: int32 convolution of ``x - x_zp`` with ``w - w_zp`` (w_zp per output
     channel allowed)."""
+    return _wrap_int32(integer_conv(x, x_zero_point, w, w_zero_point, _conv_attrs(attrs)))
+
+
+def integer_conv(x: np.ndarray, x_zero_point: np.ndarray | None, w: np.ndarray,
+                 w_zero_point: np.ndarray | None, attrs: Mapping[str, Any]) -> np.ndarray:
+    """The family's one integer convolution: int64, exact (see ``integer_matmul``)."""
     w = _i64(w)
     wz = _zp(w_zero_point)
     if wz.ndim == 1 and wz.size > 1:
         wz = wz.reshape((-1,) + (1,) * (w.ndim - 1))
     xc = (_i64(x) - _zp(x_zero_point)).astype(np.float64)
     wc = (w - wz).astype(np.float64)
-    acc = run_float_op("Conv", [xc, wc], _conv_attrs(attrs), elem_double=True)
-    return _wrap_int32(np.rint(acc).astype(np.int64))
+    acc = run_float_op("Conv", [xc, wc], dict(attrs), elem_double=True)
+    return np.rint(acc).astype(np.int64)
 
 
 def qlinear_conv(x, x_scale, x_zero_point, w, w_scale, w_zero_point, y_scale, y_zero_point,
                  bias=None, **attrs: Any) -> np.ndarray:
     """QLinearConv: int32 convolution plus the int32 bias, then one requantization by
     ``(x_scale * w_scale[c]) / y_scale`` per output channel."""
-    acc = conv_integer(x, w, x_zero_point, w_zero_point, **attrs).astype(np.int64)
+    acc = _wrap_int32(integer_conv(x, x_zero_point, w, w_zero_point, _conv_attrs(attrs)))
+    acc = acc.astype(np.int64)
     if bias is not None:
         acc = acc + _channel(_i64(bias), acc.ndim)
     m = _channel(multiplier(x_scale, w_scale, divide_by=y_scale), acc.ndim)
@@ -228,15 +244,11 @@ def qgemm(a, a_scale, a_zero_point, b, b_scale, b_zero_point, c=None, y_scale=No
     then requantized by ``alpha·a_scale·b_scale / y_scale`` or, without y_scale, scaled to
     float by ``alpha·a_scale·b_scale``. b's scale and zero point may be per column (per
     row of B when transB)."""
-    ac = _i64(a) - _zp(a_zero_point)
-    bz, bs = _zp(b_zero_point), np.asarray(b_scale, np.float32)
-    if transA:
-        ac = ac.T
-    bc = _i64(b)
-    if transB:
-        bc = bc.T
-    bc = bc - bz  # per-column zero point after the transpose
-    acc = _exact_sum(np.matmul, ac, bc)
+    bs = np.asarray(b_scale, np.float32)
+    a_t = np.asarray(a).T if transA else np.asarray(a)
+    b_t = np.asarray(b).T if transB else np.asarray(b)
+    # (b's per-column zero point applies after the transpose)
+    acc = integer_matmul(a_t, _zp(a_zero_point), b_t, b_zero_point)
     if c is not None:
         acc = acc + _i64(c)
     m = multiplier(np.float32(alpha), a_scale, bs,

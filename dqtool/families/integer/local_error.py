@@ -5,10 +5,12 @@ it; in a dynamically quantized model each DynamicQuantizeLinear re-quantizes the
 different activations (a new scale, codes flipped at rounding boundaries), so the
 differences grow with depth. That growth is a property of the model, not of one rewrite.
 What a conversion controls is each operator's own error, measured here: one run of the
-original on onnxruntime gives every operator's inputs and output; each converted region of
-the checked model (its DequantizeLinear inputs, the float operator, a bias Add, the
-QuantizeLinear after it) runs alone on the original's inputs, and its output is compared
-with the original operator's output:
+original on the reference evaluator (the specification: integer accumulation exact, on every
+CPU) gives every operator's inputs and output; each converted region of the checked model
+(its DequantizeLinear inputs, the float operator, a bias Add, the QuantizeLinear after it)
+runs alone on the original's inputs, on the reference evaluator too, and its output is
+compared with the original operator's output. onnxruntime's integer kernels differ by CPU
+code path (``dqtool.runtimes.code_paths``), so they decide nothing here:
 
 * a quantized output (QLinear*) in codes;
 * a float output (MatMulInteger / ConvInteger → Cast → Mul, MatMulIntegerToFloat, ...) in
@@ -34,7 +36,7 @@ import onnx_ir as ir
 
 from dqtool import graph
 from dqtool.checking import compare, float_steps, runners
-from dqtool.checking.models import for_ort, with_outputs
+from dqtool.checking.models import with_outputs
 from dqtool.families.integer import ops
 
 
@@ -90,8 +92,8 @@ def measure(original: onnx.ModelProto, converted: onnx.ModelProto,
             feeds: Mapping[str, np.ndarray], external_dir: Path | None = None
             ) -> list[LocalError]:
     """Every main-graph integer operator of ``original`` that ``converted`` holds in QDQ
-    form, its converted region run alone on the original's inputs (onnxruntime,
-    ``ORT_DISABLE_ALL``). Empty when the original has none."""
+    form, its converted region run alone on the original's inputs (the reference
+    evaluator). Empty when the original has none."""
     orig = ir.serde.deserialize_model(original)
     conv = ir.serde.deserialize_model(converted)
     by_name = {n.name: n for n in conv.graph if n.name}
@@ -126,11 +128,11 @@ def measure(original: onnx.ModelProto, converted: onnx.ModelProto,
         if missing is None:
             wanted |= {*feeds_from.values(), r.original_out}
     try:
-        model, _ = for_ort(with_outputs(original, sorted(wanted)))
-        values = runners.run_ort(model, feeds, sorted(wanted), external_dir=external_dir)
+        values = runners.run_reference(with_outputs(original, sorted(wanted)), feeds,
+                                       sorted(wanted), external_dir=external_dir)
     except runners.RuntimeFailure as e:
         return results + [LocalError(r.site_node, r.op, _into(r.nodes), None,
-                                     f"onnxruntime cannot run the original: {e}")
+                                     f"the reference evaluator cannot run the original: {e}")
                           for r in regions]
     for r, feeds_from, missing in plans:
         into = _into(r.nodes)
@@ -141,7 +143,7 @@ def measure(original: onnx.ModelProto, converted: onnx.ModelProto,
             got = _run_region(r, conv, {k: values[v] for k, v in feeds_from.items()})
         except runners.RuntimeFailure as e:
             results.append(LocalError(r.site_node, r.op, into, None,
-                                      f"onnxruntime cannot run the region: {e}"))
+                                      f"the reference evaluator cannot run the region: {e}"))
             continue
         want = values[r.original_out]
         step: float | None = 1.0 if np.asarray(want).dtype.kind in "iu" else \
@@ -305,7 +307,7 @@ def _run_region(r: _Region, conv: ir.Model, feeds: dict[str, np.ndarray]) -> np.
     m = onnx.helper.make_model(g, opset_imports=[onnx.helper.make_opsetid(d, v)
                                                  for d, v in conv.opset_imports.items()])
     m.ir_version = min(conv.ir_version, 10)
-    return runners.run_ort(m, feeds, [r.out.name])[r.out.name]
+    return runners.run_reference(m, feeds, [r.out.name])[r.out.name]
 
 
 def _into(nodes: list[ir.Node]) -> str:

@@ -29,7 +29,7 @@ from contextvars import ContextVar
 
 import numpy as np
 
-from dqtool.families.integer import mlas
+from dqtool.families.integer import kernel, mlas
 from dqtool.families.integer.kernel import dynamic_quantize_linear
 
 F32 = np.float32
@@ -120,8 +120,7 @@ def _qgemm(a: np.ndarray, w: np.ndarray, w_zp: int, w_scale: np.ndarray) -> np.n
     """``a`` (float32 rows) quantized dynamically, times the 8-bit ``w`` as integers, each
     int32 result times ``float32(a_scale · w_scale)`` (per tensor or per column)."""
     qa, sa, za = dynamic_quantize_linear(a)
-    acc = (qa.astype(np.float64) - float(za)) @ (w.astype(np.float64) - float(w_zp))
-    acc32 = np.rint(acc).astype(np.int64).astype(np.int32)
+    acc32 = kernel.integer_matmul(qa, za, w, np.asarray(w_zp)).astype(np.int32)
     mult = (F32(sa) * np.asarray(w_scale, F32)).astype(F32)
     return (acc32.astype(F32) * mult).astype(F32)
 
