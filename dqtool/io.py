@@ -71,12 +71,21 @@ def _data_file(path: Path, base: Path, loc: str, name: str) -> tuple[Path, int]:
     if not lexical.is_relative_to(base):
         raise InputError(f"{path}: tensor '{name}' has external-data location '{loc}', "
                          "which escapes the model's folder")
-    target = lexical.resolve()
-    # onnx_ir refuses these two when it reads the data; say so now, in one line.
+    # Resolved as the operating system opens it: each symbolic link followed before the
+    # '..' after it ('sub/../w.bin' through a link 'sub' leaves the folder, though its
+    # lexical form does not). CVE-2024-27318 is this class.
+    try:
+        target = Path(os.path.realpath(base / loc, strict=True))
+    except FileNotFoundError:
+        raise InputError(f"{path}: external data '{loc}' of tensor '{name}' is missing")\
+            from None
+    except OSError as e:  # a symbolic-link loop, a name too long, a component not a folder
+        raise InputError(f"{path}: external data '{loc}' of tensor '{name}' cannot be "
+                         f"opened: {e.strerror or e}") from None
     if not target.is_relative_to(base):
-        raise InputError(f"{path}: external data '{loc}' is a symbolic link to {target}, "
-                         "outside the model's folder; only files inside it are read "
-                         "(copy the data next to the model)")
+        raise InputError(f"{path}: external data '{loc}' leads through a symbolic link to "
+                         f"{target}, outside the model's folder; only files inside it are "
+                         "read (copy the data next to the model)")
     if not target.is_file():
         raise InputError(f"{path}: external data '{loc}' of tensor '{name}' is missing")
     st = target.stat()

@@ -1,0 +1,105 @@
+"""External-data locations resolved as the operating system opens them: '..' after a
+symbolic link, symbolic-link loops, overlong and missing components, a symlinked model
+folder. Each is one line and exit 2 from every command, or read as the file it is."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from test_bad_input import _external_model
+
+from dqtool import io
+from dqtool.errors import InputError
+
+DATA = bytes(range(16))
+DECOY = bytes([7] * 16)
+
+
+def _escape_setup(tmp_path: Path) -> Path:
+    """model/sub -> ../elsewhere/deep; model/w.bin is a decoy; elsewhere/w.bin is outside.
+    'sub/../w.bin' is model/w.bin lexically, elsewhere/w.bin to the operating system."""
+    (tmp_path / "elsewhere" / "deep").mkdir(parents=True)
+    (tmp_path / "elsewhere" / "w.bin").write_bytes(DATA)
+    folder = tmp_path / "model"
+    folder.mkdir()
+    (folder / "sub").symlink_to(tmp_path / "elsewhere" / "deep")
+    path = _external_model(folder, "sub/../w.bin", DECOY)
+    return path
+
+
+def test_dotdot_after_a_symlink_that_leaves_the_folder_is_refused(tmp_path):
+    path = _escape_setup(tmp_path)
+    with pytest.raises(InputError, match="outside the model's folder"):
+        io.load(path)
+
+
+@pytest.mark.parametrize("command", [["inspect"], ["check"], ["lint"], ["fold", "-o", "o.onnx"],
+                                     ["upgrade", "--opset", "21", "-o", "o.onnx"]])
+def test_every_command_refuses_it_in_one_line(tmp_path, command):
+    path = _escape_setup(tmp_path)
+    out = subprocess.run([sys.executable, "-m", "dqtool", command[0], str(path),
+                          *command[1:]], capture_output=True, text=True, cwd=tmp_path,
+                         timeout=120)
+    assert out.returncode == 2, out.stderr
+    assert "outside the model's folder" in out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1
+    assert "Traceback" not in out.stderr
+    assert not (tmp_path / "o.onnx").exists()
+
+
+def test_dotdot_through_a_symlink_that_stays_inside_is_read(tmp_path):
+    folder = tmp_path / "model"
+    (folder / "a" / "b").mkdir(parents=True)
+    (folder / "link").symlink_to(folder / "a" / "b")
+    path = _external_model(folder, "link/../w2.bin", None)
+    (folder / "a" / "w2.bin").write_bytes(DATA)  # link/.. is a, through the link
+    (folder / "w2.bin").write_bytes(DECOY)
+    w = io.load(path).graph.initializers["w"].const_value.numpy()
+    assert w.tobytes() == DATA
+
+
+def test_a_symlink_loop_is_one_line(tmp_path):
+    folder = tmp_path / "model"
+    folder.mkdir()
+    path = _external_model(folder, "loop/w.bin", None)
+    (folder / "loop").symlink_to(folder / "loop2")
+    (folder / "loop2").symlink_to(folder / "loop")
+    with pytest.raises(InputError, match="cannot be opened"):
+        io.load(path)
+
+
+def test_a_data_file_that_is_a_symlink_loop_is_one_line(tmp_path):
+    folder = tmp_path / "model"
+    folder.mkdir()
+    path = _external_model(folder, "w.bin", None)
+    (folder / "w.bin").symlink_to(folder / "w.bin")
+    with pytest.raises(InputError, match="cannot be opened"):
+        io.load(path)
+
+
+def test_an_overlong_location_is_one_line(tmp_path):
+    folder = tmp_path / "model"
+    folder.mkdir()
+    path = _external_model(folder, "x" * 5000, None)
+    with pytest.raises(InputError, match="cannot be opened"):
+        io.load(path)
+
+
+def test_a_missing_folder_before_dotdot_is_one_line(tmp_path):
+    folder = tmp_path / "model"
+    folder.mkdir()
+    path = _external_model(folder, "nowhere/../w.bin", DATA)
+    with pytest.raises(InputError, match="missing"):
+        io.load(path)
+
+
+def test_a_symlinked_model_folder_reads_its_own_data(tmp_path):
+    real = tmp_path / "real"
+    real.mkdir()
+    _external_model(real, "w.bin", DATA)
+    (tmp_path / "alias").symlink_to(real)
+    w = io.load(tmp_path / "alias" / "m.onnx").graph.initializers["w"].const_value.numpy()
+    assert w.tobytes() == DATA
