@@ -112,3 +112,34 @@ def test_every_entry_is_keyed_by_known_paths_and_measured_releases():
         assert d.releases and all(r.count(".") == 1 for r in d.releases)
         assert d.measured and d.ops
         assert (d.ulps is None) == (d.key == "u8s8-pair-saturation")
+
+
+def _mm_model():
+    r = np.random.default_rng(3)
+    a = r.integers(0, 256, (4, 6)).astype(np.uint8)
+    b = r.integers(-128, 128, (6, 3)).astype(np.int8)
+    m = one_node("MatMulInteger", [("a", a), ("b", b)], TP.INT32)
+    m.graph.output[0].type.tensor_type.shape.dim.add().dim_value = 4
+    m.graph.output[0].type.tensor_type.shape.dim.add().dim_value = 3
+    return m
+
+
+@pytest.mark.parametrize(("path", "status"), [("x86-64-avx2", "runtime-deviation"),
+                                              ("x86-64-avx512-vnni", "mismatch")])
+def test_check_passes_a_difference_only_where_the_paths_entry_explains_it(
+        path, status, monkeypatch):
+    # The kernel made to differ from onnxruntime on every machine; the probed path set
+    # by hand: a known deviation passes with its name and size, anything else fails.
+    import dqtool
+
+    exact = K.integer_matmul
+    monkeypatch.setattr(K, "integer_matmul", lambda *a: exact(*a) + 1)
+    monkeypatch.setattr(cpu_path, "probe", lambda: cpu_path.CpuPath(path, None, "test"))
+    monkeypatch.setattr("dqtool.runtimes.onnxruntime.installed_version", lambda: "1.32.0")
+    report = dqtool.check(_mm_model())
+    (node,) = [n for n in report.nodes if "MatMulInteger" in n.op]
+    assert node.status == status
+    assert report.passed == (status == "runtime-deviation")
+    if status == "runtime-deviation":
+        assert "saturates u8×s8 pair sums in int16" in node.reason
+        assert "at most 1 step(s) from the spec" in node.reason

