@@ -133,6 +133,10 @@ def test_check_passes_a_difference_only_where_the_paths_entry_explains_it(
     import dqtool
 
     exact = K.integer_matmul
+    saturates = cpu_path.probe().u8s8_saturates  # what this machine's onnxruntime does
+    real = code_paths.u8s8_matmul
+    monkeypatch.setattr(code_paths, "u8s8_matmul", lambda a, b, az=None, bz=None: (
+        real(a, b, az, bz) if saturates else exact(a, az, b, bz)))
     monkeypatch.setattr(K, "integer_matmul", lambda *a: exact(*a) + 1)
     monkeypatch.setattr(cpu_path, "probe", lambda: cpu_path.CpuPath(path, None, "test"))
     monkeypatch.setattr("dqtool.runtimes.onnxruntime.installed_version", lambda: "1.32.0")

@@ -10,7 +10,6 @@ the spec decides, and a difference is a new deviation to measure and record.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from importlib import metadata
 from typing import Any
 
@@ -32,38 +31,16 @@ def entry(key: str, op: str | None = None) -> code_paths.PathDeviation | None:
     return next((d for d in found if d.key == key), None)
 
 
-def _u8s8(a: np.ndarray, b: np.ndarray) -> bool:
-    return np.asarray(a).dtype == np.uint8 and np.asarray(b).dtype == np.int8
-
-
 def patch_accumulation(monkeypatch: Any) -> bool:
     """Where ``u8s8-pair-saturation`` applies, the kernel's integer GEMM and QLinearConv's
     convolution are replaced (for this test) by the entry's emulation for u8 × s8
     operands (ConvInteger stays exact, as measured); True then."""
     if entry("u8s8-pair-saturation") is None:
         return False
-    exact_mm, exact_conv = K.integer_matmul, K.integer_conv
+    from dqtool.families.integer.selfcheck import emulations
 
-    def matmul(a, a_zp, b, b_zp):
-        if not _u8s8(a, b):
-            return exact_mm(a, a_zp, b, b_zp)
-        return code_paths.u8s8_matmul(a, b, a_zp, b_zp).astype(np.int64)
-
-    def conv(x, x_zp, w, w_zp, attrs: Mapping[str, Any]):
-        if not _u8s8(x, w):
-            return exact_conv(x, x_zp, w, w_zp, attrs)
-        if attrs.get("auto_pad", "NOTSET") not in ("NOTSET", b"NOTSET"):
-            raise NotImplementedError("the u8s8 emulation takes explicit pads")
-        return code_paths.u8s8_conv(
-            x, w, x_zp, w_zp, group=int(attrs.get("group", 1)), pads=attrs.get("pads"),
-            strides=attrs.get("strides"), dilations=attrs.get("dilations")).astype(np.int64)
-
-    def conv_integer(x, w, x_zp=None, w_zp=None, **attrs: Any):  # exact on this path
-        return exact_conv(x, x_zp, w, w_zp, K._conv_attrs(attrs)).astype(np.int32)
-
-    monkeypatch.setattr(K, "integer_matmul", matmul)
-    monkeypatch.setattr(K, "integer_conv", conv)
-    monkeypatch.setattr(K, "conv_integer", conv_integer)
+    for name, fn in emulations().items():
+        monkeypatch.setattr(K, name, fn)
     return True
 
 

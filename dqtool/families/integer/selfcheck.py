@@ -10,8 +10,9 @@ passes as ``within-tolerance`` when it is within it, and the report gives the ul
 
 from __future__ import annotations
 
+import contextlib
 import os
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 import numpy as np
@@ -125,29 +126,8 @@ def _check(site: graph.Site, values: dict[str, np.ndarray], from_ort: bool,
         if differs:
             result = NodeCheck(**base, status=MISMATCH, reason=differs)
     if result.status == MISMATCH and opdef is not None:
-        return _path_deviation(result, f"{opdef.domain}:{opdef.op}") or result
+        return _path_deviation(result, f"{opdef.domain}:{opdef.op}", alone) or result
     return result
-
-
-def _path_deviation(result: NodeCheck, op: str) -> NodeCheck | None:
-    """A mismatch that onnxruntime's release makes on this CPU's code path (an entry of
-    ``dqtool.runtimes.code_paths``): reported with its size, and passed, since the kernel
-    computes the specification and the verdict must not depend on the machine."""
-    from dqtool.runtimes import code_paths, cpu_path
-    from dqtool.runtimes.onnxruntime import installed_version
-
-    version = installed_version()
-    path = cpu_path.probe()
-    found = code_paths.applicable("onnxruntime", version or "", path.name, op)
-    if not found:
-        return None
-    c = result.comparison
-    size = "" if c is None else (f": {c.mismatched} of {c.size} elements differ"
-                                 + ("" if c.max_steps is None else
-                                    f", at most {c.max_steps:g} step(s) from the spec"))
-    what = "; ".join(d.describe(version or "", path.description) for d in found)
-    return NodeCheck(name=result.name, graph=result.graph, op=result.op, status=DEVIATION,
-                     comparison=c, reason=f"{what}{size} (known deviation, not counted)")
 
 
 def _other_outputs(node: ir.Node, names: dict[int, str], index: int,
@@ -239,3 +219,97 @@ def _within_tolerance(result: NodeCheck, alone: onnx.ModelProto, op: str, output
                      comparison=result.comparison,
                      reason=f"within {worst:g} ulps (float activations): stated tolerance "
                      f"{tol.ulps} ulps for onnxruntime {tol.measured}{where}")
+
+
+def _path_deviation(result: NodeCheck, op: str, alone: onnx.ModelProto) -> NodeCheck | None:
+    """A mismatch that onnxruntime's release makes on this CPU's code path (an entry of
+    ``dqtool.runtimes.code_paths``), shown to be that deviation: the node rerun with the
+    entry's emulation in the kernel's place gives onnxruntime's outputs bit for bit (or
+    within the entry's ulps). It is reported with its size and passed, since the kernel
+    computes the specification and the verdict must not depend on the machine; a mismatch
+    the entry does not explain stays a mismatch."""
+    from dqtool.runtimes import code_paths, cpu_path
+    from dqtool.runtimes.onnxruntime import installed_version
+
+    version = installed_version()
+    path = cpu_path.probe()
+    found = code_paths.applicable("onnxruntime", version or "", path.name, op)
+    if not found or not _explained(found, alone):
+        return None
+    c = result.comparison
+    size = "" if c is None else (f": {c.mismatched} of {c.size} elements differ"
+                                 + ("" if c.max_steps is None else
+                                    f", at most {c.max_steps:g} step(s) from the spec"))
+    what = "; ".join(d.describe(version or "", path.description) for d in found)
+    return NodeCheck(name=result.name, graph=result.graph, op=result.op, status=DEVIATION,
+                     comparison=c, reason=f"{what}{size} (known deviation, reproduced by "
+                     "its emulation; not counted)")
+
+
+def _explained(found: tuple, alone: onnx.ModelProto) -> bool:
+    """Whether the node's every output on onnxruntime is what the entries say."""
+    names = [o.name for o in alone.graph.output]
+    try:
+        want = runners.run_ort(alone, {}, names)
+        with emulating(any(d.key == "u8s8-pair-saturation" for d in found)):
+            got = runners.run_reference(alone, {}, names)
+    except runners.RuntimeFailure:
+        return False
+    ulps = max((d.ulps or 0 for d in found), default=0)
+    for n in names:
+        if compare.bit_identical(got[n], want[n]):
+            continue
+        g, w = np.asarray(got[n]), np.asarray(want[n])
+        if not ulps or g.dtype != np.float32 or ort_facts.row_ulps(g, w) > ulps:
+            return False
+    return True
+
+
+def emulations() -> dict[str, object]:
+    """The kernel's integer GEMM, QLinearConv's convolution and ConvInteger as onnxruntime
+    computes them on a path with ``u8s8-pair-saturation`` (u8 × s8 operands emulated;
+    ConvInteger is exact there, as measured), by the kernel module's names."""
+    from dqtool.families.integer import kernel
+    from dqtool.runtimes import code_paths
+
+    exact_mm, exact_conv = kernel.integer_matmul, kernel.integer_conv
+
+    def u8s8(a: np.ndarray, b: np.ndarray) -> bool:
+        return np.asarray(a).dtype == np.uint8 and np.asarray(b).dtype == np.int8
+
+    def matmul(a, a_zp, b, b_zp):
+        if not u8s8(a, b):
+            return exact_mm(a, a_zp, b, b_zp)
+        return code_paths.u8s8_matmul(a, b, a_zp, b_zp).astype(np.int64)
+
+    def conv(x, x_zp, w, w_zp, attrs):
+        if not u8s8(x, w) or attrs.get("auto_pad", "NOTSET") not in ("NOTSET", b"NOTSET"):
+            return exact_conv(x, x_zp, w, w_zp, attrs)
+        return code_paths.u8s8_conv(
+            x, w, x_zp, w_zp, group=int(attrs.get("group", 1)), pads=attrs.get("pads"),
+            strides=attrs.get("strides"), dilations=attrs.get("dilations")).astype(np.int64)
+
+    def conv_integer(x, w, x_zp=None, w_zp=None, **attrs):
+        return exact_conv(x, x_zp, w, w_zp, kernel._conv_attrs(attrs)).astype(np.int32)
+
+    return {"integer_matmul": matmul, "integer_conv": conv, "conv_integer": conv_integer}
+
+
+@contextlib.contextmanager
+def emulating(u8s8: bool) -> Iterator[None]:
+    """``emulations()`` in the kernel's place while the block runs: to explain
+    onnxruntime's result on such a path, never to compute a verdict's reference."""
+    if not u8s8:
+        yield
+        return
+    from dqtool.families.integer import kernel
+
+    saved = {name: getattr(kernel, name) for name in ("integer_matmul", "integer_conv",
+                                                      "conv_integer")}
+    for name, fn in emulations().items():
+        setattr(kernel, name, fn)
+    try:
+        yield
+    finally:
+        for name, fn in saved.items():
+            setattr(kernel, name, fn)
