@@ -17,7 +17,7 @@ its host ~2 s after it is freed (free page reporting), and the first touch of su
 waits for the host: a copy of the data file takes 1.5-2.3 s on it against 0.57-0.67 s on
 memory freed just before. Every timed step (command and copy alike) therefore starts
 right after touching and freeing as much memory as it will write plus 2.5 GB
-(DQTOOL_BENCH_WARM_EXTRA_MB, 2560; 512 until the twelfth session, when `pack` still drew
+(DQTOOL_BENCH_WARM_EXTRA_MB, 2560; 512 until 2026-11-27 (`7d93d2d`), when `pack` still drew
 such memory in some rounds: 1.2-2.6 s with 1.3 s of system CPU against ~0.8 s and ~0.5 s,
 none in rounds warmed 2.5 GB beyond; DQTOOL_BENCH_WARM=0: no warming, as before):
 

@@ -28,7 +28,7 @@ SIZE_THRESHOLD = 256
 ALIGNMENT = 64  # keeps every tensor's data aligned for memory-mapped NumPy views
 # A copy of the input's data file (``Prefill``) is kept as the output's only where at most
 # 1/this of it is bytes the output no longer uses (the replaced tensors' old bytes stay in
-# it, the new ones follow): until the fourteenth session the rule was "half kept", and a
+# it, the new ones follow): until 2026-11-27 (`b9a228a`) the rule was "half kept", and a
 # 493 MB model's `upgrade --per-axis` wrote a 750 MB file, 233 MB of it unused.
 PREFILL_MAX_UNUSED = 8
 

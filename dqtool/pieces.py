@@ -12,8 +12,8 @@ model, whose bands were written 1 MiB at a time, took 1.6-2.7 s in such minutes 
 0.85-0.88 s with 64 KiB pieces. A copy of the file (``cp``, ``shutil.copyfile``) writes 64
 KiB at a time too: the kernel's splice moves a pipe's worth per write. Smaller pieces cost
 more calls (32 KiB: `upgrade` 9% slower). The compiled helper writes its bands in the same
-pieces (``dq_write_piece()``, which the tests compare with this). Measured again in the
-fifteenth session (kernel 6.18, whose ext4 makes large folios): 1 MiB pieces wrote 1.9 GB in
+pieces (``dq_write_piece()``, which the tests compare with this). Measured again on
+2026-11-27 (kernel 6.18, whose ext4 makes large folios): 1 MiB pieces wrote 1.9 GB in
 0.20-0.27 s against 0.29-0.38 s, with no slow round in six drawing reclaimed memory, but an
 `upgrade` of the bench model, eight interleaved rounds each, took 1.05 s against 1.09 s
 (noise): kept at 64 KiB.

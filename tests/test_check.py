@@ -517,7 +517,7 @@ def test_against_fails_a_checked_model_the_standard_forbids_even_when_runtimes_r
         tmp_path):
     """onnxruntime runs a DequantizeLinear-13 with a float16 scale (the standard takes float
     scales there): outputs equal, but the checked model is invalid, so the check fails
-    (it passed until the fourteenth session, which a downgrade's bug slipped through)."""
+    (it passed until 2026-11-27, `105ea5e`: a downgrade's bug slipped through)."""
     from onnx import helper, numpy_helper
 
     def model(opset: int) -> onnx.ModelProto:

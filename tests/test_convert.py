@@ -514,7 +514,7 @@ def test_when_most_data_changes_the_copy_is_dropped_and_the_output_packed(tmp_pa
 
 def test_a_copy_that_would_keep_a_quarter_unused_is_dropped(tmp_path, monkeypatch):
     """Three quarters of the data kept, a quarter rewritten: the copy is dropped and the
-    output laid out compactly. (Until the fourteenth session the copy was kept where half
+    output laid out compactly. (Until 2026-11-27, `b9a228a`, the copy was kept where half
     was, the rewritten weight's old bytes left in the output unused.)"""
     import ml_dtypes
     from onnx import TensorProto, helper

@@ -56,7 +56,7 @@ def test_upgraded_weight_is_bit_identical(dtype, bits, zp, opset, k, block):
 def test_half_scales_below_19_are_read_as_float32_and_cast_back(op, opset):
     """DequantizeLinear takes float16 scales from 19: below, the scale is widened to float32
     (exact), the weight dequantized in float32 (the product is exact there) and cast back
-    to float16: one rounding, the original's (until the fourteenth session: kept)."""
+    to float16: one rounding, the original's (until 2026-11-27, `b9a228a`: kept)."""
     rng = np.random.default_rng(12)
     if op == "MatMulNBits":
         inputs = nbits_inputs(rng, 64, 5, 8, 32, np.float16)
