@@ -61,21 +61,16 @@ def test_dotdot_through_a_symlink_that_stays_inside_is_read(tmp_path):
     assert w.tobytes() == DATA
 
 
-def test_a_symlink_loop_is_one_line(tmp_path):
+@pytest.mark.parametrize(("location", "links"), [
+    ("loop/w.bin", [("loop", "loop2"), ("loop2", "loop")]),  # a folder in the path
+    ("w.bin", [("w.bin", "w.bin")]),  # the data file itself
+])
+def test_a_symlink_loop_is_one_line(tmp_path, location, links):
     folder = tmp_path / "model"
     folder.mkdir()
-    path = _external_model(folder, "loop/w.bin", None)
-    (folder / "loop").symlink_to(folder / "loop2")
-    (folder / "loop2").symlink_to(folder / "loop")
-    with pytest.raises(InputError, match="cannot be opened"):
-        io.load(path)
-
-
-def test_a_data_file_that_is_a_symlink_loop_is_one_line(tmp_path):
-    folder = tmp_path / "model"
-    folder.mkdir()
-    path = _external_model(folder, "w.bin", None)
-    (folder / "w.bin").symlink_to(folder / "w.bin")
+    path = _external_model(folder, location, None)
+    for link, to in links:
+        (folder / link).symlink_to(folder / to)
     with pytest.raises(InputError, match="cannot be opened"):
         io.load(path)
 

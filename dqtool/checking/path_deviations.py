@@ -24,18 +24,22 @@ def _ops(model: onnx.ModelProto) -> set[str]:
     return {f"{n.domain or 'ai.onnx'}:{n.op_type}" for n in model.graph.node}
 
 
-def applicable(*models: onnx.ModelProto) -> tuple[PathDeviation, ...]:
-    """The entries for the installed onnxruntime on this CPU's path whose operators one of
-    ``models`` holds (main graph)."""
+def for_op(op: str | None = None) -> tuple[PathDeviation, ...]:
+    """The entries for the installed onnxruntime on this CPU's path (for ``op``,
+    "domain:Op", or for any operator)."""
     from dqtool.runtimes.onnxruntime import installed_version
 
     version = installed_version()
     if version is None:
         return ()
+    return code_paths.applicable("onnxruntime", version, cpu_path.probe().name, op)
+
+
+def applicable(*models: onnx.ModelProto) -> tuple[PathDeviation, ...]:
+    """The entries for the installed onnxruntime on this CPU's path whose operators one of
+    ``models`` holds (main graph)."""
     ops = set().union(*(_ops(m) for m in models))
-    path = cpu_path.probe().name
-    return tuple(d for d in code_paths.applicable("onnxruntime", version, path)
-                 if ops & set(d.ops))
+    return tuple(d for d in for_op() if ops & set(d.ops))
 
 
 def describe(found: Sequence[PathDeviation]) -> list[str]:

@@ -52,10 +52,6 @@ class PathDeviation:
         return f"{self.runtime} {version} on this CPU ({path_description}) " \
                f"{self.runtime_gives}"
 
-    def to_json(self) -> dict[str, object]:
-        return {"key": self.key, "runtime": self.runtime, "releases": list(self.releases),
-                "measured": self.measured, "paths": list(self.paths), "ops": list(self.ops),
-                "spec": self.spec, "runtime_gives": self.runtime_gives, "ulps": self.ulps}
 
 
 DEVIATIONS: tuple[PathDeviation, ...] = (
@@ -87,8 +83,10 @@ def applicable(runtime: str, version: str, path: str, op: str | None = None
     return tuple(d for d in DEVIATIONS if d.applies(runtime, version, path, op))
 
 
-def by_key(key: str, runtime: str, version: str, path: str) -> PathDeviation | None:
-    return next((d for d in applicable(runtime, version, path) if d.key == key), None)
+def entry(key: str, release: str, runtime: str = "onnxruntime") -> PathDeviation | None:
+    """The entry ``key`` measured for ``release`` ("1.32"), on whichever path."""
+    return next((d for d in DEVIATIONS if d.key == key and d.runtime == runtime
+                 and release in d.releases), None)
 
 
 # ---- the emulation of u8s8 pair saturation ----------------------------------------------
@@ -149,14 +147,12 @@ def _patches(x: np.ndarray, kernel: Sequence[int], pads: Sequence[int],
 def u8s8_conv(x: np.ndarray, w: np.ndarray, x_zero_point: np.ndarray | None = None,
               w_zero_point: np.ndarray | None = None, *, group: int = 1,
               pads: Sequence[int] | None = None, strides: Sequence[int] | None = None,
-              dilations: Sequence[int] | None = None, channels_last: bool = True
-              ) -> np.ndarray:
+              dilations: Sequence[int] | None = None) -> np.ndarray:
     """int32 convolution accumulator as onnxruntime computes a u8 × s8 convolution on a
     path with ``u8s8-pair-saturation``: each group a GEMM over the window, pair-saturated
     along it. QLinearConv lays the window out channels-last (kernel positions, then input
     channels) and computes a depthwise convolution (one input and one output channel per
-    group) exactly. (``channels_last=False`` lays it out channels-first: no release
-    measured so far computes that way; ConvInteger is exact on the same path.)
+    group) exactly. (ConvInteger is exact on the same path.)
     Explicit pads only (``auto_pad`` resolved by the caller)."""
     x = np.asarray(x)
     w = np.asarray(w)
@@ -175,13 +171,9 @@ def u8s8_conv(x: np.ndarray, w: np.ndarray, x_zero_point: np.ndarray | None = No
         wg = w[g * mg:(g + 1) * mg]
         cols = _patches(xg, kernel, pads, strides, dilations, xz)  # (N, *out, *k, Cg)
         shape = cols.shape[:1 + rank]
-        if channels_last:
-            b = wg.transpose(*range(2, 2 + rank), 1, 0).reshape(-1, mg)  # (K, Mg)
-        else:
-            cols = np.moveaxis(cols, -1, 1 + rank)  # (N, *out, Cg, *k)
-            b = wg.reshape(mg, -1).T
+        b = wg.transpose(*range(2, 2 + rank), 1, 0).reshape(-1, mg)  # (K, Mg)
         a = cols.reshape(int(np.prod(shape)), -1)  # (positions, K)
-        if channels_last and cg == 1 and mg == 1:
+        if cg == 1 and mg == 1:
             acc = (a.astype(np.int64) - xz) @ (b.astype(np.int64) - wz[g * mg:(g + 1) * mg])
         else:
             acc = u8s8_matmul(a, b, np.asarray(xz), wz[g * mg:(g + 1) * mg]).astype(np.int64)

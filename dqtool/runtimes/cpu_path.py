@@ -56,9 +56,6 @@ class CpuPath:
                 else "u8×s8 sums exact")
         return f"{self.description} ({self.runtime} {what})"
 
-    def to_json(self) -> dict[str, object]:
-        return {"name": self.name, "description": self.description,
-                "u8s8_saturates": self.u8s8_saturates, "runtime": self.runtime}
 
 
 def _features() -> dict[str, bool]:

@@ -77,6 +77,17 @@ def release_of(version: str) -> str:
     return ".".join(version.split(".")[:2])
 
 
+def target_release(target: str) -> str | None:
+    """The release a lint target names: ``onnxruntime-1.32`` -> "1.32"; ``onnxruntime`` ->
+    the installed one's (None when none is installed, or for another target)."""
+    if target == "onnxruntime":
+        version = installed_version()
+        return None if version is None else release_of(version)
+    if target.startswith("onnxruntime-"):
+        return target[len("onnxruntime-"):]
+    return None
+
+
 # --- the probe ------------------------------------------------------------------------
 
 def _runs(model: onnx.ModelProto) -> bool:

@@ -114,11 +114,7 @@ def _ort_why_not(op: str, domain: str, target: str,
     assumed to run the family."""
     from dqtool.runtimes import onnxruntime as ort_runtime
 
-    if target == "onnxruntime":
-        version = ort_runtime.installed_version()
-        release = None if version is None else ort_runtime.release_of(version)
-    else:
-        release = target[len("onnxruntime-"):]
+    release = ort_runtime.target_release(target)
     if release is not None and ort_facts.has_cpu_kernel(op, release) is False:
         return f"onnxruntime {release} has no CPU kernel for com.microsoft {op} (measured)"
     if not signature or None in signature:

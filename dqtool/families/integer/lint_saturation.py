@@ -28,7 +28,7 @@ from dqtool.linting.context import ModelContext
 from dqtool.linting.finding import Finding
 from dqtool.linting.registry import define
 from dqtool.runtimes import code_paths
-from dqtool.runtimes.onnxruntime import installed_version, release_of
+from dqtool.runtimes.onnxruntime import target_release
 
 CODE = "DQ111"
 define(CODE, "u8s8-saturation", "warning",
@@ -71,23 +71,6 @@ def conv_pairs(w: np.ndarray, group: int) -> np.ndarray | None:
     if cg == 1 and m // max(group, 1) == 1:
         return None
     return np.moveaxis(w, 1, -1).reshape(m, -1).T
-
-
-def _releases(target: str) -> str | None:
-    if target == "onnxruntime":
-        version = installed_version()
-        return release_of(version) if version else None
-    if target.startswith("onnxruntime-"):
-        return target[len("onnxruntime-"):]
-    return None
-
-
-def _entry(target: str) -> code_paths.PathDeviation | None:
-    release = _releases(target)
-    if release is None:
-        return None
-    return next((d for d in code_paths.DEVIATIONS if d.key == "u8s8-pair-saturation"
-                 and release in d.releases), None)
 
 
 def _u8(v: ir.Value | None) -> bool:
@@ -137,10 +120,9 @@ def _candidate(node: ir.Node) -> tuple[np.ndarray, int] | None:
 
 
 def target_findings(ctx: ModelContext, target: str) -> Iterator[Finding]:
-    entry = _entry(target)
-    if entry is None:
+    release = target_release(target)
+    if release is None or code_paths.entry("u8s8-pair-saturation", release) is None:
         return
-    release = _releases(target)
     for site in ctx.sites:
         node = site.node
         found = _candidate(node)

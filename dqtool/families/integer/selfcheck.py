@@ -20,7 +20,7 @@ import onnx
 import onnx_ir as ir
 
 from dqtool import graph
-from dqtool.checking import compare, runners, single_node
+from dqtool.checking import compare, path_deviations, runners, single_node
 from dqtool.checking.models import for_ort, with_outputs
 from dqtool.checking.selfcheck import (
     BIT_EXACT,
@@ -228,19 +228,14 @@ def _path_deviation(result: NodeCheck, op: str, alone: onnx.ModelProto) -> NodeC
     within the entry's ulps). It is reported with its size and passed, since the kernel
     computes the specification and the verdict must not depend on the machine; a mismatch
     the entry does not explain stays a mismatch."""
-    from dqtool.runtimes import code_paths, cpu_path
-    from dqtool.runtimes.onnxruntime import installed_version
-
-    version = installed_version()
-    path = cpu_path.probe()
-    found = code_paths.applicable("onnxruntime", version or "", path.name, op)
+    found = path_deviations.for_op(op)
     if not found or not _explained(found, alone):
         return None
     c = result.comparison
     size = "" if c is None else (f": {c.mismatched} of {c.size} elements differ"
                                  + ("" if c.max_steps is None else
                                     f", at most {c.max_steps:g} step(s) from the spec"))
-    what = "; ".join(d.describe(version or "", path.description) for d in found)
+    what = "; ".join(path_deviations.describe(found))
     return NodeCheck(name=result.name, graph=result.graph, op=result.op, status=DEVIATION,
                      comparison=c, reason=f"{what}{size} (known deviation, reproduced by "
                      "its emulation; not counted)")
