@@ -2,9 +2,9 @@
 
 A test asserts bit-identity with onnxruntime against the spec (the kernel) where no entry of
 ``dqtool.runtimes.code_paths`` applies to the installed release on the probed path, and
-through the entry where one does: ``u8s8-pair-saturation`` by its emulation (the
-``runtime_accumulation`` fixture puts it in the kernel's place for the test), and
-``float-routines`` within its measured ulps. Nothing is skipped for an unknown path: there
+through the entry where one does: ``u8s8-pair-saturation`` by its emulation
+(``patch_accumulation`` puts it in the kernel's place for the test), and ``float-routines``
+within its measured ulps. Nothing is skipped for an unknown path: there
 the spec decides, and a difference is a new deviation to measure and record.
 """
 
@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from dqtool.checking import path_deviations
 from dqtool.families.integer import kernel as K
 from dqtool.families.integer.ort_facts import row_ulps
 from dqtool.runtimes import code_paths, cpu_path
@@ -27,8 +28,7 @@ def path() -> cpu_path.CpuPath:
 
 
 def entry(key: str, op: str | None = None) -> code_paths.PathDeviation | None:
-    found = code_paths.applicable("onnxruntime", ORT_VERSION, path().name, op)
-    return next((d for d in found if d.key == key), None)
+    return next((d for d in path_deviations.for_op(op) if d.key == key), None)
 
 
 def patch_accumulation(monkeypatch: Any) -> bool:
@@ -60,8 +60,6 @@ def ort_follows_spec(*models: Any) -> bool:
     """No entry applies to the installed onnxruntime on this path for an operator that one
     of ``models`` (onnx.ModelProto, or a path) holds: its outputs are the spec's."""
     import onnx
-
-    from dqtool.checking import path_deviations
 
     protos = [m if isinstance(m, onnx.ModelProto) else onnx.load(str(m)) for m in models]
     return not path_deviations.applicable(*protos)
