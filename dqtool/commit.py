@@ -1,22 +1,21 @@
-"""Putting a saved model and its data files in place as one, and cleaning up after crashes.
+"""Putting a saved model and its data files in place as one.
 
-A save writes every file into a temporary folder beside the output, then commits:
+A save writes every file into a temporary folder beside the output (``leftovers.Temp``),
+then commits:
 
+* a journal is written into the temporary folder (``leftovers.write_journal``): what the
+  commit will place and remove, so a killed commit is finished or undone by the next save;
 * the data files are renamed in under names no file has (``X.data`` when free, else
   ``X.<token>.data``; the model written in the folder names them), so no data file an
   existing model reads is ever replaced;
 * the model file is renamed over the output last, in one step: until then the old model
   and its old data are in place, after it the new model and its new data;
-* the old model's data files that dqtool named for this output are removed after, and
-  so are data files a killed commit placed but no model reads (``X.<token>.data``).
+* the old model's data files are removed after, those the rule of ``data_readers`` lets go
+  (named for this output, and no other model in the folder reads them).
 
 A process killed at any point leaves either the old pair or the new pair in place, never a
-mix. Commits into one folder hold a lock on the folder, so concurrent writers to one output
-cannot interleave (the last to commit wins, whole). A temporary folder is named
-``.X.dqtool-tmp-<pid>-<random>`` and locked by its owner while it lives; a later save into
-the same folder removes those whose owner is gone (the lock is free once a process dies,
-whatever killed it), and whose named process is not running (a folder is made before it is
-locked).
+mix, and its temporary folder. Commits into one folder hold a lock on the folder, so
+concurrent writers to one output cannot interleave (the last to commit wins, whole).
 """
 
 from __future__ import annotations
@@ -24,120 +23,18 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
-import re
-import shutil
 import stat
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from pathlib import Path
 
+from dqtool import data_readers
 from dqtool.errors import OutputError, UsageError
+from dqtool.leftovers import JOURNAL, TEMP_TAG, Temp, clean_leftovers, folder_lock, write_journal
 
-try:
-    import fcntl
-except ImportError:  # no flock here: the owner's PID alone says a folder is live
-    fcntl = None  # type: ignore[assignment]
+__all__ = ["TEMP_TAG", "Temp", "clean_leftovers", "commit", "data_name", "locations",
+           "refuse_non_regular"]
 
-TEMP_TAG = ".dqtool-tmp-"
-DATA_SUFFIX = ".data"
-
-
-class Temp:
-    """A temporary folder for one save, locked while this process owns it."""
-
-    def __init__(self, parent: Path, out_name: str) -> None:
-        clean_leftovers(parent)
-        name = f".{out_name}{TEMP_TAG}{os.getpid()}-{os.urandom(4).hex()}"
-        self.path = parent / name
-        os.mkdir(self.path, 0o700)
-        self._fd = -1
-        try:
-            self._fd = os.open(self.path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
-            _lock(self._fd, wait=False)
-        except OSError:
-            self.remove()
-            raise
-
-    def remove(self) -> None:
-        shutil.rmtree(self.path, ignore_errors=True)
-        if self._fd >= 0:
-            os.close(self._fd)
-            self._fd = -1
-
-
-def clean_leftovers(parent: Path) -> list[Path]:
-    """Remove the temporary folders of dead dqtool runs in ``parent``; returns them."""
-    removed = []
-    try:
-        entries = list(os.scandir(parent))
-    except OSError:
-        return removed
-    for entry in entries:
-        if TEMP_TAG not in entry.name or not entry.name.startswith("."):
-            continue
-        if not entry.is_dir(follow_symlinks=False) or _alive(entry.name):
-            continue
-        try:
-            fd = os.open(entry.path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0)
-                         | getattr(os, "O_NOFOLLOW", 0))
-        except OSError:
-            continue
-        try:
-            _lock(fd, wait=False)
-        except BlockingIOError:  # a live process owns it
-            os.close(fd)
-            continue
-        except OSError:
-            os.close(fd)
-            continue
-        try:
-            shutil.rmtree(entry.path, ignore_errors=True)
-            removed.append(Path(entry.path))
-        finally:
-            os.close(fd)
-    return removed
-
-
-def _alive(name: str) -> bool:
-    """Whether the process named in a temporary folder's name runs: a folder is locked
-    only just after it is made, so a live owner's new folder is left alone even before
-    its lock is taken (a reused PID only delays the clean-up)."""
-    try:
-        pid = int(name.rsplit(TEMP_TAG, 1)[1].split("-", 1)[0])
-    except (IndexError, ValueError):
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except OSError:  # exists, owned by another user
-        return True
-    return True
-
-
-def _lock(fd: int, wait: bool) -> None:
-    """An exclusive ``flock`` on ``fd`` (released when it is closed or the process dies);
-    ``BlockingIOError`` when another holds it and ``wait`` is false. Where the file system
-    has no such locks, nothing (the owner's PID then says whether a folder is live)."""
-    if fcntl is None:
-        return
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
-    except BlockingIOError:
-        raise
-    except OSError as e:
-        if e.errno not in (errno.ENOLCK, errno.EOPNOTSUPP, errno.EINVAL, errno.EBADF):
-            raise
-
-
-@contextlib.contextmanager
-def folder_lock(parent: Path) -> Iterator[None]:
-    """Held while a save commits into ``parent``: commits never interleave."""
-    fd = os.open(parent, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
-    try:
-        _lock(fd, wait=True)
-        yield
-    finally:
-        os.close(fd)  # releases the lock
+DATA_SUFFIX = data_readers.DATA_SUFFIX
 
 
 def refuse_non_regular(out: Path) -> None:
@@ -183,38 +80,6 @@ def _fresh(parent: Path, out_name: str) -> str:
             return name
 
 
-def locations(model_file: Path) -> set[str]:
-    """The external-data locations a model file names (its payloads are not read)."""
-    import onnx
-
-    from dqtool import inline_load
-
-    lean = inline_load.read(model_file)
-    try:
-        proto = lean[0] if lean is not None else onnx.load_model(
-            str(model_file), load_external_data=False)
-    except Exception:  # an unreadable old output: nothing of it is removed
-        return set()
-    from onnx import external_data_helper
-
-    found = set()
-    for t in external_data_helper._get_all_tensors(proto):
-        if t.data_location == onnx.TensorProto.EXTERNAL:
-            for e in t.external_data:
-                if e.key == "location":
-                    found.add(e.value)
-    return found
-
-
-def _named_for(name: str, out_name: str) -> bool:
-    """Whether dqtool names a data file so for the output ``out_name`` (``X.data``,
-    ``X.<token>.data`` and onnx_ir's shards of either)."""
-    if not name.endswith(DATA_SUFFIX):
-        return False
-    stem = out_name.split(".", 1)[0]
-    return name.startswith(f"{out_name}.") or name.startswith(f"{stem}-")
-
-
 def _renamelocations(model_file: Path, renames: dict[str, str]) -> None:
     import onnx
 
@@ -254,44 +119,46 @@ def _put_model(src: Path, out: Path) -> None:
     os.replace(src, out)  # the one step from the old pair to the new
 
 
+def locations(model_file: Path) -> set[str]:
+    """The external-data locations a model file names; none if it does not parse."""
+    try:
+        return data_readers.locations(model_file)
+    except data_readers.Unreadable:
+        return set()
+
+
 def commit(folder: Path, parent: Path, out_name: str, keep: Iterable[Path] = ()) -> list[Path]:
     """Move a save's files from ``folder`` into ``parent`` (see the module's docstring);
     the model file is ``folder/out_name``. ``keep``: files never removed (those the input
     model reads). Returns the files placed, the model last."""
     model_tmp = folder / out_name
-    data = sorted(f for f in folder.iterdir() if f.name != out_name)
+    data = sorted(f for f in folder.iterdir() if f.name not in (out_name, JOURNAL))
     out = parent / out_name
-    keep = {Path(k).resolve() for k in keep}
+    kept = {Path(k).resolve() for k in keep}
     with folder_lock(parent):
         refuse_non_regular(out)
-        old = locations(out) if out.is_file() else set()
+        replaced = out.is_file()
+        old = locations(out) if replaced else set()
         renames = {f.name: _fresh(parent, out_name) for f in data
                    if os.path.lexists(parent / f.name)}
         if renames:
             _renamelocations(model_tmp, renames)
+        targets = [(renames.get(f.name, f.name), f) for f in data]
+        doomed = data_readers.removable(parent, out_name, old, kept,
+                                        new={name for name, _ in targets})
+        write_journal(folder, out_name, model_tmp, targets, doomed, parent)
         placed = []
         # A replaced model's new data files take its permissions too (a private model's
         # weights were left world-readable beside it).
-        mode = stat.S_IMODE(os.stat(out).st_mode) if out.is_file() else None
-        for f in data:
-            target = parent / renames.get(f.name, f.name)
+        mode = stat.S_IMODE(os.stat(out).st_mode) if replaced else None
+        for name, f in targets:
             if mode is not None:
                 os.chmod(f, mode)
-            _place(f, target)
-            placed.append(target)
+            _place(f, parent / name)
+            placed.append(parent / name)
         _put_model(model_tmp, out)
         placed.append(out)
-        new = {p.name for p in placed}
-        # The old model's data, and data a killed commit placed and never used (the
-        # lock is held: no other commit is halfway).
-        fresh = re.compile(re.escape(out_name) + r"\.[0-9a-f]{8}" + re.escape(DATA_SUFFIX))
-        orphans = {e.name for e in os.scandir(parent) if fresh.fullmatch(e.name)}
-        for loc in old | orphans:
-            victim = parent / loc
-            if (loc in new or "/" in loc or os.sep in loc or not _named_for(loc, out_name)
-                    or victim.resolve() in keep):
-                continue
+        for name in doomed:  # chosen above, under this lock: no other commit came between
             with contextlib.suppress(OSError):
-                if victim.is_file() and not victim.is_symlink():
-                    victim.unlink()
+                os.unlink(parent / name)
     return placed

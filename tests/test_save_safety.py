@@ -21,7 +21,7 @@ import onnx_ir as ir
 import pytest
 from onnx import numpy_helper
 
-from dqtool import commit, io
+from dqtool import commit, io, leftovers
 from dqtool.errors import InputError, UsageError
 
 PY = sys.executable
@@ -354,7 +354,7 @@ def test_concurrent_writers_leave_one_complete_model(tmp_path):
 def test_without_file_locks_the_owners_pid_decides(tmp_path, monkeypatch):
     """A file system (or platform) without flock: saves still work, a live run's folder
     is kept, a dead run's removed."""
-    monkeypatch.setattr(commit, "fcntl", None)
+    monkeypatch.setattr(leftovers, "fcntl", None)
     gone = subprocess.Popen(["true"])
     gone.wait()
     dead = tmp_path / f".o.onnx{commit.TEMP_TAG}{gone.pid}-12345678"

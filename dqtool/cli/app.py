@@ -146,9 +146,9 @@ def _data_files(model: str) -> set[Path]:
 
 
 def _note_left(before: set[Path], after: set[Path]) -> None:
-    """``--in-place`` removes only the data files dqtool named for the model: others the
-    replaced model read may be another model's too. Said, with their size, so that a
-    folder that doubled is not a surprise."""
+    """``--in-place`` removes only the old data files named for the model that no other
+    model reads (``data_readers``). What stays is said, with its size, so that a folder
+    that doubled is not a surprise."""
     left = sorted(p for p in before - after if p.is_file())
     if not left:
         return
@@ -156,5 +156,5 @@ def _note_left(before: set[Path], after: set[Path]) -> None:
     names = ", ".join(p.name for p in left[:3]) + (f" and {len(left) - 3} more"
                                                    if len(left) > 3 else "")
     App().warn(f"the replaced model's data files {names} ({size:.0f} MiB) are left in place: "
-               "dqtool removes only data files it named for the model (another model may "
-               "read these); remove them if nothing else does")
+               "dqtool removes only data files named for the model that no other model in the "
+               "folder reads; remove them if nothing else does")
