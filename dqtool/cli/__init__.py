@@ -194,7 +194,9 @@ def entry() -> None:
         if e.code is None or isinstance(e.code, int):
             code = e.code or 0
         else:  # a message, as sys.exit("...") prints it
-            print(e.code, file=sys.stderr)
+            from dqtool.printable import shown
+
+            print(shown(str(e.code)), file=sys.stderr)
             code = 1
     for stream in (sys.stdout, sys.stderr):
         try:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import gc
 import json
+import logging
 import os
 import sys
 from collections.abc import Callable
@@ -12,6 +13,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 import click
+
+from dqtool.printable import safe_console, shown
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -29,26 +32,23 @@ class App:
     # errors and warnings never need it.
     @functools.cached_property
     def out(self) -> Console:
-        from rich.console import Console
-
         # Piped output has no terminal width; tables stay readable at 160 columns.
         width = None if sys.stdout.isatty() or os.environ.get("COLUMNS") else 160
-        return Console(file=sys.stdout, no_color=_no_color(), highlight=False,
+        return safe_console(file=sys.stdout, no_color=_no_color(), highlight=False,
                        soft_wrap=False, width=width)
 
     @functools.cached_property
     def err(self) -> Console:
-        from rich.console import Console
-
-        return Console(file=sys.stderr, no_color=_no_color(), highlight=False, stderr=True)
+        return safe_console(file=sys.stderr, no_color=_no_color(), highlight=False, stderr=True)
 
     def abort(self, message: str, code: int = 2) -> NoReturn:
-        # A plain write: rich would wrap a long path across lines, and this must be one line.
-        click.echo(f"dqtool: error: {message}", err=True)
+        # A plain write: rich would wrap a long path across lines, and this must be one
+        # line, whatever a name in it holds (``dqtool.printable``).
+        click.echo(f"dqtool: error: {shown(message)}", err=True)
         raise SystemExit(code)
 
     def warn(self, message: str) -> None:
-        click.echo(f"dqtool: warning: {message}", err=True)
+        click.echo(f"dqtool: warning: {shown(message)}", err=True)
 
     def info(self, message: str) -> None:
         self.err.print(message)
@@ -60,15 +60,22 @@ class App:
 def quiet_libraries(verbose: int) -> None:
     """Third-party loggers (onnx_ir's "cannot be found in any scope…", one line per value)
     and Python warnings print nothing unless ``-v``: a bad input is one line, dqtool's."""
-    import logging
-
     logging.captureWarnings(True)  # warnings become log records of "py.warnings"
     root = logging.getLogger()
     if verbose:
+        handler = logging.StreamHandler()
+        handler.setFormatter(_ShownFormatter("%(name)s: %(levelname)s: %(message)s"))
         logging.basicConfig(level=logging.DEBUG if verbose > 1 else logging.INFO,
-                            format="%(name)s: %(levelname)s: %(message)s")
+                            handlers=[handler])
     elif not root.handlers:  # a handler on the root: logging's last resort stays silent
         root.addHandler(logging.NullHandler())
+
+
+class _ShownFormatter(logging.Formatter):
+    """A library's log line names values too: escaped like everything dqtool prints."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        return shown(super().format(record))
 
 
 def _no_color() -> bool:

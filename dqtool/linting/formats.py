@@ -8,9 +8,11 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 
 from dqtool import __version__
 from dqtool.linting.report import LintReport
+from dqtool.printable import shown
 
 FORMATS = ("text", "json", "github", "sarif")
 SARIF_SCHEMA = "https://json.schemastore.org/sarif-2.1.0.json"
@@ -21,7 +23,7 @@ _STYLE = {"error": "bold red", "warning": "yellow", "info": "cyan"}
 
 def text(report: LintReport, console: Console) -> None:
     for f in report.findings:
-        console.print(f"[{_STYLE[f.severity]}]{f.code}[/] {f.severity}: {f.message}",
+        console.print(f"[{_STYLE[f.severity]}]{f.code}[/] {f.severity}: {escape(f.message)}",
                       markup=True, highlight=False, soft_wrap=True)
     c = report.counts()
     target = f" (target {report.target})" if report.target else ""
@@ -34,7 +36,9 @@ def as_json(report: LintReport) -> str:
 
 
 def _escape_data(s: str) -> str:
-    return s.replace("%", "%25").replace("\r", "%0D").replace("\n", "%0A")
+    # A name's control characters are escaped first (``printable``): a workflow command
+    # is one line, and the log shows what it is given.
+    return shown(s).replace("%", "%25").replace("\r", "%0D").replace("\n", "%0A")
 
 
 def _escape_property(s: str) -> str:

@@ -18,21 +18,17 @@ def render(app: App, report, as_json: bool) -> None:
     if as_json:
         app.print_json(report.to_json())
         return
-    from rich.markup import escape
-
     what = "integer operators → QDQ" if report.direction == "to-qdq" else \
         "QDQ patterns → integer operators"
-    app.out.print(escape(f"{report.input}: {what}: {len(report.changes)} rewritten, "
-                         f"{len(report.refusals)} refused"
-                         + (" (left as they are)" if report.refusals and report.kept
-                            else "")))
+    app.out.print(f"{report.input}: {what}: {len(report.changes)} rewritten, "
+                  f"{len(report.refusals)} refused"
+                  + (" (left as they are)" if report.refusals and report.kept else ""))
     for c in report.changes:
         where = "" if c.graph == "main" else f" [{c.graph}]"
-        app.out.print(escape(f"  {c.node}{where} ({c.op}): {c.into}"), soft_wrap=True)
+        app.out.print(f"  {c.node}{where} ({c.op}): {c.into}", soft_wrap=True)
     for r in report.refusals:
         where = "" if r.graph == "main" else f" [{r.graph}]"
-        app.out.print(escape(f"  REFUSED {r.node}{where} ({r.op}): {r.reason}"),
-                      soft_wrap=True)
+        app.out.print(f"  REFUSED {r.node}{where} ({r.op}): {r.reason}", soft_wrap=True)
     if report.check is not None:
         what = "each converted operator" if report.check.measured_locally else \
             "every output"
@@ -41,7 +37,7 @@ def render(app: App, report, as_json: bool) -> None:
         for line in report.check.describe():
             app.out.print(f"  {line}", markup=False, soft_wrap=True)
     for path in report.files:
-        app.out.print(escape(f"wrote {path}"))
+        app.out.print(f"wrote {path}")
 
 
 def _run(app: App, direction: str, model: str, out: str | None, keep: bool, check: bool,

@@ -71,7 +71,6 @@ def _operand(o) -> str:
 def render(app, report) -> None:
     """The integer operators, one row each, then their counts (nothing when there are none)."""
     from rich import box
-    from rich.markup import escape
     from rich.table import Table
 
     nodes = report.sections.get("integer_nodes", ())
@@ -93,13 +92,13 @@ def render(app, report) -> None:
         out = _operand(s.output) if s.output else (s.output_type or "?")
         flags = "E" if s.errors else ("W" if any(p.severity == "warning" for p in s.problems)
                                       else "")
-        table.add_row(escape(where), f"{dom}{s.op}-{s.version}", s.kind, escape(ins),
-                      escape(out), s.bias_type or "-", "yes" if s.qdq_form else "no", flags)
+        table.add_row(where, f"{dom}{s.op}-{s.version}", s.kind, ins,
+                      out, s.bias_type or "-", "yes" if s.qdq_form else "no", flags)
     app.out.print(table)
     for n in nodes:
         for p in n.spec.problems:
-            app.out.print(escape(f"  {p.severity} {p.code} {n.name or '<unnamed>'}: "
-                                 f"{p.message}"), soft_wrap=True)
+            app.out.print(f"  {p.severity} {p.code} {n.name or '<unnamed>'}: {p.message}",
+                          soft_wrap=True)
     sm = report.summary
     app.out.print(f"{sm['integer_nodes']} integer operators: "
                   + ", ".join(f"{k} ×{v}" for k, v in sm["integer_by_op"].items()))
