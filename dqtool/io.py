@@ -17,7 +17,16 @@ import onnx_ir as ir
 from google.protobuf.message import DecodeError
 from onnx import external_data_helper
 
-from dqtool import commit, early_copy, external_data, inline_load, inline_save, types, validation
+from dqtool import (
+    checked_files,
+    commit,
+    early_copy,
+    external_data,
+    inline_load,
+    inline_save,
+    types,
+    validation,
+)
 from dqtool.errors import DqtoolError, InputError, OutputError, UsageError
 
 MAX_ONNX_OPSET = onnx.defs.onnx_opset_version()
@@ -93,6 +102,16 @@ def _data_file(path: Path, base: Path, loc: str, name: str) -> tuple[Path, int]:
         raise InputError(f"{path}: external data '{loc}' has {st.st_nlink} "
                          "hard links; hard-linked data is refused (a hard link can "
                          "bring in any file); copy it instead")
+    # Opened now, the opened file checked, and read through it from here on: no name is
+    # resolved again (``checked_files``).
+    try:
+        checked_files.open_checked(base, loc, target, st)
+    except checked_files.Changed as e:
+        raise InputError(f"{path}: external data '{loc}' changed while it was checked (now "
+                         f"{e}); nothing was read") from None
+    except OSError as e:
+        raise InputError(f"{path}: external data '{loc}' of tensor '{name}' cannot be "
+                         f"opened: {e.strerror or e}") from None
     return target, st.st_size
 
 
@@ -212,7 +231,7 @@ def read_external(t: onnx.TensorProto, base: Path) -> None:
     offset = int(info.get("offset") or 0)
     length = info.get("length")
     need = int(length) if length else validation.expected_bytes(t)
-    with open(base / info["location"], "rb") as f:
+    with open(checked_files.read_path(base, info["location"]), "rb") as f:
         f.seek(offset)
         data = f.read() if need is None else f.read(need)
     t.raw_data = data
@@ -258,6 +277,7 @@ def _load_whole(path: str | os.PathLike) -> ir.Model:
 
 def _finish_load(model: ir.Model, path: str | os.PathLike, data_files: set[Path]) -> ir.Model:
     ir.external_data.set_base_dir(model.graph, Path(path).parent)
+    checked_files.bind(model.graph, Path(path).parent)
     # Saving must never replace a file this model still reads (see ``save``).
     model.meta[SOURCES] = (Path(path).resolve(), frozenset(data_files))
     return model

@@ -2,19 +2,21 @@
 
 A temporary folder is named ``.X.dqtool-tmp-<pid>-<random>`` and locked by its owner while
 it lives. Before a commit moves anything into the output's folder it writes a journal into
-its temporary folder: the names it will place, with the identity (device, inode) each file
-has, the identity of the new model file, and the old data files the commit will remove once
-the new model is in place. The folder (with the journal) is removed only after the commit
-is done. So a save killed at any moment leaves at most its temporary folder, and the files
-the journal names, which the next save into the folder deals with:
+its temporary folder: the names it will place, with the identity (device, inode, size,
+modification time) each file has, the identity of the new model file, and the old data
+files the commit will remove once the new model is in place. The folder (with the journal)
+is removed only after the commit is done. So a save killed at any moment leaves at most
+its temporary folder, and the files the journal names, which the next save into the folder
+deals with:
 
 * the new model is not in place (``X`` is not the journal's model file): the data files the
   killed commit placed are removed;
 * the new model is in place: the old data files the commit meant to remove are removed.
 
 Either way a file is removed only if it still is the very file the journal names (same
-device and inode: a file put there since under the same name is not dqtool's) and no model
-reads it (``data_readers``). Nothing else is swept: a file is never removed for its name.
+device, inode, size and time: a file put there since under the same name is not dqtool's)
+and no model reads it (``data_readers``). Nothing else is swept: a file is never removed
+for its name.
 """
 
 from __future__ import annotations
@@ -35,9 +37,10 @@ except ImportError:  # no flock here: the owner's PID alone says a folder is liv
     fcntl = None  # type: ignore[assignment]
 
 TEMP_TAG = ".dqtool-tmp-"
+_NONE = (-1, -1, -1, -1)
 JOURNAL = ".dqtool-commit.json"  # in a temporary folder; a data file never has this name
 
-Identity = tuple[int, int]
+Identity = tuple[int, int, int, int]
 
 
 class Temp:
@@ -64,12 +67,15 @@ class Temp:
 
 
 def identity(path: Path) -> Identity | None:
-    """(device, inode) of the file itself (a link is not followed); None if absent."""
+    """(device, inode, size, modification time) of the file itself (a link is not
+    followed); None if absent. The inode alone is not the file: one made just after
+    another was removed often gets its number back. A rename, link or chmod keeps all
+    four (a placed file is journaled before it is moved)."""
     try:
         st = os.lstat(path)
     except OSError:
         return None
-    return st.st_dev, st.st_ino
+    return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns
 
 
 def write_journal(folder: Path, out_name: str, model: Path, placed: Iterable[tuple[str, Path]],
@@ -79,8 +85,8 @@ def write_journal(folder: Path, out_name: str, model: Path, placed: Iterable[tup
     doc = {
         "out": out_name,
         "model": identity(model),
-        "placed": [[name, *(identity(f) or (-1, -1))] for name, f in placed],
-        "remove": [[name, *(identity(parent / name) or (-1, -1))] for name in remove],
+        "placed": [[name, *(identity(f) or _NONE)] for name, f in placed],
+        "remove": [[name, *(identity(parent / name) or _NONE)] for name in remove],
     }
     tmp = folder / (JOURNAL + ".part")
     tmp.write_text(json.dumps(doc))
@@ -125,8 +131,8 @@ def _recover(parent: Path, journal: Path) -> bool:
         doc = json.loads(journal.read_text())
         out = parent / doc["out"]
         model = tuple(doc["model"]) if doc["model"] else None
-        placed = [(str(n), (int(d), int(i))) for n, d, i in doc["placed"]]
-        remove = [(str(n), (int(d), int(i))) for n, d, i in doc["remove"]]
+        placed = [(str(n), tuple(int(x) for x in ident)) for n, *ident in doc["placed"]]
+        remove = [(str(n), tuple(int(x) for x in ident)) for n, *ident in doc["remove"]]
     except FileNotFoundError:
         return True  # killed before its commit began: nothing of it is in the folder
     except (OSError, ValueError, TypeError, KeyError):

@@ -20,7 +20,7 @@ import sys
 import numpy as np
 import onnx_ir as ir
 
-from dqtool import graph, inline_load, types
+from dqtool import checked_files, graph, inline_load, types
 
 # From this many bytes a tensor is mapped rather than read.
 MAP_BYTES = 1 << 20
@@ -110,9 +110,8 @@ def same_bytes(tensor: ir.TensorProtocol, dtype: ir.DataType, shape: tuple[int, 
     codes as uint4, and back; a weight reshaped. No copy when they live in a file (saved
     to a data file, they are copied there in the kernel)."""
     if isinstance(tensor, ir.ExternalTensor):
-        return ir.ExternalTensor(tensor.location, tensor.offset, tensor.length, dtype,
-                                 shape=ir.Shape(shape), name=tensor.name,
-                                 base_dir=tensor.base_dir)
+        return checked_files.external_like(tensor, tensor.offset, tensor.length, dtype,
+                                           ir.Shape(shape))
     if isinstance(tensor, (inline_load.MappedTensor, WidenedCodes)):
         return tensor.retyped(dtype, ir.Shape(shape))
     if isinstance(tensor, ir.LazyTensor):  # made when it is needed, as the tensor would be

@@ -98,3 +98,74 @@ def test_a_symlinked_model_folder_reads_its_own_data(tmp_path):
     (tmp_path / "alias").symlink_to(real)
     w = io.load(tmp_path / "alias" / "m.onnx").graph.initializers["w"].const_value.numpy()
     assert w.tobytes() == DATA
+
+
+# Opened once, the opened file checked, read through it (``checked_files``): a name
+# swapped after the check changes nothing that is read.
+def _swap_before_open(monkeypatch, swap) -> None:
+    from dqtool import checked_files
+
+    real_open = checked_files._open
+
+    def opening(target):
+        swap()  # another process, between the check and the open
+        return real_open(target)
+
+    monkeypatch.setattr(checked_files, "_open", opening)
+
+
+def test_a_folder_swapped_for_a_link_out_between_check_and_open_is_refused(tmp_path,
+                                                                           monkeypatch):
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "elsewhere" / "w.bin").write_bytes(DATA)
+    folder = tmp_path / "model"
+    (folder / "sub").mkdir(parents=True)
+    path = _external_model(folder, "sub/w.bin", DECOY)
+    (folder / "w.bin").rename(folder / "sub" / "w.bin")
+
+    def swap():
+        (folder / "sub").rename(folder / "old")
+        (folder / "sub").symlink_to(tmp_path / "elsewhere")
+
+    _swap_before_open(monkeypatch, swap)
+    with pytest.raises(InputError, match="changed while it was checked"):
+        io.load(path)
+
+
+@pytest.mark.parametrize("swap_to", ["file", "link"])
+def test_a_data_file_swapped_between_check_and_open_is_refused(tmp_path, monkeypatch,
+                                                               swap_to):
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "elsewhere" / "w.bin").write_bytes(DATA)
+    folder = tmp_path / "model"
+    folder.mkdir()
+    path = _external_model(folder, "w.bin", DECOY)
+
+    def swap():
+        (folder / "w.bin").unlink()
+        if swap_to == "file":
+            (folder / "w.bin").write_bytes(DATA)  # another file under the checked name
+        else:
+            (folder / "w.bin").symlink_to(tmp_path / "elsewhere" / "w.bin")
+
+    _swap_before_open(monkeypatch, swap)
+    with pytest.raises(InputError, match=r"changed while it was checked|cannot be opened"):
+        io.load(path)
+
+
+def test_reads_after_the_check_go_to_the_file_checked(tmp_path):
+    """Renaming another file over the location after loading: the model still reads the
+    bytes it was checked with (every read goes through the descriptor)."""
+    folder = tmp_path / "model"
+    folder.mkdir()
+    path = _external_model(folder, "w.bin", DATA)
+    model = io.load(path)
+    (folder / "other.bin").write_bytes(DECOY)
+    (folder / "other.bin").replace(folder / "w.bin")
+    assert model.graph.initializers["w"].const_value.numpy().tobytes() == DATA
+    out = tmp_path / "folded.onnx"
+    res = subprocess.run([sys.executable, "-m", "dqtool", "fold", str(path), "-o", str(out)],
+                         capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr  # a fresh run reads what is there now
+    got = io.load(out).graph.initializers
+    assert len(got) == 1

@@ -230,7 +230,7 @@ def test_a_torn_or_foreign_journal_removes_nothing(tmp_path):
     victim = tmp_path / "x.onnx.data"
     victim.write_bytes(b"keep")
     (dead / leftovers.JOURNAL).write_text('{"out": "x.onnx", "model": null, "placed": '
-                                          '[["x.onnx.data", 1, 2]], "remove": []}')
+                                          '[["x.onnx.data", 1, 2, 3, 4]], "remove": []}')
     assert commit.clean_leftovers(tmp_path) == [dead]
     assert victim.read_bytes() == b"keep"  # not the inode the journal names
     dead.mkdir()

@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 import onnx_ir as ir
 
-from dqtool import families, inline_load, types
+from dqtool import checked_files, families, inline_load, types
 from dqtool.folding import by_table
 from dqtool.pieces import piecewise
 
@@ -297,9 +297,8 @@ def _read_rows(t: ir.ExternalTensor | inline_load.MappedTensor, et: types.ElemTy
         return codes[:elements].view(t.dtype.numpy()).reshape((r1 - r0, *dims[1:]))
     # onnx_ir unpacks a tensor of just these rows into a new array (not a view of its
     # memory map), so the map can be released at once.
-    part = ir.ExternalTensor(t.location, offset, (count + 7) // 8, t.dtype,
-                             shape=ir.Shape((r1 - r0, *dims[1:])), name=t.name or "",
-                             base_dir=t.base_dir)
+    part = checked_files.external_like(t, offset, (count + 7) // 8, t.dtype,
+                                       ir.Shape((r1 - r0, *dims[1:])))
     try:
         return part.numpy()
     finally:

@@ -1,0 +1,144 @@
+"""External data files: opened once, the opened file checked, and read through it.
+
+A location is checked by resolving it as the operating system does (``io._data_file``).
+Checking a name and opening it later leaves a gap: another process could swap a component
+for a symbolic link in between, and every later open by name resolves the path again. So
+the file is opened once, and what was opened is checked (on Linux the kernel names the
+opened file's path in ``/proc/self/fd/N``; its device and inode are compared with those
+checked). Every later read of the tensor, by dqtool or by onnx_ir's memory map, goes
+through ``/proc/self/fd/N``, which opens that same file whatever the names now say.
+
+The descriptors stay open for the process's life: a command reads one model or two, whose
+tensors name a handful of files (a sharded model some hundreds; the soft limit on open
+files is raised towards the hard one when needed). Where ``/proc/self/fd`` is missing
+(macOS, Windows) the checked path is read by name (docs/safety.md says so).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import onnx_ir as ir
+
+_PROC = "/proc/self/fd"
+# (resolved model folder, location as written) -> the path reads use
+_READ_PATHS: dict[tuple[str, str], str] = {}
+_FDS: dict[tuple[int, int], int] = {}  # (device, inode) -> an open descriptor of it
+
+
+class Changed(Exception):
+    """The file opened is not the one checked (a name was swapped in between)."""
+
+
+def _proc() -> bool:
+    return os.path.isdir(_PROC)
+
+
+def open_checked(base: Path, loc: str, target: Path, st: os.stat_result) -> str:
+    """Open ``target`` (``base/loc`` resolved and checked: inside ``base``, a regular file,
+    its status ``st``) and check the opened file is it; the path later reads use."""
+    key = (str(base), loc)
+    if key in _READ_PATHS:
+        return _READ_PATHS[key]
+    if not _proc():
+        _READ_PATHS[key] = str(target)
+        return str(target)
+    ident = (st.st_dev, st.st_ino)
+    fd = _FDS.get(ident)
+    if fd is None:
+        fd = _open(target)
+        try:
+            opened = os.fstat(fd)
+            where = os.readlink(f"{_PROC}/{fd}")
+            if _state(opened) != _state(st) or Path(where) != target:
+                raise Changed(where)
+        except BaseException:
+            os.close(fd)
+            raise
+        _FDS[ident] = fd
+    _READ_PATHS[key] = f"{_PROC}/{fd}"
+    return _READ_PATHS[key]
+
+
+def _state(st: os.stat_result) -> tuple[int, ...]:
+    # The inode alone is not the file: a file made just after another was removed often
+    # gets its number back. Its size and times tell them apart.
+    return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns
+
+
+def _open(target: Path) -> int:
+    # Not blocking (a FIFO swapped in must not hang the open), not following a link as the
+    # last component (the checked target is a resolved path: a link there now was swapped in).
+    flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOFOLLOW", 0) \
+        | getattr(os, "O_CLOEXEC", 0)
+    try:
+        return os.open(target, flags)
+    except OSError as e:
+        if e.errno != 24:  # EMFILE: too many open files
+            raise
+    _raise_open_files_limit()
+    return os.open(target, flags)
+
+
+def _raise_open_files_limit() -> None:
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = hard if hard != resource.RLIM_INFINITY else soft * 4
+    if want > soft:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
+
+
+def read_path(base: Path, loc: str) -> str:
+    """The path to read ``base/loc`` through, once checked (else the name itself)."""
+    return _READ_PATHS.get((str(base.resolve()), loc), str(base / loc))
+
+
+class CheckedTensor(ir.ExternalTensor):
+    """An external tensor read through the descriptor its file was checked by: its
+    location and folder are the model's (saved as written), its ``path`` the descriptor's
+    (every read, onnx_ir's memory map included, opens ``path``)."""
+
+    __slots__ = ("_read_path",)
+
+    def __init__(self, read_path: str, *args: object, **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+        self._read_path = read_path
+
+    @property
+    def path(self) -> str:
+        return self._read_path
+
+    def _check_path_containment(self) -> None:
+        # onnx_ir checks the names again (the location against the folder); the file was
+        # checked once, as opened, and ``path`` is that very file: a name resolved now is
+        # what could have been swapped.
+        return
+
+
+def external_like(t: ir.ExternalTensor, offset: int | None, length: int | None,
+                  dtype: ir.DataType, shape: ir.Shape) -> ir.ExternalTensor:
+    """Another view of ``t``'s file (a byte range, a type), read as ``t`` is read."""
+    kwargs = {"shape": shape, "name": t.name or "", "base_dir": t.base_dir}
+    if isinstance(t, CheckedTensor):
+        return CheckedTensor(t.path, t.location, offset, length, dtype, **kwargs)
+    return ir.ExternalTensor(t.location, offset, length, dtype, **kwargs)
+
+
+def bind(graph: ir.Graph, base: Path) -> None:
+    """Point the external tensors of ``graph`` and its subgraphs (locations relative to
+    ``base``) at the files checked for them."""
+    resolved = str(base.resolve())
+    for g in (graph, *(s for s in graph.subgraphs())):
+        for v in g.initializers.values():
+            t = v.const_value
+            if not isinstance(t, ir.ExternalTensor) or isinstance(t, CheckedTensor):
+                continue
+            path = _READ_PATHS.get((resolved, str(t.location)))
+            if path is None or path == str(Path(t.base_dir) / t.location):
+                continue
+            v.const_value = CheckedTensor(
+                path, t.location, t.offset, t.length, t.dtype, shape=t.shape, name=t.name,
+                doc_string=t.doc_string, metadata_props=dict(t.metadata_props),
+                base_dir=t.base_dir)
