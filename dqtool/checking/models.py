@@ -21,7 +21,7 @@ import onnx_ir as ir
 from onnx import external_data_helper
 from onnx.model_container import ModelContainer
 
-from dqtool import io
+from dqtool import checked_files, io
 
 
 def ort_max_ir() -> int:
@@ -57,6 +57,7 @@ class Loaded:
         model = ir.serde.deserialize_model(self.proto)
         if self.external_dir is not None:
             ir.external_data.set_base_dir(model.graph, self.external_dir)
+            checked_files.bind(model.graph, self.external_dir)  # read as checked
         return model
 
     def note(self) -> str | None:
