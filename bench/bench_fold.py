@@ -191,7 +191,7 @@ def run_case(case: Case, folder: Path) -> dict:
 
 
 # As the command line imports: dqtool.cli first (it defers sympy), then what fold needs.
-STARTUP = "import dqtool.cli, dqtool.io, dqtool.folding, dqtool.cli.fold_cmd"
+STARTUP = "import dqtool.cli, dqtool.storage, dqtool.folding, dqtool.cli.fold_cmd"
 
 
 def startup_floor() -> float:

@@ -58,8 +58,8 @@ ONNXSCRIPT_INLINE = textwrap.dedent("""
 # What each command imports before it does anything (dqtool.cli defers the rest).
 IMPORTS = {
     "--version": "import dqtool.cli",
-    "fold": "import dqtool.cli, dqtool.cli.fold_cmd, dqtool.io, dqtool.folding",
-    "upgrade/downgrade": "import dqtool.cli, dqtool.cli.convert_cmd, dqtool.io, "
+    "fold": "import dqtool.cli, dqtool.cli.fold_cmd, dqtool.storage, dqtool.folding",
+    "upgrade/downgrade": "import dqtool.cli, dqtool.cli.convert_cmd, dqtool.storage, "
                          "dqtool.convert, dqtool.convert.pipeline",
     "check": "import dqtool.cli, dqtool.cli.check_cmd, dqtool.checking, onnxruntime",
     "inspect": "import dqtool.cli, dqtool.cli.inspect_cmd, dqtool.inspection",

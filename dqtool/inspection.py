@@ -10,7 +10,7 @@ from typing import Any
 
 import onnx_ir as ir
 
-from dqtool import codecs, families, graph, io, versions
+from dqtool import codecs, families, graph, storage, versions
 from dqtool.spec import QuantSpec
 
 
@@ -223,7 +223,7 @@ def inspect(model: str | os.PathLike | ir.Model) -> InspectReport:
     name = "<memory>"
     if not isinstance(model, ir.Model):
         name = str(model)
-        model = io.load(Path(model))
+        model = storage.load(Path(model))
     nodes, own = _reports(model)
     summary = summarize(model, nodes)
     sections: dict[str, tuple[Any, ...]] = {}
@@ -238,7 +238,7 @@ def inspect(model: str | os.PathLike | ir.Model) -> InspectReport:
         opset_imports=_opsets(model),
         nodes=tuple(nodes),
         functions=len(model.functions),
-        external_data=io.uses_external_data(model),
+        external_data=storage.uses_external_data(model),
         summary=summary,
         sections=sections,
     )

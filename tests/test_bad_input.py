@@ -11,7 +11,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from dqtool import io
+from dqtool import storage
 from dqtool.errors import InputError
 
 
@@ -81,7 +81,7 @@ CASES = ["missing", "directory", "not onnx", "truncated", "empty", "opset unknow
 def test_load_raises_input_error(tmp_path, case):
     path, want = bad_inputs(tmp_path)[case]
     with pytest.raises(InputError) as e:
-        io.load(path)
+        storage.load(path)
     assert want in str(e.value)
     assert str(path) in str(e.value)
 
@@ -102,7 +102,7 @@ def test_cli_bad_inputs_exit_2_with_one_line(tmp_path):
 
 def test_valid_external_data_loads(tmp_path):
     path = _external_model(tmp_path, "w.bin", bytes(range(16)))
-    m = io.load(path)
+    m = storage.load(path)
     w = m.graph.initializers["w"].const_value
     assert w.numpy().reshape(-1).tolist() == list(range(16))
 
@@ -117,7 +117,7 @@ def test_hard_linked_external_data_is_refused_in_one_line(tmp_path):
     path = _external_model(tmp_path, "w.bin", bytes(16))
     (tmp_path / "other.bin").hardlink_to(tmp_path / "w.bin")
     with pytest.raises(InputError, match="hard links"):
-        io.load(path)
+        storage.load(path)
 
 
 def test_symlink_out_of_the_folder_is_refused_but_inside_is_read(tmp_path):
@@ -129,8 +129,8 @@ def test_symlink_out_of_the_folder_is_refused_but_inside_is_read(tmp_path):
     path = _external_model(folder, "w.bin", None)
     (folder / "w.bin").symlink_to(outside / "abc")
     with pytest.raises(InputError, match="symbolic link"):
-        io.load(path)
+        storage.load(path)
     (folder / "w.bin").unlink()
     (folder / "blob").write_bytes(bytes(range(16)))
     (folder / "w.bin").symlink_to("blob")
-    assert io.load(path).graph.initializers["w"].const_value.numpy().sum() == sum(range(16))
+    assert storage.load(path).graph.initializers["w"].const_value.numpy().sum() == sum(range(16))

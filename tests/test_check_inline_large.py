@@ -42,11 +42,11 @@ def _weight_model(path, kind: str, rows: int = 64, cols: int = 48):
 
 @pytest.fixture
 def large_paths(monkeypatch):
-    from dqtool import inline_load
+    from dqtool.storage import inline_read
 
     monkeypatch.setattr(models, "IN_FILE_BYTES", 1024)
-    monkeypatch.setattr(inline_load, "MIN_FILE_BYTES", 0)
-    monkeypatch.setattr(inline_load, "MIN_TENSOR_BYTES", 256)
+    monkeypatch.setattr(inline_read, "MIN_FILE_BYTES", 0)
+    monkeypatch.setattr(inline_read, "MIN_TENSOR_BYTES", 256)
     monkeypatch.setattr(selfcheck, "PIECE_BYTES", 2048)
     monkeypatch.setattr(selfcheck, "WHOLE_RUN_MAX_BYTES", 1024)
 
@@ -100,11 +100,11 @@ def test_a_mismatch_in_one_slice_is_reported(tmp_path, large_paths, monkeypatch)
 def test_same_result_as_the_in_memory_path(tmp_path, monkeypatch):
     path = _weight_model(tmp_path / "m.onnx", "int4-blocked")
     whole = check(path).to_json()
-    from dqtool import inline_load
+    from dqtool.storage import inline_read
 
     monkeypatch.setattr(models, "IN_FILE_BYTES", 1024)
-    monkeypatch.setattr(inline_load, "MIN_FILE_BYTES", 0)
-    monkeypatch.setattr(inline_load, "MIN_TENSOR_BYTES", 256)
+    monkeypatch.setattr(inline_read, "MIN_FILE_BYTES", 0)
+    monkeypatch.setattr(inline_read, "MIN_TENSOR_BYTES", 256)
     monkeypatch.setattr(selfcheck, "PIECE_BYTES", 2048)
     sliced = check(path).to_json()
     assert [n["status"] for n in whole["nodes"]] == [n["status"] for n in sliced["nodes"]] \

@@ -243,11 +243,11 @@ def test_in_place(tmp_path):
 
 
 def test_check_on_a_path_loads_the_model_once(tmp_path, monkeypatch):
-    from dqtool import io
+    from dqtool import storage
 
     loads = []
-    real_load = io.load
-    monkeypatch.setattr(io, "load", lambda *a, **k: loads.append(a[0]) or real_load(*a, **k))
+    real_load = storage.load
+    monkeypatch.setattr(storage, "load", lambda *a, **k: loads.append(a[0]) or real_load(*a, **k))
     report = dqtool.upgrade(MODELS / "ort_qdq_contrib.onnx", 21, tmp_path / "out.onnx",
                             check=True)
     assert report.check.ok
@@ -468,7 +468,7 @@ def _external_with_prefill_log(g, tmp_path, monkeypatch):
     each ``Prefill.finish`` call appends its ``cancel`` to."""
     from onnx import helper
 
-    from dqtool import external_data
+    from dqtool.storage import data_writer
 
     folder = tmp_path / "in"
     folder.mkdir()
@@ -477,8 +477,8 @@ def _external_with_prefill_log(g, tmp_path, monkeypatch):
                                       ir_version=10), src, save_as_external_data=True,
                     location="model.onnx.data", size_threshold=1024)
     cancelled: list[bool] = []
-    real_finish = external_data.Prefill.finish
-    monkeypatch.setattr(external_data.Prefill, "finish", lambda self, cancel=False: (
+    real_finish = data_writer.Prefill.finish
+    monkeypatch.setattr(data_writer.Prefill, "finish", lambda self, cancel=False: (
         cancelled.append(cancel) or real_finish(self, cancel)))
     return src, cancelled
 
@@ -601,14 +601,14 @@ def test_the_copy_falls_back_to_user_space_across_file_systems(tmp_path, monkeyp
 def test_a_full_disk_is_one_line_and_nothing_written(tmp_path, monkeypatch):
     import errno
 
-    from dqtool import external_data
+    from dqtool.storage import data_writer
 
     src = _chain(tmp_path / "in")
 
     def disk_full(*args, **kwargs):
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(external_data, "_copy_range", disk_full)  # the early copy
+    monkeypatch.setattr(data_writer, "_copy_range", disk_full)  # the early copy
     out = tmp_path / "out" / "up.onnx"
     out.parent.mkdir()
     r = CliRunner().invoke(cli, ["upgrade", str(src), "--opset", "21", "-o", str(out)],

@@ -9,7 +9,7 @@ import onnx_ir as ir
 import pytest
 
 import dqtool
-from dqtool import graph, io
+from dqtool import graph, storage
 from dqtool.convert.report import ConversionRefused
 from dqtool.errors import DqtoolError
 
@@ -24,7 +24,7 @@ def _bytes(model: ir.Model) -> bytes:
 def _attempts(name: str):
     """(opset, refused, model before, model after) for every opset but the model's own."""
     src = graph.opset_of(dict(ir.load(MODELS / name).opset_imports), "")
-    for opset in range(1, io.MAX_ONNX_OPSET + 1):
+    for opset in range(1, storage.MAX_ONNX_OPSET + 1):
         if src is None or opset == src:
             continue
         model = ir.load(MODELS / name)

@@ -12,8 +12,9 @@ import onnx_ir as ir
 import pytest
 
 import dqtool
-from dqtool import inline_load, inline_save, io
+from dqtool import storage
 from dqtool.checking import check
+from dqtool.storage import inline_read, inline_write
 
 K, BLOCK, LAYERS = 64, 16, 4
 
@@ -46,15 +47,15 @@ def _model(path, external: bool) -> None:
 
 @pytest.mark.parametrize("external", [True, False])
 def test_downgrade_reads_each_weight_on_its_own_map(tmp_path, monkeypatch, external):
-    monkeypatch.setattr(inline_load, "MIN_FILE_BYTES", 0)
-    monkeypatch.setattr(inline_load, "MIN_TENSOR_BYTES", 256)
-    monkeypatch.setattr(inline_save, "STREAM_MIN_BYTES", 1)
+    monkeypatch.setattr(inline_read, "MIN_FILE_BYTES", 0)
+    monkeypatch.setattr(inline_read, "MIN_TENSOR_BYTES", 256)
+    monkeypatch.setattr(inline_write, "STREAM_MIN_BYTES", 1)
     src = tmp_path / "m.onnx"
     _model(src, external)
-    model = io.load(src)
+    model = storage.load(src)
     weights = [v.const_value for v in model.graph.initializers.values()
                if v.const_value.dtype == ir.DataType.INT4]
-    kind = ir.ExternalTensor if external else inline_load.MappedTensor
+    kind = ir.ExternalTensor if external else inline_read.MappedTensor
     assert len(weights) == LAYERS and all(isinstance(t, kind) for t in weights)
     report = dqtool.downgrade(model, 13, str(tmp_path / "out.onnx"))
     assert any("int8" in c.how for c in report.changes)
@@ -198,12 +199,12 @@ def test_rows_of_a_weight_blocked_along_its_last_axis_are_its_stored_bytes(
     form keeps x, its scale and its zero point as stored. From a file they are copied
     there by the save and never read as values (a 32000 x 4096 int4 embedding's
     `--per-axis` held 348 MB; now 132)."""
-    from dqtool import reading
+    from dqtool.storage import tensor_reads
 
     src = tmp_path / "m.onnx"
     stored = _last_axis_model(src, qtype, external)
     if external:
-        monkeypatch.setattr(reading, "tensor_array", lambda t: pytest.fail(
+        monkeypatch.setattr(tensor_reads, "tensor_array", lambda t: pytest.fail(
             f"{t.name} read as values"))
     out = tmp_path / "out.onnx"
     report = dqtool.upgrade(str(src), 21, str(out), per_axis=True)

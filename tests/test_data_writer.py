@@ -1,4 +1,4 @@
-"""The data-file writer (``external_data._Writer``): tensors written on several threads,
+"""The data-file writer (``data_writer._Writer``): tensors written on several threads,
 each at its own offset, give the same file as one thread; streamed tensors are written
 band by band; an error in any tensor stops the save and nothing is left behind."""
 
@@ -8,7 +8,7 @@ import numpy as np
 import onnx_ir as ir
 import pytest
 
-from dqtool import io
+from dqtool import storage
 from dqtool.families.fused.surgery import Streamed
 
 
@@ -46,8 +46,8 @@ def test_streamed_and_plain_tensors_on_any_number_of_threads(tmp_path, monkeypat
     monkeypatch.setenv("DQTOOL_THREADS", threads)
     tensors = [_streamed(n, a) if i % 2 else ir.Tensor(a, name=n)
                for i, (n, a) in enumerate(_tensors())]
-    io.save(_model(tensors), tmp_path / "m.onnx", external=True)
-    back = io.load(tmp_path / "m.onnx")
+    storage.save(_model(tensors), tmp_path / "m.onnx", external=True)
+    back = storage.load(tmp_path / "m.onnx")
     for name, a in _tensors():
         assert np.array_equal(back.graph.initializers[name].const_value.numpy(), a), name
     assert (tmp_path / "m.onnx.data").exists()
@@ -59,7 +59,7 @@ def test_the_same_file_on_one_thread_and_on_two(tmp_path, monkeypatch) -> None:
         monkeypatch.setenv("DQTOOL_THREADS", threads)
         out = tmp_path / threads / "m.onnx"
         out.parent.mkdir()
-        io.save(_model([_streamed(n, a) for n, a in _tensors(1)]), out, external=True)
+        storage.save(_model([_streamed(n, a) for n, a in _tensors(1)]), out, external=True)
         files.append((out.read_bytes(), out.with_name("m.onnx.data").read_bytes()))
     assert files[0] == files[1]
 
@@ -69,22 +69,22 @@ def test_an_error_in_one_tensor_stops_the_save(tmp_path, monkeypatch, threads: s
     monkeypatch.setenv("DQTOOL_THREADS", threads)
     tensors = [_streamed(n, a, fail=(n == "w2")) for n, a in _tensors()]
     with pytest.raises(OSError, match="the disk is full"):
-        io.save(_model(tensors), tmp_path / "m.onnx", external=True)
+        storage.save(_model(tensors), tmp_path / "m.onnx", external=True)
     assert list(tmp_path.iterdir()) == []  # no model, no data file, no temporary folder
 
 
 def test_a_streamed_tensor_that_writes_too_little_is_an_error(tmp_path) -> None:
     tensors = [_streamed(n, a, short=(n == "w4")) for n, a in _tensors()]
     with pytest.raises(OSError, match="w4: wrote 4095 bytes, expected 4096"):
-        io.save(_model(tensors), tmp_path / "m.onnx", external=True)
+        storage.save(_model(tensors), tmp_path / "m.onnx", external=True)
     assert list(tmp_path.iterdir()) == []
 
 
 def test_streamed_tensors_saved_inline(tmp_path) -> None:
     tensors = [_streamed(n, a) for n, a in _tensors()]
-    io.save(_model(tensors), tmp_path / "m.onnx", external=False)
+    storage.save(_model(tensors), tmp_path / "m.onnx", external=False)
     assert not (tmp_path / "m.onnx.data").exists()
-    back = io.load(tmp_path / "m.onnx")
+    back = storage.load(tmp_path / "m.onnx")
     for name, a in _tensors():
         assert np.array_equal(back.graph.initializers[name].const_value.numpy(), a)
 
@@ -106,7 +106,7 @@ def test_a_full_disk_is_known_before_any_byte_is_written(tmp_path, monkeypatch) 
     tensors = [_streamed(n, a) for n, a in _tensors()]
     with pytest.raises(OSError, match=r"No space left on device: .*m\.onnx\.data would "
                                       r"take \d+ bytes") as raised:
-        io.save(_model(tensors), tmp_path / "m.onnx", external=True)
+        storage.save(_model(tensors), tmp_path / "m.onnx", external=True)
     assert raised.value.errno == errno.ENOSPC
     assert calls and calls[0] >= sum(a.nbytes for _, a in _tensors())
     assert list(tmp_path.iterdir()) == []
@@ -121,33 +121,33 @@ def test_a_reservation_changes_no_byte(tmp_path, monkeypatch, answer: str) -> No
 
     if answer == "unsupported":
         monkeypatch.setattr(native, "reserve", lambda fd, offset, length: errno.EOPNOTSUPP)
-    io.save(_model([_streamed(n, a) for n, a in _tensors(2)]), tmp_path / "m.onnx",
+    storage.save(_model([_streamed(n, a) for n, a in _tensors(2)]), tmp_path / "m.onnx",
             external=True)
-    back = io.load(tmp_path / "m.onnx")
+    back = storage.load(tmp_path / "m.onnx")
     for name, a in _tensors(2):
         assert np.array_equal(back.graph.initializers[name].const_value.numpy(), a)
 
 
 def _early(tmp_path, out_name: str = "m.onnx"):
-    """An ``Eager`` for a save to ``tmp_path / out_name`` (as ``io.start_eager`` makes it)."""
-    from dqtool import external_data
+    """An ``Eager`` for a save to ``tmp_path / out_name`` (as ``storage.start_eager`` makes it)."""
+    from dqtool.storage import data_writer
 
     model = _model([])
-    return io.start_eager(model, tmp_path / out_name), external_data
+    return storage.start_eager(model, tmp_path / out_name), data_writer
 
 
 def test_tensors_written_early_come_first_and_read_back(tmp_path) -> None:
     # Streamed tensors made while a save writes early go to the data file at once, in the
     # order they are made; the save puts the others after them.
-    eager, external_data = _early(tmp_path)
+    eager, data_writer = _early(tmp_path)
     data = _tensors(3)
-    with external_data.writing_early(eager):
+    with data_writer.writing_early(eager):
         early = [_streamed(n, a, band=777) for n, a in data[:4]]
     late = [ir.Tensor(a, name=n) for n, a in data[4:]]
     assert next(iter(eager.placed.values()))[0] == 0 and eager.end > 0
     model = _model([*late, *early])  # the model's own order differs
-    io.save(model, tmp_path / "m.onnx", external=True, prefill=eager)
-    back = io.load(tmp_path / "m.onnx")
+    storage.save(model, tmp_path / "m.onnx", external=True, prefill=eager)
+    back = storage.load(tmp_path / "m.onnx")
     for name, a in data:
         assert np.array_equal(back.graph.initializers[name].const_value.numpy(), a), name
     offsets = {v.name: v.const_value.offset for v in back.graph.initializers.values()
@@ -167,42 +167,42 @@ def test_a_tensor_written_early_but_not_saved_starts_the_file_over(tmp_path) -> 
     # the save writes the file again, compactly (the same file as with no early writes).
     (tmp_path / "a").mkdir()
     (tmp_path / "b").mkdir()
-    eager, external_data = _early(tmp_path / "a")
+    eager, data_writer = _early(tmp_path / "a")
     data = _tensors(4)
-    with external_data.writing_early(eager):
+    with data_writer.writing_early(eager):
         kept = [_streamed(n, a) for n, a in data]
         _streamed("dropped", np.arange(9000, dtype=np.uint8) % 251)
-    io.save(_model(kept), tmp_path / "a" / "m.onnx", external=True, prefill=eager)
-    io.save(_model([_streamed(n, a) for n, a in data]), tmp_path / "b" / "m.onnx",
+    storage.save(_model(kept), tmp_path / "a" / "m.onnx", external=True, prefill=eager)
+    storage.save(_model([_streamed(n, a) for n, a in data]), tmp_path / "b" / "m.onnx",
             external=True)
     assert (tmp_path / "a" / "m.onnx.data").read_bytes() == \
         (tmp_path / "b" / "m.onnx.data").read_bytes()
 
 
 def test_an_error_while_writing_early_stops_the_save(tmp_path) -> None:
-    eager, external_data = _early(tmp_path)
-    with external_data.writing_early(eager):
+    eager, data_writer = _early(tmp_path)
+    with data_writer.writing_early(eager):
         tensors = [_streamed(n, a, fail=(n == "w2")) for n, a in _tensors()]
     with pytest.raises(OSError, match="the disk is full"):
-        io.save(_model(tensors), tmp_path / "m.onnx", external=True, prefill=eager)
+        storage.save(_model(tensors), tmp_path / "m.onnx", external=True, prefill=eager)
     assert list(tmp_path.iterdir()) == []  # no model, no data file, no temporary folder
 
 
 def test_writing_early_discarded_leaves_nothing(tmp_path) -> None:
-    eager, external_data = _early(tmp_path)
-    with external_data.writing_early(eager):
+    eager, data_writer = _early(tmp_path)
+    with data_writer.writing_early(eager):
         [_streamed(n, a) for n, a in _tensors()]
-    io.discard_prefill(eager)
+    storage.discard_prefill(eager)
     assert list(tmp_path.iterdir()) == []
 
 
 def test_nothing_is_written_early_outside_a_save_that_asks(tmp_path) -> None:
-    eager, external_data = _early(tmp_path)
+    eager, data_writer = _early(tmp_path)
     _streamed("w", np.zeros(5000, np.uint8))  # not within writing_early
-    with external_data.writing_early(eager):
+    with data_writer.writing_early(eager):
         pass
     assert eager.placed == {}
-    io.discard_prefill(eager)
+    storage.discard_prefill(eager)
 
 
 @pytest.mark.parametrize("external", [True, False])
@@ -229,9 +229,9 @@ def test_while_writing_runs_before_anything_is_in_place(tmp_path, external: bool
         assert not out.exists()
         told.set()
 
-    io.save(_model([weight]), out, external=external, while_writing=while_writing)
+    storage.save(_model([weight]), out, external=external, while_writing=while_writing)
     assert told.is_set()
-    back = io.load(out)
+    back = storage.load(out)
     assert np.array_equal(back.graph.initializers["w"].const_value.numpy(), data)
 
 
@@ -242,7 +242,7 @@ def test_the_gil_is_handed_on_quickly_while_writers_run(tmp_path, fail: bool) ->
     # writers at once (a save while another writes early) restore it once, at the end.
     import sys
 
-    from dqtool import external_data
+    from dqtool.storage import data_writer
 
     seen: list[float] = []
     data = np.arange(5000, dtype=np.uint8)
@@ -259,17 +259,17 @@ def test_the_gil_is_handed_on_quickly_while_writers_run(tmp_path, fail: bool) ->
     try:
         (tmp_path / "early").mkdir()
         eager, _ = _early(tmp_path / "early")
-        assert sys.getswitchinterval() == external_data._QuickSwitches.INTERVAL
+        assert sys.getswitchinterval() == data_writer._QuickSwitches.INTERVAL
         weight = Streamed(lambda: ir.Tensor(data, name="w"), write, ir.DataType.UINT8,
                           ir.Shape(data.shape), "w")
         if fail:
             with pytest.raises(OSError, match="the disk is full"):
-                io.save(_model([weight]), tmp_path / "m.onnx", external=True)
+                storage.save(_model([weight]), tmp_path / "m.onnx", external=True)
         else:
-            io.save(_model([weight]), tmp_path / "m.onnx", external=True)
-        assert seen == [external_data._QuickSwitches.INTERVAL]
-        assert sys.getswitchinterval() == external_data._QuickSwitches.INTERVAL  # eager's
-        io.discard_prefill(eager)
+            storage.save(_model([weight]), tmp_path / "m.onnx", external=True)
+        assert seen == [data_writer._QuickSwitches.INTERVAL]
+        assert sys.getswitchinterval() == data_writer._QuickSwitches.INTERVAL  # eager's
+        storage.discard_prefill(eager)
         assert sys.getswitchinterval() == 0.004
     finally:
         sys.setswitchinterval(before)

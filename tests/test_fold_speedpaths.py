@@ -14,7 +14,7 @@ import numpy as np
 import onnx_ir as ir
 import pytest
 
-from dqtool import io, kernel
+from dqtool import kernel, storage
 from dqtool.folding import compute, fold
 
 RNG = np.random.default_rng(7)
@@ -68,7 +68,7 @@ def test_packed_external_rows_equal_whole(tmp_path: Path, monkeypatch, name, dt,
 def test_read_rows_slices_packed_and_refuses_mid_byte(tmp_path: Path) -> None:
     x = RNG.integers(-8, 8, (9, 3)).astype(ml_dtypes.int4)
     src = _model(tmp_path, x, np.float32(0.5) * np.ones(3, np.float32), {"axis": 1})
-    t = io.load(src).graph.initializers["W_q"].const_value
+    t = storage.load(src).graph.initializers["W_q"].const_value
     assert isinstance(t, ir.ExternalTensor)
     et = compute.types.from_ir(t.dtype)
     assert et is not None

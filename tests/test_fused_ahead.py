@@ -53,10 +53,10 @@ def test_a_lazy_constant_writes_the_bytes_of_its_tensor_in_pieces(kind, monkeypa
     import numpy as np
     import onnx_ir as ir
 
-    from dqtool import pieces
     from dqtool.families.fused import surgery
+    from dqtool.storage import write_pieces
 
-    monkeypatch.setattr(pieces, "WRITE_PIECE", 7)
+    monkeypatch.setattr(write_pieces, "WRITE_PIECE", 7)
     rng = np.random.default_rng(0)
     tensor = {
         "packed": lambda: ir.PackedTensor(rng.integers(0, 256, 50, np.uint8),
@@ -79,7 +79,7 @@ def test_a_lazy_constant_writes_the_bytes_of_its_tensor_in_pieces(kind, monkeypa
         lazy.tofile(Recording())
     assert path.read_bytes() == tensor.tobytes()
     assert len(tensor.tobytes()) > 7
-    assert max(sizes) <= 7  # in pieces (dqtool.pieces), whatever the kind
+    assert max(sizes) <= 7  # in pieces (dqtool.storage.write_pieces), whatever the kind
 
 
 def test_a_weight_that_is_gone_is_not_kept_alive() -> None:

@@ -90,7 +90,7 @@ def test_below_21_a_gather_block_quantized_table_is_widened_from_its_file(tmp_pa
                                                                           monkeypatch):
     """The table's int4 codes become int8 a band at a time from the data file (they were
     unpacked whole, twice, in memory)."""
-    from dqtool import reading
+    from dqtool.storage import tensor_reads
 
     rng = np.random.default_rng(2)
     table = rng.integers(-8, 8, (64, 32), dtype=np.int8)
@@ -98,8 +98,8 @@ def test_below_21_a_gather_block_quantized_table_is_widened_from_its_file(tmp_pa
     src = tmp_path / "m.onnx"
     _external(gbq_model(table.astype(ml_dtypes.int4), scales, None, block=16), src)
     written = []
-    real = reading.WidenedCodes.tofile
-    monkeypatch.setattr(reading.WidenedCodes, "tofile",
+    real = tensor_reads.WidenedCodes.tofile
+    monkeypatch.setattr(tensor_reads.WidenedCodes, "tofile",
                         lambda self, f: written.append(self.count) or real(self, f))
     out = tmp_path / "out.onnx"
     dqtool.downgrade(str(src), 19, str(out))

@@ -16,8 +16,9 @@ from helpers.fused import gbq_model, nbits_inputs, nbits_model
 from onnx import helper
 
 import dqtool
-from dqtool import inline_load, inline_save, io
+from dqtool import storage
 from dqtool.families.fused import arrays
+from dqtool.storage import inline_read, inline_write
 
 LAYERS, K, N, BLOCK = 6, 512, 1024, 32
 
@@ -53,16 +54,16 @@ def _model(path) -> None:
 def lean(monkeypatch):
     """Every tensor of at least 4 KiB left in the model file, however small the file, and
     every save streamed (as a large model's are)."""
-    monkeypatch.setattr(inline_save, "STREAM_MIN_BYTES", 1)
-    monkeypatch.setattr(inline_load, "MIN_FILE_BYTES", 0)
-    monkeypatch.setattr(inline_load, "MIN_TENSOR_BYTES", 4096)
+    monkeypatch.setattr(inline_write, "STREAM_MIN_BYTES", 1)
+    monkeypatch.setattr(inline_read, "MIN_FILE_BYTES", 0)
+    monkeypatch.setattr(inline_read, "MIN_TENSOR_BYTES", 4096)
 
 
 def test_reading_a_weight_left_in_the_file_keeps_nothing(tmp_path, lean):
     _model(tmp_path / "m.onnx")
-    model = io.load(tmp_path / "m.onnx")
+    model = storage.load(tmp_path / "m.onnx")
     mapped = [v.const_value for v in model.graph.initializers.values()
-              if isinstance(v.const_value, inline_load.MappedTensor)]
+              if isinstance(v.const_value, inline_read.MappedTensor)]
     assert len(mapped) >= LAYERS + 1  # the codes and scales of every weight, the table
     proto = {t.name: t for t in onnx.load(str(tmp_path / "m.onnx")).graph.initializer}
     for t in mapped:
@@ -73,7 +74,7 @@ def test_reading_a_weight_left_in_the_file_keeps_nothing(tmp_path, lean):
             expected = expected.astype(np.int8)
         np.testing.assert_array_equal(got, expected)
         flat = arrays.same_bytes(t, ir.DataType.UINT8, (len(proto[t.name].raw_data),))
-        assert isinstance(flat, inline_load.MappedTensor)  # saved inline, from the file
+        assert isinstance(flat, inline_read.MappedTensor)  # saved inline, from the file
         assert flat.tobytes() == proto[t.name].raw_data
         # Nothing was loaded into the tensor: no map of the whole file, no values kept.
         assert t._file._array is None  # onnx_ir caches what it loaded there
@@ -96,9 +97,9 @@ def test_a_step_on_an_inline_model_leaves_its_weights_in_the_file(tmp_path, lean
         dqtool.upgrade(str(src), 21, str(tmp_path / "up.onnx"))
         src = tmp_path / "up.onnx"
     _step(step, str(src), tmp_path / "warm.onnx")  # imports and caches, not measured
-    loaded = io.load(src)
+    loaded = storage.load(src)
     mapped = [v.const_value for v in loaded.graph.initializers.values()
-              if isinstance(v.const_value, inline_load.MappedTensor)]
+              if isinstance(v.const_value, inline_read.MappedTensor)]
     assert len(mapped) >= LAYERS
     tracemalloc.start()
     try:
@@ -127,12 +128,12 @@ def test_check_compares_weights_without_keeping_them(tmp_path, lean):
 
     _model(tmp_path / "m.onnx")
     dqtool.upgrade(str(tmp_path / "m.onnx"), 21, str(tmp_path / "up.onnx"))
-    original, upgraded = io.load(tmp_path / "m.onnx"), io.load(tmp_path / "up.onnx")
+    original, upgraded = storage.load(tmp_path / "m.onnx"), storage.load(tmp_path / "up.onnx")
     found = weights.compare_weights(upgraded, original)
     assert [c.status for c in found] == ["bit-identical"] * (LAYERS + 1)
     for model in (original, upgraded):
         codes = [v.const_value for v in model.graph.initializers.values()
-                 if isinstance(v.const_value, inline_load.MappedTensor)
+                 if isinstance(v.const_value, inline_read.MappedTensor)
                  and v.const_value.dtype in (ir.DataType.UINT8, ir.DataType.INT4,
                                              ir.DataType.UINT4)]
         assert len(codes) >= LAYERS
@@ -167,7 +168,7 @@ def test_bounds_read_weight_columns_without_keeping_them(tmp_path, lean):
     from dqtool.families.fused import bound, kernel
 
     _model(tmp_path / "m.onnx")
-    model = io.load(tmp_path / "m.onnx")
+    model = storage.load(tmp_path / "m.onnx")
     cols = np.array([0, 3, 17])
     nodes = [n for n in model.graph if n.op_type == "MatMulNBits"]
     for node in nodes:
@@ -178,5 +179,5 @@ def test_bounds_read_weight_columns_without_keeping_them(tmp_path, lean):
             block_size=a["block_size"])
         np.testing.assert_array_equal(bound._weight_columns(node, cols), whole[:, cols])
     codes = [n.inputs[1].const_value for n in nodes]
-    assert all(isinstance(t, inline_load.MappedTensor) for t in codes)
+    assert all(isinstance(t, inline_read.MappedTensor) for t in codes)
     assert all(t._file._array is None for t in codes)

@@ -225,13 +225,13 @@ def test_external_bytes_are_read_or_mapped_at_their_offset(tmp_path, monkeypatch
     # any offset, a writable array, and the file never changes.
     import mmap
 
-    from dqtool import reading
+    from dqtool.storage import tensor_reads
 
-    monkeypatch.setattr(reading, "MAP_BYTES", 64 if mapped else 1 << 30)
+    monkeypatch.setattr(tensor_reads, "MAP_BYTES", 64 if mapped else 1 << 30)
     data = np.random.default_rng(offset).integers(0, 256, 9000, np.uint8).tobytes()
     path = tmp_path / "d.bin"
     path.write_bytes(data)
-    got = reading.from_file(path, np.dtype(np.float16), 1000, offset)
+    got = tensor_reads.from_file(path, np.dtype(np.float16), 1000, offset)
     assert got.dtype == np.float16 and got.shape == (1000,)
     assert got.tobytes() == data[offset:offset + 2000]
     assert isinstance(getattr(got.base, "obj", None), mmap.mmap) == mapped
@@ -241,10 +241,10 @@ def test_external_bytes_are_read_or_mapped_at_their_offset(tmp_path, monkeypatch
 
 def test_external_bytes_past_the_end_of_the_file_are_cut_short(tmp_path):
     # As np.fromfile: a file that ends early gives the whole items it has (never a map).
-    from dqtool import reading
+    from dqtool.storage import tensor_reads
 
     path = tmp_path / "d.bin"
     path.write_bytes(bytes(range(11)))
-    got = reading.from_file(path, np.dtype(np.uint16), 100, 4)
+    got = tensor_reads.from_file(path, np.dtype(np.uint16), 100, 4)
     assert got.tolist() == np.frombuffer(bytes(range(4, 10)), np.uint16).tolist()
-    assert reading.from_file(path, np.dtype(np.uint8), 5, 50).size == 0
+    assert tensor_reads.from_file(path, np.dtype(np.uint8), 5, 50).size == 0

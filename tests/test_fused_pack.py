@@ -392,11 +392,12 @@ def test_streamed_upgrade_and_pack_in_many_bands_on_two_writers(name, tmp_path, 
 @pytest.mark.parametrize("name", ["ort_matmulnbits_4bit_asym_b128", "ort_matmulnbits_4bit_sym_b32"])
 def test_an_external_data_model_is_written_while_it_is_converted(name, tmp_path, monkeypatch):
     # A model with external data whose fused ops hold most of its bytes: upgrade and pack
-    # hand each new weight to the data file's writers as they make it (external_data.Eager)
+    # hand each new weight to the data file's writers as they make it (data_writer.Eager)
     # and the save puts the rest after them. The tensors are those of a save after the
     # conversion (the model converted in memory, then saved), and the round trip gives back
     # the stored bytes.
-    from dqtool import external_data, io
+    from dqtool import storage
+    from dqtool.storage import data_writer
 
     monkeypatch.setattr(packing, "STREAM_BYTES", 64)
     monkeypatch.setenv("DQTOOL_THREADS", "2")
@@ -404,21 +405,22 @@ def test_an_external_data_model_is_written_while_it_is_converted(name, tmp_path,
     onnx.save(onnx.load(f"models/{name}.onnx"), str(src), save_as_external_data=True,
               location="src.onnx.data", size_threshold=0)
     early: list[str] = []
-    submit = external_data.Eager.submit
+    submit = data_writer.Eager.submit
 
     def spy(self, tensor) -> None:
         early.append(tensor.name)
         submit(self, tensor)
 
-    monkeypatch.setattr(external_data.Eager, "submit", spy)
+    monkeypatch.setattr(data_writer.Eager, "submit", spy)
     up, back = tmp_path / "up.onnx", tmp_path / "back.onnx"
     r = CliRunner().invoke(cli, ["upgrade", str(src), "--opset", "21", "-o", str(up)])
     assert r.exit_code == 0, r.output
     n_nodes = sum(n.op_type == "MatMulNBits" for n in onnx.load(str(src)).graph.node)
     assert len([e for e in early if e.endswith("/x")]) == n_nodes, early
     upgraded = onnx.load(str(up))
-    in_memory = dqtool.upgrade(io.load(src), 21).model  # converted, then saved: no early writes
-    io.save(in_memory, tmp_path / "mem.onnx", external=True)
+    # converted, then saved: no early writes
+    in_memory = dqtool.upgrade(storage.load(src), 21).model
+    storage.save(in_memory, tmp_path / "mem.onnx", external=True)
     want = {t.name: onnx.numpy_helper.to_array(t).tobytes()
             for t in onnx.load(str(tmp_path / "mem.onnx")).graph.initializer}
     assert {t.name: onnx.numpy_helper.to_array(t).tobytes()
@@ -449,11 +451,11 @@ def test_a_conversion_that_fails_after_writing_early_leaves_nothing(tmp_path, mo
         run(*args, **kwargs)
         raise RuntimeError("interrupted (test)")
 
-    from dqtool import io
+    from dqtool import storage
 
     started = []
-    start_eager = io.start_eager
-    monkeypatch.setattr(io, "start_eager", lambda *a: started.append(start_eager(*a))
+    start_eager = storage.start_eager
+    monkeypatch.setattr(storage, "start_eager", lambda *a: started.append(start_eager(*a))
                         or started[-1])
     monkeypatch.setattr(pipeline, "run", fails)
     with pytest.raises(RuntimeError, match="interrupted"):

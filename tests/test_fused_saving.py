@@ -1,5 +1,5 @@
 """Saving what the fused conversions make: weights written as they are made
-(``external_data.Eager``) read their inputs as the input had them, whatever the save has
+(``data_writer.Eager``) read their inputs as the input had them, whatever the save has
 repointed; a disk that fills is one error line; scales of every float type are written.
 (Found by an independent review: each test failed before its fix.)"""
 
@@ -18,7 +18,7 @@ from click.testing import CliRunner
 from onnx import TensorProto, helper, numpy_helper
 
 import dqtool
-from dqtool import io, native
+from dqtool import native, storage
 from dqtool.cli import cli
 
 
@@ -82,7 +82,7 @@ def test_weights_written_late_read_the_inputs_the_save_kept(tmp_path, monkeypatc
     dqtool.upgrade(src, 21, tmp_path / "up.onnx")
     monkeypatch.undo()
     want = {v.name: v.const_value.numpy().tobytes()
-            for v in dqtool.upgrade(io.load(src), 21).model.graph.initializers.values()}
+            for v in dqtool.upgrade(storage.load(src), 21).model.graph.initializers.values()}
     got = _tensors(tmp_path / "up.onnx")
     assert "B" in got and "S" in got  # kept, beside what was made from them
     assert [k for k in want if got[k] != want[k]] == []
@@ -109,7 +109,7 @@ def test_pack_of_a_weight_shared_with_a_node_left_as_it_is(tmp_path):
                          tmp_path / "src.onnx")
     report = dqtool.pack(src, tmp_path / "packed.onnx")
     assert len(report.packed) == 1
-    in_memory = dqtool.pack(io.load(src)).model
+    in_memory = dqtool.pack(storage.load(src)).model
     want = {v.name: v.const_value.numpy().tobytes()
             for v in in_memory.graph.initializers.values()}
     got = _tensors(tmp_path / "packed.onnx")
@@ -199,8 +199,8 @@ def test_progress_counts_every_tensor_written_early_too(tmp_path, monkeypatch):
 
     src = _nbits_model(tmp_path, [(1024, 512), (512, 1024), (1024, 512)])
     eagers = []
-    start_eager = io.start_eager
-    monkeypatch.setattr(io, "start_eager", lambda *a: eagers.append(start_eager(*a))
+    start_eager = storage.start_eager
+    monkeypatch.setattr(storage, "start_eager", lambda *a: eagers.append(start_eager(*a))
                         or eagers[-1])
     run = pipeline.run
 
@@ -227,22 +227,22 @@ def test_an_error_after_the_conversion_stops_the_early_writers(tmp_path, monkeyp
     # save) stops its writers and leaves no temporary folder or file behind.
     import sys
 
-    from dqtool import external_data
+    from dqtool.storage import data_writer
 
     src = _nbits_model(tmp_path, [(1024, 512)])
     started = []
-    real = external_data.Eager.__init__
+    real = data_writer.Eager.__init__
 
     def spy(self, *a, **k):
         started.append(self)
         real(self, *a, **k)
 
-    monkeypatch.setattr(external_data.Eager, "__init__", spy)
+    monkeypatch.setattr(data_writer.Eager, "__init__", spy)
 
     def refuse(model, external):
         raise OSError(errno.EIO, "cannot decide (test)")
 
-    monkeypatch.setattr(io, "external_choice", refuse)
+    monkeypatch.setattr(storage, "external_choice", refuse)
     interval = sys.getswitchinterval()
     with pytest.raises(OSError, match="cannot decide"):
         dqtool.upgrade(src, 21, tmp_path / "up.onnx")

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from test_bad_input import _external_model
 
-from dqtool import io
+from dqtool import storage
 from dqtool.errors import InputError
 
 DATA = bytes(range(16))
@@ -33,7 +33,7 @@ def _escape_setup(tmp_path: Path) -> Path:
 def test_dotdot_after_a_symlink_that_leaves_the_folder_is_refused(tmp_path):
     path = _escape_setup(tmp_path)
     with pytest.raises(InputError, match="outside the model's folder"):
-        io.load(path)
+        storage.load(path)
 
 
 @pytest.mark.parametrize("command", [["inspect"], ["check"], ["lint"], ["fold", "-o", "o.onnx"],
@@ -57,7 +57,7 @@ def test_dotdot_through_a_symlink_that_stays_inside_is_read(tmp_path):
     path = _external_model(folder, "link/../w2.bin", None)
     (folder / "a" / "w2.bin").write_bytes(DATA)  # link/.. is a, through the link
     (folder / "w2.bin").write_bytes(DECOY)
-    w = io.load(path).graph.initializers["w"].const_value.numpy()
+    w = storage.load(path).graph.initializers["w"].const_value.numpy()
     assert w.tobytes() == DATA
 
 
@@ -72,7 +72,7 @@ def test_a_symlink_loop_is_one_line(tmp_path, location, links):
     for link, to in links:
         (folder / link).symlink_to(folder / to)
     with pytest.raises(InputError, match="cannot be opened"):
-        io.load(path)
+        storage.load(path)
 
 
 def test_an_overlong_location_is_one_line(tmp_path):
@@ -80,7 +80,7 @@ def test_an_overlong_location_is_one_line(tmp_path):
     folder.mkdir()
     path = _external_model(folder, "x" * 5000, None)
     with pytest.raises(InputError, match="cannot be opened"):
-        io.load(path)
+        storage.load(path)
 
 
 def test_a_missing_folder_before_dotdot_is_one_line(tmp_path):
@@ -88,7 +88,7 @@ def test_a_missing_folder_before_dotdot_is_one_line(tmp_path):
     folder.mkdir()
     path = _external_model(folder, "nowhere/../w.bin", DATA)
     with pytest.raises(InputError, match="missing"):
-        io.load(path)
+        storage.load(path)
 
 
 def test_a_symlinked_model_folder_reads_its_own_data(tmp_path):
@@ -96,14 +96,14 @@ def test_a_symlinked_model_folder_reads_its_own_data(tmp_path):
     real.mkdir()
     _external_model(real, "w.bin", DATA)
     (tmp_path / "alias").symlink_to(real)
-    w = io.load(tmp_path / "alias" / "m.onnx").graph.initializers["w"].const_value.numpy()
+    w = storage.load(tmp_path / "alias" / "m.onnx").graph.initializers["w"].const_value.numpy()
     assert w.tobytes() == DATA
 
 
 # Opened once, the opened file checked, read through it (``checked_files``): a name
 # swapped after the check changes nothing that is read.
 def _swap_before_open(monkeypatch, swap) -> None:
-    from dqtool import checked_files
+    from dqtool.storage import checked_files
 
     real_open = checked_files._open
 
@@ -129,7 +129,7 @@ def test_a_folder_swapped_for_a_link_out_between_check_and_open_is_refused(tmp_p
 
     _swap_before_open(monkeypatch, swap)
     with pytest.raises(InputError, match="changed while it was checked"):
-        io.load(path)
+        storage.load(path)
 
 
 @pytest.mark.parametrize("swap_to", ["file", "link"])
@@ -150,7 +150,7 @@ def test_a_data_file_swapped_between_check_and_open_is_refused(tmp_path, monkeyp
 
     _swap_before_open(monkeypatch, swap)
     with pytest.raises(InputError, match=r"changed while it was checked|cannot be opened"):
-        io.load(path)
+        storage.load(path)
 
 
 def test_reads_after_the_check_go_to_the_file_checked(tmp_path):
@@ -159,7 +159,7 @@ def test_reads_after_the_check_go_to_the_file_checked(tmp_path):
     folder = tmp_path / "model"
     folder.mkdir()
     path = _external_model(folder, "w.bin", DATA)
-    model = io.load(path)
+    model = storage.load(path)
     (folder / "other.bin").write_bytes(DECOY)
     (folder / "other.bin").replace(folder / "w.bin")
     assert model.graph.initializers["w"].const_value.numpy().tobytes() == DATA
@@ -167,5 +167,5 @@ def test_reads_after_the_check_go_to_the_file_checked(tmp_path):
     res = subprocess.run([sys.executable, "-m", "dqtool", "fold", str(path), "-o", str(out)],
                          capture_output=True, text=True)
     assert res.returncode == 0, res.stderr  # a fresh run reads what is there now
-    got = io.load(out).graph.initializers
+    got = storage.load(out).graph.initializers
     assert len(got) == 1

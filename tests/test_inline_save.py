@@ -16,8 +16,9 @@ from hypothesis import strategies as st
 from onnx import TensorProto as TP
 from onnx import helper as h
 
-from dqtool import inline_load, inline_save, io
+from dqtool import storage
 from dqtool.errors import InputError
+from dqtool.storage import inline_read, inline_write
 
 MODELS = Path(__file__).resolve().parent.parent / "models"
 ALL_MODELS = sorted(MODELS.glob("*.onnx")) + sorted(MODELS.glob("*/*.onnx"))
@@ -27,9 +28,9 @@ EXAMPLES = 300 if os.environ.get("DQTOOL_SLOW") else 25
 @pytest.fixture
 def stream_everything(monkeypatch):
     """Every tensor streamed and every raw payload left in the file, however small."""
-    monkeypatch.setattr(inline_save, "STREAM_MIN_BYTES", 1)
-    monkeypatch.setattr(inline_load, "MIN_FILE_BYTES", 0)
-    monkeypatch.setattr(inline_load, "MIN_TENSOR_BYTES", 1)
+    monkeypatch.setattr(inline_write, "STREAM_MIN_BYTES", 1)
+    monkeypatch.setattr(inline_read, "MIN_FILE_BYTES", 0)
+    monkeypatch.setattr(inline_read, "MIN_TENSOR_BYTES", 1)
 
 
 def _reference(model: ir.Model) -> bytes:
@@ -50,18 +51,18 @@ def _reference(model: ir.Model) -> bytes:
 
 def _streamed(model: ir.Model, tmp_path: Path) -> bytes:
     out = tmp_path / "streamed.onnx"
-    inline_save.write(model, out)
+    inline_write.write(model, out)
     return out.read_bytes()
 
 
 def _mapped(model: ir.Model) -> int:
-    return sum(isinstance(v.const_value, inline_load.MappedTensor)
+    return sum(isinstance(v.const_value, inline_read.MappedTensor)
                for v in model.graph.initializers.values())
 
 
 @pytest.mark.parametrize("path", ALL_MODELS, ids=lambda p: p.name)
 def test_every_model_streams_to_protobufs_bytes(path, tmp_path, stream_everything):
-    model = io.load(path)
+    model = storage.load(path)
     if path.parent.name != "external_data":  # inline: every raw payload left in the file
         assert _mapped(model) == sum(
             1 for t in onnx.load(path).graph.initializer if t.HasField("raw_data"))
@@ -83,13 +84,13 @@ def _to_memory(model: ir.Model) -> None:
 
 def test_lean_load_leaves_payloads_in_the_file(tmp_path, stream_everything):
     src = MODELS / "ort_qdq_per_channel.onnx"
-    lean = io.load(src)
+    lean = storage.load(src)
     whole = onnx.load(src)
     raw = [t for t in whole.graph.initializer if t.HasField("raw_data")]
     assert _mapped(lean) == len(raw) > 0
     for t in whole.graph.initializer:
         got = lean.graph.initializers[t.name].const_value
-        assert isinstance(got, inline_load.MappedTensor) == t.HasField("raw_data")
+        assert isinstance(got, inline_read.MappedTensor) == t.HasField("raw_data")
         np.testing.assert_array_equal(got.numpy(), onnx.numpy_helper.to_array(t))
         if t.HasField("raw_data"):
             assert got.tobytes() == t.raw_data
@@ -99,7 +100,7 @@ def test_lean_load_leaves_payloads_in_the_file(tmp_path, stream_everything):
 
 
 def test_lean_load_is_skipped_for_small_files():
-    model = io.load(MODELS / "ort_qdq_per_channel.onnx")
+    model = storage.load(MODELS / "ort_qdq_per_channel.onnx")
     assert _mapped(model) == 0
 
 
@@ -112,7 +113,7 @@ def test_payload_not_matching_its_dims_is_refused(tmp_path, stream_everything):
     path = tmp_path / "bad.onnx"
     onnx.save(h.make_model(g, opset_imports=[h.make_opsetid("", 13)]), path)
     try:
-        model = io.load(path)
+        model = storage.load(path)
     except InputError:
         return  # refused where it is read
     # loaded the ordinary way: the tensor is not mapped to the file
@@ -124,16 +125,16 @@ def test_truncated_file_gets_the_ordinary_error(tmp_path, stream_everything):
     path = tmp_path / "cut.onnx"
     path.write_bytes(data[: len(data) // 2])
     with pytest.raises(InputError, match=r"cut\.onnx"):
-        io.load(path)
+        storage.load(path)
 
 
 def test_in_place_save_of_a_mapped_model(tmp_path, stream_everything):
     path = tmp_path / "m.onnx"
     path.write_bytes((MODELS / "ort_qdq_per_channel.onnx").read_bytes())
-    model = io.load(path)
+    model = storage.load(path)
     assert _mapped(model)
     expected = _reference(model)
-    io.save(model, path)  # reads the old file while the new one is written
+    storage.save(model, path)  # reads the old file while the new one is written
     assert path.read_bytes() == expected
     assert not [p for p in tmp_path.iterdir() if p.name != "m.onnx"]
 
@@ -219,14 +220,14 @@ def random_models(draw) -> onnx.ModelProto:
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(proto=random_models())
 def test_random_graphs_stream_to_protobufs_bytes(proto, tmp_path_factory, monkeypatch):
-    monkeypatch.setattr(inline_save, "STREAM_MIN_BYTES", 1)
-    monkeypatch.setattr(inline_load, "MIN_FILE_BYTES", 0)
-    monkeypatch.setattr(inline_load, "MIN_TENSOR_BYTES", 1)
+    monkeypatch.setattr(inline_write, "STREAM_MIN_BYTES", 1)
+    monkeypatch.setattr(inline_read, "MIN_FILE_BYTES", 0)
+    monkeypatch.setattr(inline_read, "MIN_TENSOR_BYTES", 1)
     tmp = tmp_path_factory.mktemp("random")
     path = tmp / "m.onnx"
     path.write_bytes(proto.SerializeToString())
     # as onnx_ir serializes the model read from protobuf (typed fields kept as they are)
-    model = io.load(path)
+    model = storage.load(path)
     assert _streamed(model, tmp) == _reference(model)
     # tensors in memory (ir.Tensor from NumPy): the same bytes as protobuf writes
     _to_memory(model)
@@ -235,7 +236,7 @@ def test_random_graphs_stream_to_protobufs_bytes(proto, tmp_path_factory, monkey
 
 def test_a_computed_tensor_streams_in_chunks(tmp_path, monkeypatch):
     """A lazily computed tensor writes itself; the length is known before its bytes."""
-    monkeypatch.setattr(inline_save, "STREAM_MIN_BYTES", 1)
+    monkeypatch.setattr(inline_write, "STREAM_MIN_BYTES", 1)
     value = np.arange(3 * 70_000, dtype=np.float32).reshape(3, 70_000)
     calls = []
 
@@ -257,7 +258,7 @@ def test_a_computed_tensor_streams_in_chunks(tmp_path, monkeypatch):
 
 
 def test_a_tensor_writing_the_wrong_length_fails(tmp_path, monkeypatch):
-    monkeypatch.setattr(inline_save, "STREAM_MIN_BYTES", 1)
+    monkeypatch.setattr(inline_write, "STREAM_MIN_BYTES", 1)
 
     class Short(ir.Tensor):
         def tofile(self, file):
@@ -266,7 +267,7 @@ def test_a_tensor_writing_the_wrong_length_fails(tmp_path, monkeypatch):
     w = ir.Value(name="w", const_value=Short(np.zeros(8, np.float32)))
     g = ir.Graph([], [w], nodes=[], initializers=[w], opset_imports={"": 21}, name="g")
     with pytest.raises(OSError, match="wrote 4 bytes, its type and shape need 32"):
-        inline_save.write(ir.Model(g, ir_version=10), tmp_path / "x.onnx")
+        inline_write.write(ir.Model(g, ir_version=10), tmp_path / "x.onnx")
 
 
 def test_a_loaded_model_reads_the_file_as_it_was_loaded(tmp_path, stream_everything):
@@ -274,7 +275,7 @@ def test_a_loaded_model_reads_the_file_as_it_was_loaded(tmp_path, stream_everyth
     commit) does not change what the loaded model's tensors read."""
     path = tmp_path / "m.onnx"
     path.write_bytes((MODELS / "ort_qdq_per_channel.onnx").read_bytes())
-    model = io.load(path)
+    model = storage.load(path)
     assert _mapped(model)
     expected = _reference(model)
     replacement = tmp_path / "other.onnx"
@@ -294,9 +295,9 @@ def test_fold_and_upgrade_write_the_same_bytes_lean_or_not(path, tmp_path, monke
     from dqtool.errors import DqtoolError
 
     def run(lean: bool, name: str) -> dict[str, bytes]:
-        monkeypatch.setattr(inline_save, "STREAM_MIN_BYTES", 1 if lean else 1 << 40)
-        monkeypatch.setattr(inline_load, "MIN_FILE_BYTES", 0 if lean else 1 << 40)
-        monkeypatch.setattr(inline_load, "MIN_TENSOR_BYTES", 1)
+        monkeypatch.setattr(inline_write, "STREAM_MIN_BYTES", 1 if lean else 1 << 40)
+        monkeypatch.setattr(inline_read, "MIN_FILE_BYTES", 0 if lean else 1 << 40)
+        monkeypatch.setattr(inline_read, "MIN_TENSOR_BYTES", 1)
         got = {}
         for command, call in (("fold", lambda out: dqtool.fold(path, out)),
                               ("upgrade", lambda out: dqtool.upgrade(path, 25, out))):
@@ -317,7 +318,7 @@ def test_fold_and_upgrade_write_the_same_bytes_lean_or_not(path, tmp_path, monke
 
 @pytest.fixture
 def early(monkeypatch, stream_everything):
-    from dqtool import early_copy
+    from dqtool.storage import early_copy
 
     monkeypatch.setattr(early_copy, "MIN_BYTES", 0)
     yield early_copy
@@ -326,14 +327,14 @@ def early(monkeypatch, stream_everything):
 
 def _kept_spy(monkeypatch) -> list[tuple[int, int]]:
     seen = []
-    real = inline_save._in_place
+    real = inline_write._in_place
 
     def spy(placed, copied):
         kept = real(placed, copied)
-        seen.append((len(kept), sum(isinstance(p, inline_save.Payload) for _, p in placed)))
+        seen.append((len(kept), sum(isinstance(p, inline_write.Payload) for _, p in placed)))
         return kept
 
-    monkeypatch.setattr(inline_save, "_in_place", spy)
+    monkeypatch.setattr(inline_write, "_in_place", spy)
     return seen
 
 
@@ -404,13 +405,13 @@ def test_4bit_rows_read_from_the_file_fold_as_in_memory(tmp_path, monkeypatch, d
     src = tmp_path / "m.onnx"
     onnx.save(model, src)
     monkeypatch.setattr(compute, "CHUNK_ELEMENTS", 2)  # a few rows per block
-    monkeypatch.setattr(inline_save, "STREAM_MIN_BYTES", 1)  # written block by block
-    monkeypatch.setattr(inline_load, "MIN_FILE_BYTES", 1 << 40)
+    monkeypatch.setattr(inline_write, "STREAM_MIN_BYTES", 1)  # written block by block
+    monkeypatch.setattr(inline_read, "MIN_FILE_BYTES", 1 << 40)
     dqtool.fold(src, tmp_path / "whole.onnx")
-    monkeypatch.setattr(inline_load, "MIN_FILE_BYTES", 0)
-    monkeypatch.setattr(inline_load, "MIN_TENSOR_BYTES", 1)
-    mapped = io.load(src)
-    assert isinstance(mapped.graph.initializers["q"].const_value, inline_load.MappedTensor)
+    monkeypatch.setattr(inline_read, "MIN_FILE_BYTES", 0)
+    monkeypatch.setattr(inline_read, "MIN_TENSOR_BYTES", 1)
+    mapped = storage.load(src)
+    assert isinstance(mapped.graph.initializers["q"].const_value, inline_read.MappedTensor)
     dqtool.fold(src, tmp_path / "lean.onnx")
     assert (tmp_path / "lean.onnx").read_bytes() == (tmp_path / "whole.onnx").read_bytes()
     folded = onnx.numpy_helper.to_array(onnx.load(tmp_path / "lean.onnx").graph.initializer[0])

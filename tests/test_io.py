@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from dqtool import external_data, io
+from dqtool import storage
 from dqtool.errors import InputError, UsageError
+from dqtool.storage import data_writer
 
 MODELS = Path(__file__).resolve().parent.parent / "models"
 
@@ -29,9 +30,9 @@ def test_output_data_file_may_not_replace_the_inputs(tmp_path):
     renamed = src.with_name("in.onnx")
     src.rename(renamed)  # in.onnx reads model.onnx.data
     before = _digest(src.parent)
-    model = io.load(renamed)
+    model = storage.load(renamed)
     with pytest.raises(UsageError, match=r"which the input model in\.onnx reads"):
-        io.save(model, src.parent / "model.onnx")  # would write model.onnx.data
+        storage.save(model, src.parent / "model.onnx")  # would write model.onnx.data
     assert _digest(src.parent) == before
     assert not list(src.parent.glob(".*"))  # no temporary folder left
 
@@ -41,46 +42,46 @@ def test_replacing_the_inputs_data_is_refused_before_anything_is_written(tmp_pat
     src = _copy_external(tmp_path)
     renamed = src.with_name("in.onnx")
     src.rename(renamed)
-    model = io.load(renamed)
+    model = storage.load(renamed)
 
     def no_writing(*args, **kwargs):
         raise AssertionError("save started writing before refusing")
 
-    monkeypatch.setattr(io.commit, "Temp", no_writing)
+    monkeypatch.setattr(storage.commit, "Temp", no_writing)
     with pytest.raises(UsageError, match=r"would replace .*model\.onnx\.data"):
-        io.save(model, src.parent / "model.onnx")
+        storage.save(model, src.parent / "model.onnx")
 
 
 def test_output_named_like_the_inputs_data_file_is_refused(tmp_path):
     src = _copy_external(tmp_path)
-    model = io.load(src)
+    model = storage.load(src)
     with pytest.raises(UsageError):
-        io.save(model, src.parent / "model.onnx.data")
+        storage.save(model, src.parent / "model.onnx.data")
 
 
 def test_in_place_save_replaces_model_and_data_and_still_loads(tmp_path):
     src = _copy_external(tmp_path)
-    model = io.load(src)
+    model = storage.load(src)
     names = {init: v.const_value.numpy().copy() for init, v in model.graph.initializers.items()}
-    io.save(model, src)  # the caller approved in-place: the model file itself
-    again = io.load(src)
+    storage.save(model, src)  # the caller approved in-place: the model file itself
+    again = storage.load(src)
     for name, value in names.items():
         assert (again.graph.initializers[name].const_value.numpy() == value).all()
 
 
 def test_output_to_a_directory_or_unwritable_place(tmp_path):
-    model = io.load(MODELS / "dq13_int8_per_axis.onnx")
+    model = storage.load(MODELS / "dq13_int8_per_axis.onnx")
     with pytest.raises(UsageError, match="is a directory"):
-        io.save(model, tmp_path)
+        storage.save(model, tmp_path)
     with pytest.raises(InputError, match="does not exist"):
-        io.save(model, tmp_path / "missing" / "m.onnx")
+        storage.save(model, tmp_path / "missing" / "m.onnx")
 
 
 def test_save_writes_lowest_files_and_loads_back(tmp_path):
-    model = io.load(MODELS / "dq21_int4_blocked_ragged.onnx")
-    written = io.save(model, tmp_path / "m.onnx")
+    model = storage.load(MODELS / "dq21_int4_blocked_ragged.onnx")
+    written = storage.save(model, tmp_path / "m.onnx")
     assert [p.name for p in written] == ["m.onnx"]
-    back = io.load(tmp_path / "m.onnx")
+    back = storage.load(tmp_path / "m.onnx")
     w = model.graph.initializers
     for name in w:
         assert (back.graph.initializers[name].const_value.numpy() ==
@@ -89,29 +90,29 @@ def test_save_writes_lowest_files_and_loads_back(tmp_path):
 
 def test_external_save_copies_unchanged_tensors_exactly_and_deterministically(tmp_path):
     src = _copy_external(tmp_path)
-    model = io.load(src)
+    model = storage.load(src)
     originals = {n: v.const_value.numpy().copy() for n, v in model.graph.initializers.items()}
     out1, out2 = tmp_path / "a" / "m.onnx", tmp_path / "b" / "m.onnx"
     out1.parent.mkdir()
     out2.parent.mkdir()
-    io.save(model, out1, external=True)
-    io.save(model, out2, external=True)
+    storage.save(model, out1, external=True)
+    storage.save(model, out2, external=True)
     assert (out1.read_bytes(), (out1.parent / "m.onnx.data").read_bytes()) == (
         out2.read_bytes(), (out2.parent / "m.onnx.data").read_bytes())
-    back = io.load(out1)
+    back = storage.load(out1)
     for name, value in originals.items():
         assert (back.graph.initializers[name].const_value.numpy() == value).all()
     # the model object still points at its own source
     assert all(v.const_value is not None for v in model.graph.initializers.values())
-    assert io.load(src) is not None
+    assert storage.load(src) is not None
 
 
 def test_a_failed_data_write_leaves_nothing_behind(tmp_path, monkeypatch):
     src = _copy_external(tmp_path)
-    model = io.load(src)
+    model = storage.load(src)
     out_dir = tmp_path / "out"
     out_dir.mkdir()
-    real_write = external_data._write
+    real_write = data_writer._write
     calls = []
 
     def failing_write(tensor, f, offset):
@@ -120,9 +121,9 @@ def test_a_failed_data_write_leaves_nothing_behind(tmp_path, monkeypatch):
             raise OSError(28, "No space left on device")
         return real_write(tensor, f, offset)
 
-    monkeypatch.setattr(external_data, "_write", failing_write)
+    monkeypatch.setattr(data_writer, "_write", failing_write)
     with pytest.raises(OSError, match="No space left") as raised:
-        io.save(model, out_dir / "m.onnx", external=True)
+        storage.save(model, out_dir / "m.onnx", external=True)
     # one line for the command line: the output, why, and that nothing was written
     assert str(raised.value) == (f"{out_dir / 'm.onnx'}: cannot write it (No space left on "
                                  "device); nothing was written")
@@ -135,10 +136,10 @@ def test_a_failed_data_write_leaves_nothing_behind(tmp_path, monkeypatch):
 
 def test_written_data_matches_the_layout_the_model_names(tmp_path):
     src = _copy_external(tmp_path)
-    model = io.load(src)
+    model = storage.load(src)
     expected = {n: v.const_value.numpy().copy() for n, v in model.graph.initializers.items()}
-    io.save(model, tmp_path / "copy.onnx", external=True)
-    again = io.load(tmp_path / "copy.onnx")
+    storage.save(model, tmp_path / "copy.onnx", external=True)
+    again = storage.load(tmp_path / "copy.onnx")
     assert set(again.graph.initializers) == set(expected)
     for name, value in again.graph.initializers.items():
         got = value.const_value.numpy()
@@ -159,7 +160,7 @@ def test_lowest_ir_version_counts_every_known_domain(imports, expected):
 
     proto = onnx.parser.parse_model(f"""<ir_version: 10, opset_import: [{imports}]>
         g (float[2] x) => (float[2] y) {{ y = Identity(x) }}""")
-    assert io.lowest_ir_version(ir.serde.deserialize_model(proto)) == expected
+    assert storage.lowest_ir_version(ir.serde.deserialize_model(proto)) == expected
 
 
 def test_lowest_ir_version_sees_types_inside_nodes_and_functions():
@@ -176,7 +177,7 @@ def test_lowest_ir_version_sees_types_inside_nodes_and_functions():
             d = Cast<to = 1>(c)
             b = Add(a, d)
         }""")
-    assert io.lowest_ir_version(ir.serde.deserialize_model(proto)) == 9
+    assert storage.lowest_ir_version(ir.serde.deserialize_model(proto)) == 9
 
 
 def test_lowest_ir_version_counts_what_opsets_do_not_say():
@@ -184,7 +185,7 @@ def test_lowest_ir_version_counts_what_opsets_do_not_say():
     import onnx_ir as ir
 
     def lowest(text: str) -> int:
-        return io.lowest_ir_version(ir.serde.deserialize_model(onnx.parser.parse_model(text)))
+        return storage.lowest_ir_version(ir.serde.deserialize_model(onnx.parser.parse_model(text)))
 
     # opset 8 alone would allow IR 3, where every initializer had to be a graph input
     assert lowest("""<ir_version: 4, opset_import: ["" : 8]>
@@ -196,7 +197,7 @@ def test_lowest_ir_version_counts_what_opsets_do_not_say():
     proto = onnx.parser.parse_model("""<ir_version: 10, opset_import: ["" : 13]>
         g (float[2] x) => (float[2] y) { y = Identity(x) }""")
     proto.graph.node[0].metadata_props.add(key="origin", value="exporter")
-    assert io.lowest_ir_version(ir.serde.deserialize_model(proto)) == 10
+    assert storage.lowest_ir_version(ir.serde.deserialize_model(proto)) == 10
 
 
 def test_a_string_initializer_stays_inline_in_an_external_data_save(tmp_path):
@@ -210,7 +211,7 @@ def test_a_string_initializer_stays_inline_in_an_external_data_save(tmp_path):
         [helper.make_tensor("s", TensorProto.STRING, [100], strings)])
     onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)],
                                 ir_version=7), tmp_path / "m.onnx")
-    io.save(io.load(tmp_path / "m.onnx"), tmp_path / "o.onnx", external=True)
+    storage.save(storage.load(tmp_path / "m.onnx"), tmp_path / "o.onnx", external=True)
     (init,) = onnx.load(tmp_path / "o.onnx").graph.initializer
     assert list(init.string_data) == strings
 
@@ -223,23 +224,23 @@ def test_the_data_writer_starts_with_no_small_lazy_tensor_left(tmp_path, monkeyp
     import onnx_ir as ir
 
     src = _copy_external(tmp_path)
-    model = io.load(src)
+    model = storage.load(src)
     external = next(v.const_value for v in model.graph.initializers.values()
                     if isinstance(v.const_value, ir.ExternalTensor))
     small = ir.LazyTensor(lambda: ir.Tensor(external.numpy().ravel()[:4].copy()),
                           dtype=external.dtype, shape=ir.Shape([4]), name="small_lazy")
     model.graph.initializers["small_lazy"] = ir.Value(name="small_lazy", const_value=small)
     seen = []
-    real_start = external_data._Writer.start
+    real_start = data_writer._Writer.start
 
     def start(writer):
         seen.extend(type(v.const_value).__name__ for v in model.graph.initializers.values()
-                    if v.const_value.nbytes <= external_data.SIZE_THRESHOLD)
+                    if v.const_value.nbytes <= data_writer.SIZE_THRESHOLD)
         real_start(writer)
 
-    monkeypatch.setattr(external_data._Writer, "start", start)
-    io.save(model, tmp_path / "o.onnx", external=True)
+    monkeypatch.setattr(data_writer._Writer, "start", start)
+    storage.save(model, tmp_path / "o.onnx", external=True)
     assert seen and "LazyTensor" not in seen and "ExternalTensor" not in seen
-    again = io.load(tmp_path / "o.onnx")
+    again = storage.load(tmp_path / "o.onnx")
     got = again.graph.initializers["small_lazy"].const_value.numpy()
     assert np.array_equal(got, external.numpy().ravel()[:4])

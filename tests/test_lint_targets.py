@@ -8,7 +8,7 @@ import pytest
 from helpers import dq_model, save
 from onnx import TensorProto
 
-from dqtool import codecs, graph, io, versions
+from dqtool import codecs, graph, storage, versions
 from dqtool.linting import lint
 
 F32, F16 = np.float32, np.float16
@@ -145,7 +145,7 @@ def test_onnx_opset_fix_names_downgrade(tmp_path):
 
 
 def _first_spec(path):
-    site = next(s for s in graph.walk(io.load(path)) if codecs.is_quant_node(s.node))
+    site = next(s for s in graph.walk(storage.load(path)) if codecs.is_quant_node(s.node))
     return site.node.name, codecs.read_node(site.node, site.opsets)
 
 

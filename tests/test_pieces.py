@@ -1,4 +1,4 @@
-"""Writes into a file's pages go in pieces of ``pieces.WRITE_PIECE`` (64 KiB): the Python
+"""Writes into a file's pages go in pieces of ``write_pieces.WRITE_PIECE`` (64 KiB): the Python
 writers (the data-file writer's threads, an inline save, lazily computed weights, the
 fold) and the compiled helper's bands alike; the bytes are those of one write."""
 
@@ -14,8 +14,8 @@ import numpy as np
 import onnx_ir as ir
 import pytest
 
-from dqtool import io as dqio
-from dqtool import native, pieces
+from dqtool import native, storage
+from dqtool.storage import write_pieces
 
 
 class _Raw(io.RawIOBase):
@@ -37,10 +37,10 @@ class _Raw(io.RawIOBase):
 
 @pytest.mark.parametrize("size", [0, 1, 7, 64, 65, 200])
 def test_write_in_pieces_splits_and_keeps_every_byte(size: int, monkeypatch) -> None:
-    monkeypatch.setattr(pieces, "WRITE_PIECE", 64)
+    monkeypatch.setattr(write_pieces, "WRITE_PIECE", 64)
     data = np.arange(size, dtype=np.float32)  # a buffer of another item size
     raw = _Raw()
-    assert pieces.write_in_pieces(raw.write, data) == data.nbytes
+    assert write_pieces.write_in_pieces(raw.write, data) == data.nbytes
     assert bytes(raw.data) == data.tobytes()
     assert all(s <= 64 for s in raw.sizes)
     assert len(raw.sizes) == -(-data.nbytes // 64)
@@ -49,9 +49,9 @@ def test_write_in_pieces_splits_and_keeps_every_byte(size: int, monkeypatch) -> 
 def test_a_buffered_file_in_pieces_writes_no_more_than_a_piece_at_once(monkeypatch) -> None:
     # As the inline save opens its file: buffered to one piece, wrapped in Pieces; big
     # writes go through in pieces, small ones are gathered up to one.
-    monkeypatch.setattr(pieces, "WRITE_PIECE", 64)
+    monkeypatch.setattr(write_pieces, "WRITE_PIECE", 64)
     raw = _Raw()
-    f = pieces.Pieces(io.BufferedWriter(raw, buffer_size=64))
+    f = write_pieces.Pieces(io.BufferedWriter(raw, buffer_size=64))
     f.write(b"a" * 10)
     f.write(b"b" * 300)
     f.write(b"c" * 5)
@@ -62,14 +62,14 @@ def test_a_buffered_file_in_pieces_writes_no_more_than_a_piece_at_once(monkeypat
 
 @contextmanager
 def _data_file(path, lock, content: bytes = b"", flags: int = os.O_RDWR):
-    """The data-file writer's file (``external_data._TakingTurns``) over ``path``, which
+    """The data-file writer's file (``data_writer._TakingTurns``) over ``path``, which
     holds ``content`` first; its descriptor is closed after."""
-    from dqtool import external_data
+    from dqtool.storage import data_writer
 
     path.write_bytes(content)
     fd = os.open(path, flags)
     try:
-        yield external_data._TakingTurns(fd, lock)
+        yield data_writer._TakingTurns(fd, lock)
     finally:
         os.close(fd)
 
@@ -91,7 +91,7 @@ def test_the_data_file_writer_writes_in_pieces_in_turns(tmp_path, monkeypatch) -
     # The data-file writer's file: each piece in its own turn on the writers' lock, at
     # the file's position, which moves past it.
 
-    monkeypatch.setattr(pieces, "WRITE_PIECE", 100)
+    monkeypatch.setattr(write_pieces, "WRITE_PIECE", 100)
     turns = []
 
     class Lock:
@@ -140,32 +140,32 @@ def _native_on() -> bool:
 def test_the_compiled_helper_writes_pieces_of_the_same_size() -> None:
     if not _native_on():
         return
-    assert native._state["lib"].dq_write_piece() == pieces.WRITE_PIECE == 64 << 10
+    assert native._state["lib"].dq_write_piece() == write_pieces.WRITE_PIECE == 64 << 10
 
 
 def test_an_inline_save_writes_through_pieces(tmp_path, monkeypatch) -> None:
     # The inline save wraps its file in Pieces (a tensor written whole, as onnx_ir's
     # tofile does, still reaches the file a piece at a time); the model reads back.
-    from dqtool import inline_save
+    from dqtool.storage import inline_write
 
-    monkeypatch.setattr(pieces, "WRITE_PIECE", 4096)
+    monkeypatch.setattr(write_pieces, "WRITE_PIECE", 4096)
     sizes: list[int] = []
 
-    class Noting(pieces.Pieces):
+    class Noting(write_pieces.Pieces):
         def write(self, data) -> int:
-            return pieces.write_in_pieces(lambda p: sizes.append(len(p)) or
+            return write_pieces.write_in_pieces(lambda p: sizes.append(len(p)) or
                                           self.file.write(p), data)
 
-    monkeypatch.setattr(inline_save, "Pieces", Noting)
+    monkeypatch.setattr(inline_write, "Pieces", Noting)
     w = np.random.default_rng(0).standard_normal((300, 100)).astype(np.float32)
     graph = ir.Graph([], [], nodes=[], name="g", opset_imports={"": 21})
     graph.register_initializer(ir.Value(name="w", const_value=ir.Tensor(w, name="w"),
                                         type=ir.TensorType(ir.DataType.FLOAT),
                                         shape=ir.Shape(w.shape)))
     out = tmp_path / "m.onnx"
-    dqio.save(ir.Model(graph, ir_version=10), out, external=False)
+    storage.save(ir.Model(graph, ir_version=10), out, external=False)
     assert not (tmp_path / "m.onnx.data").exists()
-    back = dqio.load(out).graph.initializers["w"].const_value.numpy()
+    back = storage.load(out).graph.initializers["w"].const_value.numpy()
     assert np.array_equal(back, w)
     assert sizes and max(sizes) <= 4096 and sum(sizes) >= w.nbytes
 
@@ -178,7 +178,7 @@ def test_write_tensor_writes_what_tobytes_gives_in_pieces(kind: str, monkeypatch
     # a descriptor in one call.
     import ml_dtypes
 
-    monkeypatch.setattr(pieces, "WRITE_PIECE", 16)
+    monkeypatch.setattr(write_pieces, "WRITE_PIECE", 16)
     rng = np.random.default_rng(1)
     a = rng.standard_normal((9, 7)).astype(np.float32)
     t = {
@@ -196,7 +196,7 @@ def test_write_tensor_writes_what_tobytes_gives_in_pieces(kind: str, monkeypatch
     }[kind]()
     raw = _Raw()
     raw.fileno = lambda: 1 / 0  # a descriptor would be used by onnx_ir's tofile: not here
-    pieces.write_tensor(t, raw)
+    write_pieces.write_tensor(t, raw)
     assert bytes(raw.data) == t.tobytes()
     assert max(raw.sizes) <= 16
 
@@ -221,7 +221,8 @@ def test_the_data_file_writer_hands_large_buffers_to_c(size: int, tmp_path,
         f.write(b"tail")
     assert path.read_bytes() == b"head" + data.tobytes() + b"tail"
     # in C (no os.pwrite) exactly when larger than a piece
-    assert len(calls) == (2 if size > pieces.WRITE_PIECE else 2 + -(-size // pieces.WRITE_PIECE))
+    piece = write_pieces.WRITE_PIECE
+    assert len(calls) == (2 if size > piece else 2 + -(-size // piece))
 
 
 def test_a_failed_c_write_is_an_os_error(tmp_path) -> None:
@@ -244,12 +245,12 @@ def test_arrays_of_types_buffers_cannot_name_are_written_as_their_bytes(wrap: st
     import ml_dtypes
 
 
-    monkeypatch.setattr(pieces, "WRITE_PIECE", 64)
+    monkeypatch.setattr(write_pieces, "WRITE_PIECE", 64)
     a = np.arange(100, dtype=np.float32).astype(ml_dtypes.bfloat16)
     b = np.arange(50, dtype=np.float32).astype(ml_dtypes.float8_e4m3fn)
     if wrap == "pieces":
         raw = _Raw()
-        f = pieces.Pieces(raw)
+        f = write_pieces.Pieces(raw)
         assert f.write(a) == a.nbytes and f.write(b) == b.nbytes
         assert bytes(raw.data) == a.tobytes() + b.tobytes()
         assert max(raw.sizes) <= 64
@@ -263,14 +264,14 @@ def test_arrays_of_types_buffers_cannot_name_are_written_as_their_bytes(wrap: st
 
 
 def test_a_write_that_takes_less_is_given_the_rest(monkeypatch) -> None:
-    monkeypatch.setattr(pieces, "WRITE_PIECE", 10)
+    monkeypatch.setattr(write_pieces, "WRITE_PIECE", 10)
     got = bytearray()
 
     def short(data) -> int:  # takes at most 3 bytes, as a raw file may
         got.extend(bytes(data[:3]))
         return min(3, len(data))
 
-    assert pieces.write_in_pieces(short, bytes(range(25))) == 25
+    assert write_pieces.write_in_pieces(short, bytes(range(25))) == 25
     assert bytes(got) == bytes(range(25))
 
 
@@ -279,10 +280,10 @@ def test_a_copy_without_copy_file_range_goes_in_pieces(tmp_path, monkeypatch) ->
     # through user space, still a piece at a time.
     import os
 
-    from dqtool import external_data
+    from dqtool.storage import data_writer
 
     monkeypatch.delattr(os, "copy_file_range", raising=False)
-    monkeypatch.setattr(pieces, "WRITE_PIECE", 4096)
+    monkeypatch.setattr(write_pieces, "WRITE_PIECE", 4096)
     src = tmp_path / "src.bin"
     data = np.random.default_rng(3).integers(0, 256, 50_000, np.uint8).tobytes()
     src.write_bytes(b"x" * 100 + data)
@@ -300,7 +301,7 @@ def test_a_copy_without_copy_file_range_goes_in_pieces(tmp_path, monkeypatch) ->
         def fileno(self) -> int:
             raise io.UnsupportedOperation("fileno")
 
-    external_data._copy_range(str(src), 100, len(data), Dst(), 0)
+    data_writer._copy_range(str(src), 100, len(data), Dst(), 0)
     assert buffered.getvalue() == data and max(sizes) <= 4096
 
 
@@ -337,4 +338,4 @@ def test_onnx_irs_external_tensor_writes_itself_into_the_data_file(tmp_path, mon
         t.tofile(f)
         assert f.tell() == 4 + data.size
     assert path.read_bytes() == b"head" + data.tobytes()
-    assert bool(calls) != kernel_copy and all(size <= pieces.WRITE_PIECE for size, _ in calls)
+    assert bool(calls) != kernel_copy and all(size <= write_pieces.WRITE_PIECE for size, _ in calls)

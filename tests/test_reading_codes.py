@@ -1,5 +1,6 @@
-"""Reading 2/4-bit codes from a file (``dqtool.reading``): chunked unpacking, signed codes,
-the array's bytes as onnx_ir's own, and widening to a byte type without a second copy."""
+"""Reading 2/4-bit codes from a file (``dqtool.storage.tensor_reads``): chunked unpacking,
+signed codes, the array's bytes as onnx_ir's own, and widening to a byte type without a
+second copy."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import numpy as np
 import onnx_ir as ir
 import pytest
 
-from dqtool import reading
+from dqtool.storage import tensor_reads
 
 _SUB = {"int2": (ir.DataType.INT2, ml_dtypes.int2, 2, True),
         "uint2": (ir.DataType.UINT2, ml_dtypes.uint2, 2, False),
@@ -28,25 +29,29 @@ def _external(tmp_path, name: str, codes: np.ndarray) -> ir.ExternalTensor:
                              name="w", base_dir=tmp_path)
 
 
+CHUNK = tensor_reads.UNPACK_CHUNK
+
+
 @pytest.mark.parametrize("bits", [2, 4])
-@pytest.mark.parametrize("n", [1, 7, reading.UNPACK_CHUNK - 1, reading.UNPACK_CHUNK * 2 + 5])
+@pytest.mark.parametrize("n", [1, 7, CHUNK - 1, CHUNK * 2 + 5])
 def test_unpack_across_chunks_gives_every_code_signed_or_not(monkeypatch, bits, n):
     p = np.random.default_rng(n + bits).integers(0, 256, n, dtype=np.uint8)
     per, mask = 8 // bits, (1 << bits) - 1
     want = np.stack([(p >> (bits * j)) & mask for j in range(per)], axis=-1).reshape(-1)
-    got = reading.unpack(p, bits)
+    got = tensor_reads.unpack(p, bits)
     assert got.dtype == np.uint8 and np.array_equal(got, want)
-    signed = reading.unpack(p, bits, signed=True)
+    signed = tensor_reads.unpack(p, bits, signed=True)
     assert signed.dtype == np.int8
     assert np.array_equal(signed, np.where(want >= 1 << (bits - 1), want.astype(np.int16)
                                            - (1 << bits), want))
 
 
 def test_unpack_of_a_strided_array_reads_its_elements(monkeypatch):
-    monkeypatch.setattr(reading, "UNPACK_CHUNK", 3)
+    monkeypatch.setattr(tensor_reads, "UNPACK_CHUNK", 3)
     p = np.arange(40, dtype=np.uint8).reshape(5, 8)[:, ::2]
-    assert np.array_equal(reading.unpack(p, 4), reading.unpack(np.ascontiguousarray(p), 4))
-    assert reading.unpack(p, 4).shape == (5, 8)
+    assert np.array_equal(tensor_reads.unpack(p, 4),
+                          tensor_reads.unpack(np.ascontiguousarray(p), 4))
+    assert tensor_reads.unpack(p, 4).shape == (5, 8)
 
 
 @pytest.mark.parametrize("name", sorted(_SUB))
@@ -58,16 +63,16 @@ def test_codes_read_from_a_file_are_onnx_irs_array_byte_for_byte(tmp_path, name,
         else (0, 1 << _SUB[name][2])
     codes = np.random.default_rng(len(shape)).integers(lo, hi, shape, dtype=np.int8)
     t = _external(tmp_path, name, codes)
-    got = reading.tensor_array(t)
+    got = tensor_reads.tensor_array(t)
     want = t.numpy()
     assert got.dtype == want.dtype and got.shape == shape
     assert np.array_equal(got.view(np.uint8), want.view(np.uint8))
     assert np.array_equal(got.astype(np.int8), codes)
     # Widened to a byte type straight from the file: the same values
-    wide = reading.int_array(t, np.int8 if _SUB[name][3] else np.uint8)
+    wide = tensor_reads.int_array(t, np.int8 if _SUB[name][3] else np.uint8)
     assert wide.shape == shape and np.array_equal(wide.astype(np.int16), codes)
     # To a type of another kind or width it is the plain cast
-    assert np.array_equal(reading.int_array(t, np.int32), codes.astype(np.int32))
+    assert np.array_equal(tensor_reads.int_array(t, np.int32), codes.astype(np.int32))
 
 
 def test_a_wide_int4_weight_is_read_with_one_array_of_its_size(tmp_path):
@@ -77,7 +82,7 @@ def test_a_wide_int4_weight_is_read_with_one_array_of_its_size(tmp_path):
     t = _external(tmp_path, "int4", codes)
     tracemalloc.start()
     try:
-        wide = reading.int_array(t, np.int8)
+        wide = tensor_reads.int_array(t, np.int8)
         _, peak = tracemalloc.get_traced_memory()
     finally:
         tracemalloc.stop()
@@ -85,7 +90,7 @@ def test_a_wide_int4_weight_is_read_with_one_array_of_its_size(tmp_path):
     assert peak < codes.nbytes * 1.2, (peak, codes.nbytes)
     tracemalloc.start()
     try:
-        arr = reading.tensor_array(t)
+        arr = tensor_reads.tensor_array(t)
         _, peak = tracemalloc.get_traced_memory()
     finally:
         tracemalloc.stop()
@@ -97,22 +102,22 @@ def test_a_wide_int4_weight_is_read_with_one_array_of_its_size(tmp_path):
 @pytest.mark.parametrize("band", [4, 12, 1 << 20])
 def test_widened_codes_write_band_by_band_the_codes_of_the_whole(tmp_path, monkeypatch,
                                                                   name, band):
-    monkeypatch.setattr(reading.WidenedCodes, "BAND", band)
+    monkeypatch.setattr(tensor_reads.WidenedCodes, "BAND", band)
     bits, signed = _SUB[name][2], _SUB[name][3]
     lo, hi = (-(1 << (bits - 1)), 1 << (bits - 1)) if signed else (0, 1 << bits)
     codes = np.random.default_rng(band).integers(lo, hi, (7, 9), dtype=np.int8)
     t = _external(tmp_path, name, codes)
     target = np.int8 if signed else np.uint8
-    assert reading.widened(t, np.int16) is None and reading.widened(
+    assert tensor_reads.widened(t, np.int16) is None and tensor_reads.widened(
         t, np.uint8 if signed else np.int8) is None  # not a byte of the codes' own sign
-    wide = reading.widened(t, target)
+    wide = tensor_reads.widened(t, target)
     assert wide.dtype == (ir.DataType.INT8 if signed else ir.DataType.UINT8)
     assert np.array_equal(wide.numpy(), codes.astype(target))
     with open(tmp_path / "out.bin", "wb") as f:
         wide.tofile(f)
     assert (tmp_path / "out.bin").read_bytes() == codes.astype(target).tobytes()
-    flat = reading.same_bytes(wide, wide.dtype, (63,))
-    assert isinstance(flat, reading.WidenedCodes)
+    flat = tensor_reads.same_bytes(wide, wide.dtype, (63,))
+    assert isinstance(flat, tensor_reads.WidenedCodes)
     assert np.array_equal(flat.numpy(), codes.astype(target).reshape(63))
 
 
@@ -122,7 +127,7 @@ def test_a_downgrade_widens_an_int4_weight_without_holding_it(tmp_path, monkeypa
     import dqtool
     from dqtool.checking import check
 
-    monkeypatch.setattr(reading.WidenedCodes, "BAND", 1 << 16)
+    monkeypatch.setattr(tensor_reads.WidenedCodes, "BAND", 1 << 16)
     rng = np.random.default_rng(5)
     q = rng.integers(-8, 8, (2048, 2048)).astype(ml_dtypes.int4)
     x = ir.Value(name="X", type=ir.TensorType(ir.DataType.FLOAT), shape=ir.Shape([1, 2048]))
@@ -165,10 +170,10 @@ def test_codes_widened_from_an_inline_models_file_keep_it_open(tmp_path, monkeyp
     from onnx import helper, numpy_helper
 
     import dqtool
-    from dqtool import inline_load
+    from dqtool.storage import inline_read
 
-    monkeypatch.setattr(inline_load, "MIN_FILE_BYTES", 0)
-    monkeypatch.setattr(inline_load, "MIN_TENSOR_BYTES", 256)
+    monkeypatch.setattr(inline_read, "MIN_FILE_BYTES", 0)
+    monkeypatch.setattr(inline_read, "MIN_TENSOR_BYTES", 256)
     x = np.random.default_rng(0).integers(-8, 8, (4, 4096)).astype(ml_dtypes.int4)
     g = helper.make_graph(
         [helper.make_node("DequantizeLinear", ["x", "s"], ["y"], axis=0)], "g", [],
@@ -180,7 +185,7 @@ def test_codes_widened_from_an_inline_models_file_keep_it_open(tmp_path, monkeyp
                                 ir_version=10), src)
     report = dqtool.downgrade(str(src), 19)
     (wide,) = [v.const_value for v in report.model.graph.initializers.values()
-               if isinstance(v.const_value, reading.WidenedCodes)]
+               if isinstance(v.const_value, tensor_reads.WidenedCodes)]
     gc.collect()
     assert str(wide.path).startswith("/proc/self/fd/") and os.path.exists(wide.path)
     with open(tmp_path / "other.bin", "wb") as other:  # would take a freed descriptor

@@ -16,7 +16,8 @@ import onnx
 import onnx_ir as ir
 import pytest
 
-from dqtool import commit, data_readers, io, leftovers
+from dqtool import storage
+from dqtool.storage import commit, data_readers, leftovers
 
 PY = sys.executable
 
@@ -136,7 +137,7 @@ def test_a_name_alone_is_never_swept(tmp_path):
 
 KILL = textwrap.dedent("""
     import os, signal, sys
-    from dqtool import commit
+    from dqtool.storage import commit
     from dqtool.cli import main
 
     where = os.environ["KILL_AT"]
@@ -180,7 +181,7 @@ def test_a_kill_after_the_model_is_placed_leaks_nothing(tmp_path):
     assert _loads(out) and "W_q" not in {t.name for t in onnx.load(out).graph.initializer}
     assert (tmp_path / "x.onnx.data").stat().st_size == size  # not yet removed
     assert len(_temps(tmp_path)) == 1
-    io.save(ir.load(src), tmp_path / "y.onnx")  # any save into the folder finishes it
+    storage.save(ir.load(src), tmp_path / "y.onnx")  # any save into the folder finishes it
     assert not (tmp_path / "x.onnx.data").exists()
     assert not _temps(tmp_path) and _loads(out)
 

@@ -21,8 +21,9 @@ import onnx_ir as ir
 import pytest
 from onnx import numpy_helper
 
-from dqtool import commit, io, leftovers
+from dqtool import storage
 from dqtool.errors import InputError, UsageError
+from dqtool.storage import commit, leftovers
 
 PY = sys.executable
 SLOW = bool(os.environ.get("DQTOOL_SLOW"))
@@ -179,11 +180,11 @@ def test_an_output_ending_in_a_slash_is_a_folder_not_a_file(tmp_path, command):
 
 
 def test_output_path_keeps_plain_names():
-    assert io.output_path("a/b.onnx") == Path("a/b.onnx")
+    assert storage.output_path("a/b.onnx") == Path("a/b.onnx")
     with pytest.raises(InputError):
-        io.output_path("no-such-folder-here/")
+        storage.output_path("no-such-folder-here/")
     with pytest.raises(UsageError, match="is a directory"):
-        io.output_path("/tmp/")
+        storage.output_path("/tmp/")
 
 
 # Crash leftovers.
@@ -232,7 +233,7 @@ def test_a_dead_processs_folder_is_removed_even_if_its_pid_is_reused(tmp_path):
 
 KILL_DURING_COMMIT = textwrap.dedent("""
     import os, signal, sys
-    from dqtool import commit
+    from dqtool.storage import commit
     from dqtool.cli import main
 
     where = os.environ["KILL_AT"]
@@ -361,6 +362,6 @@ def test_without_file_locks_the_owners_pid_decides(tmp_path, monkeypatch):
     live = tmp_path / f".o.onnx{commit.TEMP_TAG}{os.getpid()}-87654321"
     dead.mkdir()
     live.mkdir()
-    model = io.load(_model(tmp_path / "m.onnx"))
-    assert [p.name for p in io.save(model, tmp_path / "o.onnx")] == ["o.onnx"]
+    model = storage.load(_model(tmp_path / "m.onnx"))
+    assert [p.name for p in storage.save(model, tmp_path / "o.onnx")] == ["o.onnx"]
     assert not dead.exists() and live.exists()

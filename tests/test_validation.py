@@ -12,7 +12,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from dqtool import io
+from dqtool import storage
 from dqtool.errors import InputError
 
 MARK = b"QQFUZZQQ"
@@ -127,14 +127,14 @@ def test_load_refuses_a_broken_model_in_one_line(tmp_path, kind):
     m, utf8, want = _broken(kind)
     path = _save(tmp_path, m, utf8)
     with pytest.raises(InputError) as e:
-        io.load(path)
+        storage.load(path)
     assert str(e.value).startswith(f"{path}: ")
     assert want in str(e.value)
     assert "\n" not in str(e.value)
 
 
 def test_the_unbroken_model_loads(tmp_path):
-    model = io.load(_save(tmp_path, _model()))
+    model = storage.load(_save(tmp_path, _model()))
     assert [n.op_type for n in model.graph] == ["DequantizeLinear", "MatMul"]
 
 
@@ -143,7 +143,7 @@ def test_out_of_order_but_acyclic_is_not_a_cycle(tmp_path):
     nodes = list(m.graph.node)
     del m.graph.node[:]
     m.graph.node.extend(reversed(nodes))  # MatMul listed before the DQ it reads
-    io.load(_save(tmp_path, m))
+    storage.load(_save(tmp_path, m))
 
 
 COMMANDS = [["inspect"], ["inspect", "--json"], ["lint"], ["check"], ["fold", "-o", "OUT"],
@@ -214,7 +214,7 @@ def test_six_bit_data_with_padding_bits_set_is_refused(tmp_path):
     m.graph.node.append(helper.make_node("Identity", ["f6"], ["f6_out"]))
     path = _save(tmp_path, m)
     with pytest.raises(InputError, match="nonzero padding bits"):
-        io.load(path)
+        storage.load(path)
 
 
 def _sparse_initializer(m: onnx.ModelProto) -> onnx.ModelProto:

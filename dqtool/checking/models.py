@@ -21,7 +21,8 @@ import onnx_ir as ir
 from onnx import external_data_helper
 from onnx.model_container import ModelContainer
 
-from dqtool import checked_files, io
+from dqtool import storage
+from dqtool.storage import checked_files
 
 
 def ort_max_ir() -> int:
@@ -82,20 +83,20 @@ def load(model: ModelLike, in_files: bool = False) -> Loaded:
         proto = ir.to_proto(model)
         base = _external_base(model)
         if base is not None:
-            io.read_all_external(proto, base)
+            storage.read_all_external(proto, base)
         return Loaded("<memory>", proto)
     path = Path(model)
     in_file = _in_file(path)
     if in_file is not None:
         return in_file
     # The safety checks (missing, truncated, escaping external data); tensors not read.
-    proto = io.read_proto(path)
+    proto = storage.read_proto(path)
     size = external_size(proto, path.parent)
     if size + proto.ByteSize() > MAX_IN_PROTO or (in_files and size):
         # Only main-graph initializers stay in files: the runtimes resolve no others.
-        io.inline_external(proto, path.parent, subgraph_initializers=True)
+        storage.inline_external(proto, path.parent, subgraph_initializers=True)
         return Loaded(str(model), proto, path.parent, path, size)
-    io.read_all_external(proto, path.parent)
+    storage.read_all_external(proto, path.parent)
     return Loaded(str(model), proto, path=path)
 
 
@@ -112,20 +113,20 @@ def _in_file(path: Path) -> Loaded | None:
     is given the path (it resolves external data in a protobuf from the working folder, and
     refuses raw data shorter than its type and shape). None when the model is small or has
     external data of its own."""
-    from dqtool import inline_load
+    from dqtool.storage import inline_read
 
-    holes = inline_load.Holes()
+    holes = inline_read.Holes()
     try:
         if not path.is_file() or path.stat().st_size < IN_FILE_BYTES:
             return None
-        proto = io.read_proto(path, holes)
+        proto = storage.read_proto(path, holes)
     except OSError:
         return None
     if sum(length for _, length in holes.values()) < IN_FILE_BYTES or external_size(
             proto, path.parent):
         return None
     for t in proto.graph.initializer:
-        mark = inline_load.mark_of(t)
+        mark = inline_read.mark_of(t)
         if mark is None:
             continue
         if mark not in holes or t.data_location == onnx.TensorProto.EXTERNAL:
@@ -151,7 +152,7 @@ def external_size(proto: onnx.ModelProto, base: Path) -> int:
         if info.length:
             total += int(info.length)
         else:
-            with contextlib.suppress(OSError):  # io.read_proto refuses missing files
+            with contextlib.suppress(OSError):  # storage.read_proto refuses missing files
                 total += max(0, (base / info.location).stat().st_size - int(info.offset or 0))
     return total
 
@@ -207,7 +208,7 @@ def for_ort(proto: onnx.ModelProto) -> tuple[onnx.ModelProto, str | None]:
     top = ort_max_ir()
     if proto.ir_version <= top:
         return proto, None
-    lowest = io.lowest_ir_version(ir.serde.deserialize_model(proto))
+    lowest = storage.lowest_ir_version(ir.serde.deserialize_model(proto))
     if lowest > top:
         return proto, None
     copy = onnx.ModelProto()

@@ -143,7 +143,7 @@ def user_errors(func: F) -> F:
 
 def _data_files(model: str) -> set[Path]:
     """The data files a model file names (its payloads unread), resolved."""
-    from dqtool import commit
+    from dqtool.storage import commit
 
     path = Path(model)
     try:

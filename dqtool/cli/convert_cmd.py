@@ -94,12 +94,12 @@ def _grouped(rows: list[tuple[str, ...]]) -> list[tuple[str, ...]]:
 def _run(app: App, direction: str, model: str, opset: int, out: str | None, as_json: bool,
          in_place: bool, external_data: bool, shard_size: str | None, progress: bool | None,
          **kwargs: Any) -> None:
-    from dqtool import early_copy
+    from dqtool.storage import early_copy
 
     if out is not None and in_place:  # before anything is copied or written
         app.abort("give either --output or --in-place, not both", 2)
     # A large input starts copying to the output's folder now, while the imports below
-    # run; the save keeps what is still in place (see dqtool/early_copy.py).
+    # run; the save keeps what is still in place (see dqtool/storage/early_copy.py).
     if not external_data and shard_size is None and not _steps(direction, kwargs):
         early_copy.start(model, model if in_place else out)
     try:

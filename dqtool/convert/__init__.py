@@ -95,8 +95,9 @@ def _convert(model_or_path: ModelArg, opset: int, out, direction: Literal["upgra
              options: Options, check: bool, in_place: bool,
              registry: Registry | None = None, writing: Writing = Writing()
              ) -> ConvertReport:
-    from dqtool import external_data, io
+    from dqtool import storage
     from dqtool.convert import pipeline
+    from dqtool.storage import data_writer
 
     if check:  # (imported for --check only: ~5 ms of a command's start-up)
         from dqtool.checking import conversion
@@ -112,16 +113,16 @@ def _convert(model_or_path: ModelArg, opset: int, out, direction: Literal["upgra
             raise UsageError("give either an output or in_place, not both")
         out = model_or_path
     if out is not None and is_path:
-        io.no_overwrite_of_input(model_or_path, out, in_place)
+        storage.no_overwrite_of_input(model_or_path, out, in_place)
     model, path = model_or_path, None
     if is_path:  # loaded here, once
-        model, path = io.load(model_or_path), model_or_path
+        model, path = storage.load(model_or_path), model_or_path
     # A model with external data is checked from its files, the converted one as written
     # (before it is renamed into place): no tensor is copied into a protobuf, so any size
     # works. Otherwise both are checked in memory, which protobuf limits to 2 GB.
-    input_external = path is not None and io.uses_external_data(model)
+    input_external = path is not None and storage.uses_external_data(model)
     from_files = check and out is not None and input_external
-    if check and not from_files and io.tensor_bytes(model) > MAX_IN_PROTO:
+    if check and not from_files and storage.tensor_bytes(model) > MAX_IN_PROTO:
         raise UsageError("check on a model past protobuf's 2 GB limit needs the model's path "
                          "and an output path (both models are then checked from their files)")
     if check:
@@ -131,20 +132,20 @@ def _convert(model_or_path: ModelArg, opset: int, out, direction: Literal["upgra
     # (Nor when a family's nodes, which the conversion rewrites, hold most of the bytes:
     # the copy would be dropped.)
     # (When they do, the data file is written as the conversion makes the new weights.)
-    prefill: external_data.Prefill | external_data.Eager | None = None
+    prefill: data_writer.Prefill | data_writer.Eager | None = None
     if out is not None and not check and writing.shard_size is None:
         if not _rewrites_most(model, options, opset):
-            prefill = io.start_prefill(model, out)
+            prefill = storage.start_prefill(model, out)
         elif input_external and writing.external_data is not False:
-            prefill = io.start_eager(model, out, writing.progress)
+            prefill = storage.start_eager(model, out, writing.progress)
     try:
         # A model loaded here has no other reference: converted in place, dropped on refusal.
-        with external_data.writing_early(prefill if isinstance(prefill, external_data.Eager)
+        with data_writer.writing_early(prefill if isinstance(prefill, data_writer.Eager)
                                          else None):
             report = pipeline.run(model, opset, direction, options, registry, path=path,
                                   copy=not is_path)
     except BaseException:
-        io.discard_prefill(prefill)
+        storage.discard_prefill(prefill)
         raise
 
     def run_check(converted: ir.Model | Path) -> None:
@@ -160,13 +161,13 @@ def _convert(model_or_path: ModelArg, opset: int, out, direction: Literal["upgra
             run_check(report.model)
         if out is not None:
             external = True if writing.shard_size is not None else writing.external_data
-            report.external_data = io.external_choice(report.model, external)
+            report.external_data = storage.external_choice(report.model, external)
     except BaseException:  # the save never started: its writers and folder go too
-        io.discard_prefill(prefill)
+        storage.discard_prefill(prefill)
         raise
     if out is not None:  # (the save takes the prefill over, and cleans up after itself)
         tell = writing.while_writing
-        written = io.save(report.model, out, external=external,
+        written = storage.save(report.model, out, external=external,
                           shard_size=writing.shard_size, callback=writing.progress,
                           verify=run_check if from_files else None, prefill=prefill,
                           while_writing=None if tell is None else lambda: tell(report))

@@ -17,11 +17,12 @@ from __future__ import annotations
 import numpy as np
 import onnx_ir as ir
 
-from dqtool import graph, reading, transposes, types
+from dqtool import graph, transposes, types
 from dqtool.convert import params
 from dqtool.convert.context import Step
 from dqtool.convert.registry import Outcome
 from dqtool.spec import QuantSpec
+from dqtool.storage import tensor_reads
 
 
 def to_per_axis(step: Step, spec: QuantSpec, why: str) -> Outcome:
@@ -122,7 +123,7 @@ def _layout(step: Step, spec: QuantSpec, x_shape: tuple[int, ...], s_shape: tupl
                 return step.constant(f"{v.name}_rows", v.dtype or _dtype_of(v), shape,
                                      rows_x if v is x else rows_of(v))
             t = graph.constant_tensor(v)
-            return step.holding(f"{v.name}_rows", reading.same_bytes(source(), t.dtype, shape))
+            return step.holding(f"{v.name}_rows", tensor_reads.same_bytes(source(), t.dtype, shape))
     else:
         def laid_out(v: ir.Value, shape: tuple[int, ...]) -> ir.Value:
             return step.constant(f"{v.name}_rows", v.dtype or _dtype_of(v), shape,

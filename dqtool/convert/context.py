@@ -16,8 +16,9 @@ from dataclasses import dataclass, field
 import numpy as np
 import onnx_ir as ir
 
-from dqtool import cleanup, graph, reading, types
+from dqtool import cleanup, graph, types
 from dqtool.convert.report import ConvertReport
+from dqtool.storage import tensor_reads
 
 
 @dataclass(frozen=True)
@@ -81,16 +82,16 @@ class Step:
 
     def reshaped(self, base: str, v: ir.Value, shape: tuple[int, ...]) -> ir.Value:
         """A new constant next to the node: constant ``v`` reshaped. Where ``v`` is in a
-        file, its stored bytes as they are (``reading.same_bytes``): the save copies them
+        file, its stored bytes as they are (``tensor_reads.same_bytes``): the save copies them
         there, a weight is never read into memory; else computed when saved."""
         stored = graph.constant_tensor(v)
         assert stored is not None, f"{v.name} is not constant"
         # (a Constant node of a function is saved inline, from its values)
-        if self.in_function or (reading.file_range(stored) is None
-                                and not isinstance(stored, reading.WidenedCodes)):
+        if self.in_function or (tensor_reads.file_range(stored) is None
+                                and not isinstance(stored, tensor_reads.WidenedCodes)):
             return self.constant(base, stored.dtype, shape,
-                                 lambda: reading.tensor_array(stored).reshape(shape))
-        return self.holding(base, reading.same_bytes(stored, stored.dtype, shape))
+                                 lambda: tensor_reads.tensor_array(stored).reshape(shape))
+        return self.holding(base, tensor_reads.same_bytes(stored, stored.dtype, shape))
 
     def holding(self, base: str, tensor: ir.TensorProtocol) -> ir.Value:
         """A new constant next to the node holding ``tensor`` (renamed)."""

@@ -9,18 +9,20 @@ from __future__ import annotations
 import numpy as np
 import onnx_ir as ir
 
-from dqtool import graph, reading
+from dqtool import graph
 from dqtool.spec import QuantSpec
+from dqtool.storage import tensor_reads
 
 
 def values(v: ir.Value) -> np.ndarray:
-    """A constant's values, read on their own map when it is in a file (``dqtool.reading``):
+    """A constant's values, read on their own map when it is in a file
+    (``dqtool.storage.tensor_reads``):
     through the tensor, every weight a downgrade widened stayed in memory, unpacked, until
     the model was saved (a 985 MB int4 model's took 2.9 GB)."""
     tensor = graph.constant_tensor(v)
     assert tensor is not None, f"{v.name} is not constant"
     # Reshape: onnx_ir returns a packed sub-byte scalar as shape (1,).
-    return reading.tensor_array(tensor).reshape(tuple(int(d) for d in tensor.shape))
+    return tensor_reads.tensor_array(tensor).reshape(tuple(int(d) for d in tensor.shape))
 
 
 def const_shape(v: ir.Value) -> tuple[int, ...]:

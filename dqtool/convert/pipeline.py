@@ -14,7 +14,7 @@ from typing import Literal
 
 import onnx_ir as ir
 
-from dqtool import cleanup, codecs, families, graph, io, versions
+from dqtool import cleanup, codecs, families, graph, storage, versions
 from dqtool.convert import blocked, decompose, generic, value_info
 from dqtool.convert.context import Context, Options, Step
 from dqtool.convert.registry import Outcome, Registry, default_registry
@@ -36,7 +36,7 @@ def run(model_or_path: ir.Model | str | os.PathLike, opset: int,
     if isinstance(model_or_path, ir.Model):
         model, source = model_or_path, "<model>" if path is None else str(path)
     else:
-        model, source, copy = io.load(model_or_path), str(model_or_path), False
+        model, source, copy = storage.load(model_or_path), str(model_or_path), False
     src = graph.opset_of(dict(model.opset_imports), "")
     _check_request(source, src, opset, direction)
     for fn in model.functions.values():
@@ -78,7 +78,7 @@ def run(model_or_path: ir.Model | str | os.PathLike, opset: int,
     _set_opsets(model, opset)
     if opset < 21:
         _drop_fused_notes(model)
-    model.ir_version = io.lowest_ir_version(model)
+    model.ir_version = storage.lowest_ir_version(model)
     report.to_ir_version = model.ir_version
     if declared is not None:
         value_info.drop_added(model, declared)
@@ -91,7 +91,7 @@ def run(model_or_path: ir.Model | str | os.PathLike, opset: int,
 
 def working_copy(model: ir.Model) -> ir.Model:
     """A copy to rewrite: new graphs, nodes and values (O(nodes)); the tensors are shared,
-    and a rewrite never changes a tensor, it makes a new value. ``meta`` (what io.load
+    and a rewrite never changes a tensor, it makes a new value. ``meta`` (what storage.load
     recorded about the files read) goes along."""
     copy = model.clone()
     copy.meta.update(model.meta)
@@ -99,8 +99,8 @@ def working_copy(model: ir.Model) -> ir.Model:
 
 
 def _check_request(source: str, src: int | None, opset: int, direction: str) -> None:
-    if not 1 <= opset <= io.MAX_ONNX_OPSET:
-        raise UsageError(f"--opset {opset} is outside 1..{io.MAX_ONNX_OPSET} (what the "
+    if not 1 <= opset <= storage.MAX_ONNX_OPSET:
+        raise UsageError(f"--opset {opset} is outside 1..{storage.MAX_ONNX_OPSET} (what the "
                          "installed onnx knows)")
     if src is None:
         return

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import onnx_ir as ir
 
-from dqtool import families, graph, io, types
+from dqtool import families, graph, storage, types
 from dqtool.errors import UsageError
 from dqtool.folding.dequantize_fold_pass import DequantizeFoldPass
 from dqtool.folding.report import FoldedNode, FoldReport
@@ -73,12 +73,12 @@ def fold(
         model = model_or_path.clone() if dry_run else model_or_path
     else:
         src = Path(model_or_path)
-        model = io.load(src)
+        model = storage.load(src)
     target = _output(src, out, dry_run=dry_run, in_place=in_place)
-    before = io.tensor_bytes(model)
+    before = storage.tensor_bytes(model)
     # Read before the fold replaces them: a model object that used external data keeps
     # it (a file loaded by dqtool remembers that; an onnx_ir model did not: written inline)
-    used_external = io.external_choice(model, None)
+    used_external = storage.external_choice(model, None)
     # Families that fold by rewriting first (MatMulNBits / GatherBlockQuantized into
     # DequantizeLinear + MatMul / Gather, exactly), then the pass folds the result.
     # Those nodes answer to --op-types by their own op type too (fused.fold.why_not).
@@ -90,14 +90,14 @@ def fold(
         selection = replace(selection, made=frozenset(made))
     fold_pass = DequantizeFoldPass(selection, _DTYPE_NAMES[dtype], prepack_guard)
     fold_pass(model)
-    model.ir_version = io.lowest_ir_version(model)
+    model.ir_version = storage.lowest_ir_version(model)
     report = FoldReport(
         input=None if src is None else str(src), output=None if target is None else str(target),
         dry_run=dry_run, dtype=dtype, folded=prefolded + fold_pass.folded, left=fold_pass.left,
         removed=fold_pass.removed, kept=fold_pass.kept, guarded=fold_pass.guarded,
         fed_op_types=fold_pass.fed_op_types | own_types,
         bytes_before=before,
-        bytes_after=io.tensor_bytes(model), ir_version=model.ir_version,
+        bytes_after=storage.tensor_bytes(model), ir_version=model.ir_version,
         opset_imports=dict(model.opset_imports), model=None if dry_run else model,
         fused=unfused, fused_left=fused_left,
     )
@@ -105,8 +105,8 @@ def fold(
         external = True if shard_size is not None else (external_data or None)
         if external is None and used_external:
             external = True
-        report.external_data = io.external_choice(model, external)
-        written = io.save(model, target, external=external, shard_size=shard_size,
+        report.external_data = storage.external_choice(model, external)
+        written = storage.save(model, target, external=external, shard_size=shard_size,
                           callback=progress)
         report.files = [str(f) for f in written]
         report.external_data = len(written) > 1  # none when every tensor stayed inline
@@ -142,7 +142,7 @@ def _output(src: Path | None, out, *, dry_run: bool, in_place: bool) -> Path | N
         return src
     if out is None:
         return None if src is None else default_output(src)
-    target = io.output_path(out)
+    target = storage.output_path(out)
     if src is not None:
-        io.no_overwrite_of_input(src, target, in_place)
+        storage.no_overwrite_of_input(src, target, in_place)
     return target

@@ -29,9 +29,10 @@ from typing import Any
 import numpy as np
 import onnx_ir as ir
 
-from dqtool import checked_files, families, inline_load, types
+from dqtool import families, types
 from dqtool.folding import by_table
-from dqtool.pieces import piecewise
+from dqtool.storage import checked_files, inline_read
+from dqtool.storage.write_pieces import piecewise
 
 # Output elements per chunk when streaming: large enough to amortize the kernel's setup and
 # its two threads, small enough that a few chunks in flight stay far below 1 GB. 2 Mi
@@ -171,7 +172,7 @@ class Folding:
         if callable(packed_rows):  # a fused weight's codes: transposed, still packed
             return packed_rows(r0, r1)
         et = types.from_ir(t.dtype)
-        if not isinstance(t, (ir.ExternalTensor, inline_load.MappedTensor)) or et is None \
+        if not isinstance(t, (ir.ExternalTensor, inline_read.MappedTensor)) or et is None \
                 or not et.is_integer or et.bits not in (2, 4):
             return None
         dims = tuple(int(d) for d in t.shape.numpy())
@@ -193,7 +194,7 @@ class Folding:
         if callable(rows_of):
             return rows_of(r0, r1)
         et = types.from_ir(t.dtype)
-        if isinstance(t, (ir.ExternalTensor, inline_load.MappedTensor)) and et is not None:
+        if isinstance(t, (ir.ExternalTensor, inline_read.MappedTensor)) and et is not None:
             rows = _read_rows(t, et, r0, r1)
             if rows is not None:
                 return rows
@@ -267,7 +268,7 @@ def _helper() -> ThreadPoolExecutor:
         return _pool
 
 
-def _read_rows(t: ir.ExternalTensor | inline_load.MappedTensor, et: types.ElemType, r0: int,
+def _read_rows(t: ir.ExternalTensor | inline_read.MappedTensor, et: types.ElemType, r0: int,
                r1: int) -> np.ndarray | None:
     """Rows r0:r1 of an external tensor, read from its file; None when the rows do not
     start and end on byte boundaries (packed types with odd rows).
@@ -308,7 +309,7 @@ def _read_rows(t: ir.ExternalTensor | inline_load.MappedTensor, et: types.ElemTy
 class FoldedTensor(ir.LazyTensor):
     """A folded constant: computed when saved, streamed in chunks into external data."""
 
-    # Read by the data-file writer (dqtool.external_data): written in turns, chunk by
+    # Read by the data-file writer (dqtool.storage.data_writer): written in turns, chunk by
     # chunk, and safe to compute beside another (its loads through onnx_ir take turns on
     # ``_LOADING``), so the writer's threads fold two weights at once (measured on the
     # fused bench's float16 fold: 5.1 s against 6.1 s one at a time). One folded value
@@ -333,4 +334,4 @@ class FoldedTensor(ir.LazyTensor):
 
     def tofile(self, file) -> None:
         with self._computing:
-            self.folding.write(piecewise(file))  # in pieces (dqtool.pieces)
+            self.folding.write(piecewise(file))  # in pieces (dqtool.storage.write_pieces)

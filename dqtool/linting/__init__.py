@@ -7,7 +7,7 @@ import os
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
-from dqtool import io
+from dqtool import storage
 from dqtool.errors import InputError, UsageError
 from dqtool.linting import registry, targets
 from dqtool.linting.config import LintConfig
@@ -85,7 +85,7 @@ def lint(
             raise InputError(f"{path}: is a directory, not an ONNX model file (pass the "
                              "files, e.g. dir/*.onnx)")
     for path in names:
-        ctx = ModelContext(path, io.load(Path(path)))
+        ctx = ModelContext(path, storage.load(Path(path)))
         for emits, fn in registry.CHECKS:
             if codes.intersection(emits):
                 findings += [f for f in fn(ctx) if f.code in codes]

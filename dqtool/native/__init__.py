@@ -17,8 +17,8 @@ everything runs on NumPy, with the same bytes. ``describe()`` says which; ``stat
 
 Besides the transpose: ``dq_write_transposed`` streams a weight's transpose to a file
 band by band (no interpreter between bands), ``dq_write_all`` writes a buffer in the
-pieces ``dqtool.pieces`` explains (``write_at``), ``dq_turn_*`` is the lock writers into
-one file take turns on, ``dq_reserve`` reserves a data file's bytes on disk, and
+pieces ``dqtool.storage.write_pieces`` explains (``write_at``), ``dq_turn_*`` is the lock writers
+into one file take turns on, ``dq_reserve`` reserves a data file's bytes on disk, and
 ``dq_set_wide`` turns the AVX-512 tiles off and on (``set_wide``, for the tests).
 
 Where: ``$DQTOOL_NATIVE_DIR``; else ``$XDG_CACHE_HOME/dqtool`` or ``~/.cache/dqtool``;
@@ -434,8 +434,8 @@ class Turn:
 
 def write_at(fd: int, data: object, offset: int, turn: Turn | None = None) -> bool:
     """``data`` (a contiguous buffer) written whole at ``offset`` of ``fd`` by the compiled
-    helper, in pieces (``dqtool.pieces``) and in ``turn``, without the GIL: True; False
-    where the helper is off (nothing written). A failed write raises OSError."""
+    helper, in pieces (``dqtool.storage.write_pieces``) and in ``turn``, without the GIL: True;
+    False where the helper is off (nothing written). A failed write raises OSError."""
     if transpose_fn() is None:
         return False
     import numpy as np

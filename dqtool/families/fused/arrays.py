@@ -1,5 +1,5 @@
-"""The fused family's reading of constants: ``dqtool.reading``'s (each weight on its own
-map, nothing kept), and the same stored bytes seen as another packed type."""
+"""The fused family's reading of constants: ``dqtool.storage.tensor_reads``'s (each weight on its
+own map, nothing kept), and the same stored bytes seen as another packed type."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import numpy as np
 import onnx_ir as ir
 
 from dqtool import graph
-from dqtool.reading import constant_array, raw_bytes, same_bytes, tensor_array
+from dqtool.storage.tensor_reads import constant_array, raw_bytes, same_bytes, tensor_array
 
 __all__ = ["constant_array", "raw_bytes", "same_bytes", "tensor_array", "value_array"]
 

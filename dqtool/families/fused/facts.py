@@ -66,7 +66,7 @@ def json_extras(spec: FusedSpec) -> dict[str, Any]:
 def mostly_rewritten(model) -> bool:
     """Whether the constant weights of fused nodes (which ``upgrade`` rewrites) hold more
     than half of the model's tensor bytes; reads no tensor data."""
-    from dqtool import graph, io
+    from dqtool import graph, storage
     from dqtool.families.fused import read
 
     fused = 0
@@ -75,4 +75,4 @@ def mostly_rewritten(model) -> bool:
             first = site.node.inputs[1 if site.node.op_type == "MatMulNBits" else 0]
             tensor = graph.constant_tensor(first)
             fused += tensor.nbytes if tensor is not None else 0
-    return fused > io.tensor_bytes(model) // 2
+    return fused > storage.tensor_bytes(model) // 2

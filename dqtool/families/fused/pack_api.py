@@ -33,11 +33,11 @@ def pack(model_or_path: ir.Model | str | os.PathLike, out: str | os.PathLike | N
     place (and written to ``out`` when given); a path is written to ``out`` (default
     ``<stem>.packed.onnx``; ``in_place`` writes it back, atomically). ``external_data``,
     ``shard_size``, ``progress``: how the output is written, as for every writer
-    (``dqtool.io.save``'s ``external``, ``shard_size``, ``callback``); ``while_writing``
+    (``dqtool.storage.save``'s ``external``, ``shard_size``, ``callback``); ``while_writing``
     is called with the report while the data is written (``report.written`` not yet
     set). ``report.model`` is the result."""
-    from dqtool import external_data as external_data_writer
-    from dqtool import io
+    from dqtool import storage
+    from dqtool.storage import data_writer as external_data_writer
 
     if accuracy_level not in (None, 0, 1, 2, 3, 4):
         raise UsageError(f"--accuracy-level must be 0..4, got {accuracy_level}")
@@ -51,31 +51,31 @@ def pack(model_or_path: ir.Model | str | os.PathLike, out: str | os.PathLike | N
         if in_place:
             out = src
         out = default_output(src) if out is None else out
-        io.no_overwrite_of_input(src, out, in_place)
-        model = io.load(src)
+        storage.no_overwrite_of_input(src, out, in_place)
+        model = storage.load(src)
     if in_place and src is None:
         raise UsageError("in_place needs a path")
     # Read before the pass replaces the weights: a model object that used external data
     # keeps it (an onnx_ir model does not say so once its tensors are new), as fold does.
-    used_external = io.external_choice(model, None)
+    used_external = storage.external_choice(model, None)
     # The data file is written as the pass makes the packed weights (``Eager``).
-    eager = io.start_eager(model, out, progress) if out is not None and src is not None \
+    eager = storage.start_eager(model, out, progress) if out is not None and src is not None \
         and shard_size is None and external_data is not False \
-        and io.uses_external_data(model) else None
+        and storage.uses_external_data(model) else None
     try:
         with external_data_writer.writing_early(eager):
             report = FusedPackPass(accuracy_level, zero_points, gather, fuse_bias)(model)
-        model.ir_version = io.lowest_ir_version(model)
+        model.ir_version = storage.lowest_ir_version(model)
         report.model = model
         if out is not None:  # a model object too (it was never written: nothing said so)
             external = True if shard_size is not None else external_data
             if external is None and used_external:
                 external = True
-            report.written = [str(p) for p in io.save(
+            report.written = [str(p) for p in storage.save(
                 model, out, external=external, shard_size=shard_size, callback=progress,
                 prefill=eager,
                 while_writing=None if while_writing is None else lambda: while_writing(report))]
             eager = None  # the save took it
     finally:
-        io.discard_prefill(eager)
+        storage.discard_prefill(eager)
     return report

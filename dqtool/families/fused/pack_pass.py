@@ -30,12 +30,13 @@ from dataclasses import dataclass, field
 import numpy as np
 import onnx_ir as ir
 
-from dqtool import codecs, graph, reading, types
+from dqtool import codecs, graph, types
 from dqtool.cleanup import ModelNames, ScopedNames
 from dqtool.codecs.base import output_dtype_attr
 from dqtool.families.fused import arrays, packing
 from dqtool.families.fused.surgery import Builder
 from dqtool.spec import QuantSpec
+from dqtool.storage import tensor_reads
 
 _BITS = {"uint2": 2, "int2": 2, "uint4": 4, "int4": 4, "uint8": 8, "int8": 8}
 
@@ -673,7 +674,7 @@ def _share_stored(node: ir.Node, i: int, made: ir.Value, name: str) -> None:
         return
     a, b = stored.const_value, made.const_value
     if a.dtype != b.dtype or tuple(a.shape) != tuple(b.shape) \
-            or reading.raw_bytes(a).tobytes() != reading.raw_bytes(b).tobytes():
+            or tensor_reads.raw_bytes(a).tobytes() != tensor_reads.raw_bytes(b).tobytes():
         return
     node.replace_input_with(i, stored)
     home.initializers.pop(made.name, None)

@@ -16,7 +16,7 @@ import os
 
 import numpy as np
 
-from dqtool.reading import unpack
+from dqtool.storage.tensor_reads import unpack
 from dqtool.transposes import _whole_squares, transpose_codes
 
 # Bytes of unpacked codes one band may hold (bands keep temporaries in cache-sized pieces).
@@ -154,7 +154,7 @@ def _native_stream(file, rows: int, bits: int) -> tuple[object, int, object] | N
     # Only a plain OS file (or the data-file writer's wrapper of one, or one written in
     # pieces: the inline save's): C writes to its descriptor at its position, which for,
     # say, a GzipFile is not where bytes go.
-    from dqtool.pieces import Pieces
+    from dqtool.storage.write_pieces import Pieces
 
     target = file.file if isinstance(file, Pieces) else file
     if not (isinstance(target, (io.FileIO, io.BufferedWriter, io.BufferedRandom))

@@ -13,11 +13,11 @@ import numpy as np
 import onnx_ir as ir
 
 from dqtool import types
-from dqtool.pieces import write_tensor
+from dqtool.storage.write_pieces import write_tensor
 
 
 class _Lazy(ir.LazyTensor):
-    """A lazily computed constant that writes itself in pieces (``dqtool.pieces``: one
+    """A lazily computed constant that writes itself in pieces (``dqtool.storage.write_pieces``: one
     write of a whole weight, as ndarray.tofile does, was ~10x slower here)."""
 
     def tofile(self, file) -> None:
@@ -29,15 +29,15 @@ class Streamed(_Lazy):
     saved to a file; as a whole (``numpy()``, an inline save) it is ``make()``. Its bands
     are computed on the thread that writes it, so a save may write several at once."""
 
-    streams = True  # read by the data-file writer (dqtool.external_data)
+    streams = True  # read by the data-file writer (dqtool.storage.data_writer)
 
     def __init__(self, make: Callable[[], ir.TensorProtocol], write: Callable[[object], int],
                  dtype: ir.DataType, shape: ir.Shape, name: str) -> None:
         super().__init__(make, dtype=dtype, shape=shape, name=name)
         self._write = write
-        from dqtool import external_data
+        from dqtool.storage import data_writer
 
-        external_data.submit(self)  # written at once where a save writes early
+        data_writer.submit(self)  # written at once where a save writes early
 
     def tofile(self, file) -> None:
         written = self._write(file)

@@ -118,8 +118,8 @@ def _run(model_or_path: ModelArg, out, direction: Direction, the_pass: Any, keep
          check: bool, in_place: bool, external_data: bool | None = None,
          shard_size: int | None = None, progress: Any = None) -> IntegerReport:
     """``external_data``, ``shard_size``, ``progress``: how the output is written
-    (``dqtool.io.save``'s ``external``, ``shard_size``, ``callback``)."""
-    from dqtool import io
+    (``dqtool.storage.save``'s ``external``, ``shard_size``, ``callback``)."""
+    from dqtool import storage
     from dqtool.checking.models import load as load_for_check
     from dqtool.families.integer import numerics
 
@@ -129,10 +129,10 @@ def _run(model_or_path: ModelArg, out, direction: Direction, the_pass: Any, keep
             raise UsageError("in_place needs a path")
         out = model_or_path
     if out is not None and is_path:
-        io.no_overwrite_of_input(model_or_path, out, in_place)
+        storage.no_overwrite_of_input(model_or_path, out, in_place)
     # A model object is left as it was: the rewrite works on a copy (``report.model``), so
     # a refused conversion cannot leave the caller's model half-rewritten.
-    model = io.load(Path(model_or_path)) if is_path else \
+    model = storage.load(Path(model_or_path)) if is_path else \
         ir.serde.deserialize_model(ir.serde.serialize_model(model_or_path))
     source = str(model_or_path) if is_path else "<model>"
     original = load_for_check(model).proto if check else None
@@ -149,6 +149,6 @@ def _run(model_or_path: ModelArg, out, direction: Direction, the_pass: Any, keep
             raise IntegerCheckFailed(report)
     if out is not None:
         external = True if shard_size is not None else external_data
-        report.files = [str(p) for p in io.save(model, out, external=external,
+        report.files = [str(p) for p in storage.save(model, out, external=external,
                                                 shard_size=shard_size, callback=progress)]
     return report

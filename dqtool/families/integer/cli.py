@@ -119,10 +119,10 @@ def qoperator_cmd(app: App, model: str, check: bool, **writing: Any) -> None:
 
 def upgrade_to_qdq(app: App, model: str, out: str | None, in_place: bool, as_json: bool):
     """``upgrade --to-qdq``: integer operators into QDQ (as ``dqtool qdq``), in memory."""
-    from dqtool import io
+    from dqtool import storage
     from dqtool.families.integer import api
 
-    io.no_overwrite_of_input(model, model if in_place else out, in_place)
+    storage.no_overwrite_of_input(model, model if in_place else out, in_place)
     try:
         report = api.to_qdq(model)
     except api.IntegerConversionRefused as e:

@@ -9,9 +9,9 @@ import re
 from dqtool import versions
 from dqtool.codecs import onnx_std
 from dqtool.errors import UsageError
-from dqtool.io import MAX_ONNX_OPSET
 from dqtool.linting.targets.base import Candidate, Profile, Target, or_fold, to_ai_onnx_fix
 from dqtool.spec import QuantSpec
+from dqtool.storage import MAX_ONNX_OPSET
 
 _WIDENED = frozenset({"int4", "uint4", "int2", "uint2", "int16", "uint16"})
 

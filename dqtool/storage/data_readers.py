@@ -41,10 +41,10 @@ def locations(model_file: Path) -> set[str]:
     import onnx
     from onnx import external_data_helper
 
-    from dqtool import inline_load
+    from dqtool.storage import inline_read
 
     try:
-        lean = inline_load.read(model_file)
+        lean = inline_read.read(model_file)
         proto = lean[0] if lean is not None else onnx.load_model(
             str(model_file), load_external_data=False)
         tensors = list(external_data_helper._get_all_tensors(proto))

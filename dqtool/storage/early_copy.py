@@ -4,7 +4,7 @@ An upgrade or downgrade of a large inline model rewrites a few hundred bytes of 
 copies the rest. Started before the command imports NumPy, onnx and onnx_ir (a few tenths
 of a second), a kernel copy of the whole input into the save's temporary folder overlaps
 that start-up; the save then keeps every tensor already at its place in the copy and
-writes only what differs (``inline_save.write``), or, if too little matches, discards the
+writes only what differs (``inline_write.write``), or, if too little matches, discards the
 copy. Standard library only: importing this module costs nothing.
 """
 
@@ -80,7 +80,7 @@ def start(src: str | os.PathLike, out: str | os.PathLike | None) -> None:
         if not parent.is_dir() or (os.path.lexists(out_path)
                                    and not os.path.isfile(out_path)):
             return
-        from dqtool import commit
+        from dqtool.storage import commit
 
         temp = commit.Temp(parent, out_path.name)
     except (OSError, ValueError):

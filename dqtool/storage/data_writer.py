@@ -21,7 +21,7 @@ from pathlib import Path
 
 import onnx_ir as ir
 
-from dqtool.pieces import WRITE_PIECE, as_bytes, write_in_pieces, write_tensor
+from dqtool.storage.write_pieces import WRITE_PIECE, as_bytes, write_in_pieces, write_tensor
 
 # onnx_ir's default: smaller tensors stay in the protobuf.
 SIZE_THRESHOLD = 256
@@ -68,7 +68,7 @@ def _write(tensor: ir.TensorProtocol, f, offset: int) -> int:
         length = tensor.length if tensor.length is not None else tensor.nbytes
         _copy_range(tensor.path, tensor.offset or 0, length, f, offset)
     else:
-        write_tensor(tensor, f)  # in pieces (dqtool.pieces)
+        write_tensor(tensor, f)  # in pieces (dqtool.storage.write_pieces)
     return f.tell() - offset
 
 
@@ -101,8 +101,8 @@ def _reserve(f, path: Path, offset: int, length: int) -> None:
 class _TakingTurns:
     """A writer thread's data file: its descriptor (``fd``, the thread's own, closed by the
     thread) and a position kept here. Writes go to the position with ``pwrite``, in pieces
-    (dqtool.pieces), each in its turn on ``lock``. ``native_turn``: the handle of the lock
-    when it is the compiled helper's (``dqtool.native.Turn``), which a weight streamed in
+    (dqtool.storage.write_pieces), each in its turn on ``lock``. ``native_turn``: the handle of the
+    lock when it is the compiled helper's (``dqtool.native.Turn``), which a weight streamed in
     C takes around its own writes; else None.
 
     Why not a buffered file: each of its seek() and tell() calls was an lseek, and each
@@ -111,15 +111,15 @@ class _TakingTurns:
     measured: 6,100 lseeks in an `upgrade` of the 1.8 GB bench model)."""
 
     streams_to_fd = True  # an OS file underneath: C may pwrite to its descriptor
-    writes_in_pieces = True  # (dqtool.pieces) hand it whole buffers
+    writes_in_pieces = True  # (dqtool.storage.write_pieces) hand it whole buffers
 
     def __init__(self, fd: int, lock) -> None:
         self._fd, self._lock, self._pos = fd, lock, 0
         self.native_turn = getattr(lock, "handle", None)
 
     def write(self, data) -> int:
-        """In pieces (dqtool.pieces): a large buffer in one call of the compiled helper,
-        which takes the turn (the lock) once for all its pieces, without the GIL or the
+        """In pieces (dqtool.storage.write_pieces): a large buffer in one call of the compiled
+        helper, which takes the turn (the lock) once for all its pieces, without the GIL or the
         interpreter per piece; else piece by piece here, each in its own turn."""
         from dqtool import native
 

@@ -30,7 +30,7 @@ import onnx
 import onnx_ir as ir
 from onnx_ir import _core
 
-from dqtool.pieces import WRITE_PIECE, Pieces, write_tensor
+from dqtool.storage.write_pieces import WRITE_PIECE, Pieces, write_tensor
 
 # Tensors of at least this many bytes are streamed; smaller ones are serialized in place
 # (their bytes are cheaper than the bookkeeping).
@@ -258,7 +258,8 @@ def write(model: ir.Model, path: str | os.PathLike,
 
     from dqtool.kernel.parallel import num_threads
 
-    # Every write goes to the file in pieces (dqtool.pieces), small ones gathered up to one.
+    # Every write goes to the file in pieces (dqtool.storage.write_pieces), small ones
+    # gathered up to one.
     with open(Path(path), "r+b" if prefilled is not None else "wb",
               buffering=WRITE_PIECE) as raw, \
             ThreadPoolExecutor(num_threads(), thread_name_prefix="dqtool-copy") as pool:
@@ -323,9 +324,9 @@ def _in_place(placed: list[tuple[int, Segment]], copied: os.stat_result) -> set[
 def file_range(t: ir.TensorProtocol) -> tuple[str, int] | None:
     """(path, offset) of a tensor whose bytes, as written, are a byte range of a file:
     a tensor left in an inline model's file, or a little-endian external tensor."""
-    from dqtool import inline_load
+    from dqtool.storage import inline_read
 
-    if isinstance(t, inline_load.MappedTensor):
+    if isinstance(t, inline_read.MappedTensor):
         return t.path, t.offset
     if isinstance(t, ir.ExternalTensor) and sys.byteorder == "little" and (
             t.length is None or t.length == t.nbytes):
@@ -363,4 +364,4 @@ _NO_KERNEL_COPY = {errno.EXDEV, errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP, er
 
 
 def _write_payload(t: ir.TensorProtocol, f) -> None:
-    write_tensor(t, f)  # in pieces (dqtool.pieces)
+    write_tensor(t, f)  # in pieces (dqtool.storage.write_pieces)

@@ -1,5 +1,5 @@
 """Reading a constant's values without keeping its data file mapped (external data, or a
-large inline model's tensor left in its file: ``inline_load.MappedTensor``).
+large inline model's tensor left in its file: ``inline_read.MappedTensor``).
 
 onnx_ir memory-maps an external tensor and keeps every page it touched resident (and in
 the process's RSS) until the map is released; a conversion that reads hundreds of weights
@@ -20,7 +20,8 @@ import sys
 import numpy as np
 import onnx_ir as ir
 
-from dqtool import checked_files, graph, inline_load, types
+from dqtool import graph, types
+from dqtool.storage import checked_files, inline_read
 
 # From this many bytes a tensor is mapped rather than read.
 MAP_BYTES = 1 << 20
@@ -65,7 +66,7 @@ def file_range(t: ir.TensorProtocol) -> tuple[str | os.PathLike, int, int | None
     as long as the model lives: an inline model's pack held twice its weights in memory."""
     if isinstance(t, ir.ExternalTensor):
         return t.path, t.offset or 0, t.length
-    if isinstance(t, inline_load.MappedTensor):
+    if isinstance(t, inline_read.MappedTensor):
         return t.path, t.offset, t.length
     return None
 
@@ -112,7 +113,7 @@ def same_bytes(tensor: ir.TensorProtocol, dtype: ir.DataType, shape: tuple[int, 
     if isinstance(tensor, ir.ExternalTensor):
         return checked_files.external_like(tensor, tensor.offset, tensor.length, dtype,
                                            ir.Shape(shape))
-    if isinstance(tensor, (inline_load.MappedTensor, WidenedCodes)):
+    if isinstance(tensor, (inline_read.MappedTensor, WidenedCodes)):
         return tensor.retyped(dtype, ir.Shape(shape))
     if isinstance(tensor, ir.LazyTensor):  # made when it is needed, as the tensor would be
         return ir.LazyTensor(lambda: _bytes_as(tensor.tobytes(), dtype, shape, tensor.name),
@@ -213,7 +214,7 @@ class WidenedCodes(ir.LazyTensor):
     def __init__(self, path: str | os.PathLike, offset: int, bits: int, signed: bool,
                  shape: tuple[int, ...], name: str | None, keep: object = None) -> None:
         self.path, self.offset, self.bits, self.signed = path, offset, bits, signed
-        # The tensor read from, kept: a large inline model's (``inline_load.MappedTensor``)
+        # The tensor read from, kept: a large inline model's (``inline_read.MappedTensor``)
         # names its file by a descriptor (/proc/self/fd/N) that lives as long as its
         # source does; with the narrow tensor gone, the save read another file that took
         # the number (a downgrade failed or wrote wrong codes).
@@ -232,7 +233,7 @@ class WidenedCodes(ir.LazyTensor):
         return self._codes(0, self.count).reshape(tuple(int(d) for d in self.shape))
 
     def tofile(self, file) -> None:
-        from dqtool.pieces import piecewise
+        from dqtool.storage.write_pieces import piecewise
 
         write = piecewise(file)
         for start in range(0, self.count, self.BAND):

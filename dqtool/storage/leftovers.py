@@ -29,7 +29,7 @@ import shutil
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
-from dqtool import data_readers
+from dqtool.storage import data_readers
 
 try:
     import fcntl

@@ -27,9 +27,16 @@ import stat
 from collections.abc import Iterable
 from pathlib import Path
 
-from dqtool import data_readers
 from dqtool.errors import OutputError, UsageError
-from dqtool.leftovers import JOURNAL, TEMP_TAG, Temp, clean_leftovers, folder_lock, write_journal
+from dqtool.storage import data_readers
+from dqtool.storage.leftovers import (
+    JOURNAL,
+    TEMP_TAG,
+    Temp,
+    clean_leftovers,
+    folder_lock,
+    write_journal,
+)
 
 __all__ = ["TEMP_TAG", "Temp", "clean_leftovers", "commit", "data_name", "locations",
            "refuse_non_regular"]

@@ -20,7 +20,7 @@ import onnx
 import onnx_ir as ir
 from onnx_ir import _core
 
-from dqtool.inline_save import _varint as _encode_varint
+from dqtool.storage.inline_write import _varint as _encode_varint
 
 # Files smaller than this are parsed whole (nothing worth saving).
 MIN_FILE_BYTES = 1 << 20
