@@ -14,41 +14,19 @@ from collections.abc import Iterator
 
 import onnx_ir as ir
 
+from dqtool import wire
+
 # Field numbers (onnx.proto): ModelProto.graph 7, FunctionProto.value_info 12;
 # GraphProto.node 1, .value_info 13; NodeProto.attribute 5; AttributeProto.g 6, .graphs 11;
 # ValueInfoProto.name 1.
-_LEN = 2
 
-
-def _varint(buf, i: int) -> tuple[int, int]:
-    shift = result = 0
-    while True:
-        b = buf[i]
-        i += 1
-        result |= (b & 0x7F) << shift
-        if not b & 0x80:
-            return result, i
-        shift += 7
 
 
 def _fields(buf, start: int, end: int) -> Iterator[tuple[int, int, int]]:
     """(field number, start, end) of each length-delimited field in buf[start:end]."""
-    i = start
-    while i < end:
-        key, i = _varint(buf, i)
-        field, wire = key >> 3, key & 7
-        if wire == 0:
-            _, i = _varint(buf, i)
-        elif wire == 1:
-            i += 8
-        elif wire == 5:
-            i += 4
-        elif wire == _LEN:
-            n, i = _varint(buf, i)
-            yield field, i, i + n
-            i += n
-        else:  # groups: not used by ONNX
-            raise ValueError("unexpected wire type")
+    for number, wire_type, _, body, end_ in wire.fields(buf, start, end):
+        if wire_type == wire.LEN:
+            yield number, body, end_
 
 
 def _name(buf, start: int, end: int) -> str | None:

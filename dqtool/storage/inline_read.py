@@ -20,7 +20,8 @@ import onnx
 import onnx_ir as ir
 from onnx_ir import _core
 
-from dqtool.storage.inline_write import _varint as _encode_varint
+from dqtool import wire
+from dqtool.wire import Malformed
 
 # Files smaller than this are parsed whole (nothing worth saving).
 MIN_FILE_BYTES = 1 << 20
@@ -31,48 +32,6 @@ _MARK = b"\x00dqtool-in-file:"
 _GRAPH, _INITIALIZER, _RAW_DATA = 7, 5, 9  # ModelProto.graph, GraphProto.initializer, ...
 
 
-class Malformed(ValueError):
-    """The framing does not parse; the caller parses the file the ordinary way, which says
-    what is wrong."""
-
-
-def _varint(buf, pos: int, end: int) -> tuple[int, int]:
-    result = shift = 0
-    while True:
-        if pos >= end or shift > 63:
-            raise Malformed("bad varint")
-        b = buf[pos]
-        pos += 1
-        result |= (b & 0x7F) << shift
-        if b < 0x80:
-            return result, pos
-        shift += 7
-
-
-def _fields(buf, start: int, end: int):
-    """(number, wire type, field start, body start, field end) of each field."""
-    pos = start
-    while pos < end:
-        key, p = _varint(buf, pos, end)
-        number, wire = key >> 3, key & 7
-        body = p
-        if wire == 0:
-            _, p = _varint(buf, p, end)
-        elif wire == 1:
-            p += 8
-        elif wire == 5:
-            p += 4
-        elif wire == 2:
-            n, body = _varint(buf, p, end)
-            p = body + n
-        else:  # groups: not in onnx.proto
-            raise Malformed(f"wire type {wire}")
-        if p > end or number == 0:
-            raise Malformed("field past the end")
-        yield number, wire, pos, body, p
-        pos = p
-
-
 class _Scan:
     def __init__(self, buf) -> None:
         self.buf = buf
@@ -80,15 +39,15 @@ class _Scan:
 
     def _rebuilt(self, number: int, inner: list[bytes]) -> bytes:
         body = b"".join(inner)
-        return _encode_varint(number << 3 | 2) + _encode_varint(len(body)) + body
+        return wire.length_field(number, len(body)) + body
 
     def tensor(self, start: int, end: int) -> list[bytes] | None:
         parts, changed = [], False
-        for number, wire, f0, body, f1 in _fields(self.buf, start, end):
-            if number == _RAW_DATA and wire == 2 and f1 - body >= MIN_TENSOR_BYTES:
+        for number, kind, f0, body, f1 in wire.fields(self.buf, start, end):
+            if number == _RAW_DATA and kind == wire.LEN and f1 - body >= MIN_TENSOR_BYTES:
                 mark = _MARK + len(self.holes).to_bytes(8, "little")
                 self.holes[mark] = (body, f1 - body)
-                parts.append(_encode_varint(_RAW_DATA << 3 | 2) + _encode_varint(len(mark))
+                parts.append(wire.length_field(_RAW_DATA, len(mark))
                              + mark)
                 changed = True
             else:
@@ -97,8 +56,8 @@ class _Scan:
 
     def graph(self, start: int, end: int) -> list[bytes] | None:
         parts, changed = [], False
-        for number, wire, f0, body, f1 in _fields(self.buf, start, end):
-            inner = (self.tensor(body, f1) if number == _INITIALIZER and wire == 2
+        for number, kind, f0, body, f1 in wire.fields(self.buf, start, end):
+            inner = (self.tensor(body, f1) if number == _INITIALIZER and kind == wire.LEN
                      and f1 - body >= MIN_TENSOR_BYTES else None)
             if inner is None:
                 parts.append(self.buf[f0:f1])
@@ -109,8 +68,8 @@ class _Scan:
 
     def model(self, size: int) -> bytes | None:
         parts, changed = [], False
-        for number, wire, f0, body, f1 in _fields(self.buf, 0, size):
-            inner = self.graph(body, f1) if number == _GRAPH and wire == 2 else None
+        for number, kind, f0, body, f1 in wire.fields(self.buf, 0, size):
+            inner = self.graph(body, f1) if number == _GRAPH and kind == wire.LEN else None
             if inner is None:
                 parts.append(self.buf[f0:f1])
             else:

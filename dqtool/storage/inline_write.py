@@ -30,6 +30,7 @@ import onnx
 import onnx_ir as ir
 from onnx_ir import _core
 
+from dqtool import wire
 from dqtool.storage.write_pieces import WRITE_PIECE, Pieces, write_tensor
 
 # Tensors of at least this many bytes are streamed; smaller ones are serialized in place
@@ -128,15 +129,6 @@ def skeleton(model: ir.Model) -> tuple[onnx.ModelProto, dict[bytes, ir.TensorPro
     return proto, payloads
 
 
-def _varint(n: int) -> bytes:
-    out = bytearray()
-    while n > 0x7F:
-        out.append((n & 0x7F) | 0x80)
-        n >>= 7
-    out.append(n)
-    return bytes(out)
-
-
 def _length(segments: list[Segment]) -> int:
     return sum(s.length if isinstance(s, Payload) else len(s) for s in segments)
 
@@ -171,7 +163,7 @@ def segments(msg, payloads: dict[bytes, ir.TensorProtocol]) -> list[Segment] | N
         out: list[Segment] = []
         for fd, value in msg.ListFields():
             if fd.number == _RAW_DATA:
-                out.append(_varint(_RAW_DATA << 3 | 2) + _varint(tensor.nbytes))
+                out.append(wire.length_field(_RAW_DATA, tensor.nbytes))
                 out.append(Payload(tensor, tensor.nbytes))
             else:
                 out.append(_field_bytes(msg, fd, value))
@@ -199,14 +191,14 @@ def segments(msg, payloads: dict[bytes, ir.TensorProtocol]) -> list[Segment] | N
         if fd.number not in {n for n, _ in inner}:
             out.append(_field_bytes(msg, fd, value))
             continue
-        tag = _varint(fd.number << 3 | 2)
+        tag = wire.encode_varint(fd.number << 3 | wire.LEN)
         for i, item in enumerate(value if fd.is_repeated else [value]):
             found = inner.get((fd.number, i))
             if found is None:
                 body = item.SerializeToString()
-                out.append(tag + _varint(len(body)) + body)
+                out.append(tag + wire.encode_varint(len(body)) + body)
             else:
-                out.append(tag + _varint(_length(found)))
+                out.append(tag + wire.encode_varint(_length(found)))
                 out.extend(found)
     return out
 
