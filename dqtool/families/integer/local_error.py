@@ -37,7 +37,7 @@ import onnx_ir as ir
 from dqtool import graph
 from dqtool.checking import compare, float_steps, runners
 from dqtool.checking.models import with_outputs
-from dqtool.families.integer import ops
+from dqtool.families.integer import fused_back, ops
 
 
 @dataclass(frozen=True)
@@ -183,9 +183,7 @@ def fused_for_check(checked: onnx.ModelProto, original: onnx.ModelProto,
     with every optimization against the original on ``ORT_DISABLE_ALL``."""
     if _integer_count(checked) >= _integer_count(original):
         return None
-    from dqtool.families.integer.numerics import fused_run
-
-    return fused_run(original, checked, feeds)
+    return fused_back.fused_run(original, checked, feeds)
 
 
 def for_check(checked: onnx.ModelProto, original: onnx.ModelProto,

@@ -19,8 +19,8 @@ from typing import Any
 import numpy as np
 import onnx
 
-from dqtool.checking import against, compare, inputs, path_deviations, runners
-from dqtool.families.integer import local_error
+from dqtool.checking import against, compare, inputs, path_deviations
+from dqtool.families.integer import fused_back, local_error
 
 # An output with no quantization step (a float output of a dynamic model) is judged in
 # float terms: its largest difference within this fraction of its largest magnitude.
@@ -141,7 +141,7 @@ def judge(original: onnx.ModelProto, converted: onnx.ModelProto, seed: int = 0,
             continue
         for o in c.outputs:
             result.outputs.append(_verdict(c.runtime, o))
-    result.fused = fused_run(original, converted, feeds) if fused else None
+    result.fused = fused_back.fused_run(original, converted, feeds) if fused else None
     found = path_deviations.applicable(original, converted)
     if found:
         result.runtime_notes = path_deviations.describe(found) + \
@@ -172,26 +172,3 @@ def _verdict(runtime: str, o: compare.OutputComparison) -> dict[str, Any]:
             "off_by_more": o.off_by_more, "max_abs": o.max_abs, "max_rel": o.max_rel,
             "max_expected": expected, "mismatched": o.mismatched, "failure": o.failure,
             "within_budget": ok, "comparison": doc}
-
-
-def fused_run(original: onnx.ModelProto, converted: onnx.ModelProto,
-              feeds: Mapping[str, np.ndarray]) -> dict[str, Any]:
-    """The converted model on onnxruntime with every optimization (QDQ fusions on) against
-    the original on ORT_DISABLE_ALL."""
-    try:
-        import onnxruntime as ort
-
-        want = runners.run_ort(original, feeds)
-        so = ort.SessionOptions()
-        so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-        so.log_severity_level = 4
-        sess = ort.InferenceSession(converted.SerializeToString(), so,
-                                    providers=[runners.ORT_PROVIDER])
-        names = [o.name for o in sess.get_outputs()]
-        got = dict(zip(names, sess.run(names, feeds), strict=True))
-    except Exception as e:  # a runtime that cannot run it is a finding, reported
-        return {"identical": False, "mismatched": None, "error": str(e).splitlines()[0][:300]}
-    mismatched = sum(int(np.sum(np.asarray(got[k]) != np.asarray(v))) for k, v in want.items()
-                     if k in got)
-    return {"identical": mismatched == 0 and set(want) <= set(got), "mismatched": mismatched,
-            "error": None}
