@@ -16,9 +16,17 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from tools.fuzz import hostile_outputs, known  # noqa: E402
+from tools.fuzz import (  # noqa: E402
+    hostile_attributes,
+    hostile_names,
+    hostile_outputs,
+    hostile_paths,
+    known,
+    shared_data,
+)
 from tools.fuzz.campaign import Campaign  # noqa: E402
 from tools.fuzz.case import Case  # noqa: E402
+from tools.fuzz.observe import external_reads  # noqa: E402
 from tools.fuzz.run import Entry, judge, preload, run  # noqa: E402
 
 REGRESSIONS = sorted(p.parent for p in (REPO / "tests" / "fuzz_regressions").glob("*/case.json"))
@@ -81,6 +89,103 @@ def test_in_place_may_change_the_input_only_on_success():
     after = {**MODEL, "in/m.onnx": _file("new", 8)}
     assert judge(case, MODEL, after, 0, "")[0] == "clean"
     assert judge(case, MODEL, after, 2, "dqtool: error: in/m.onnx: x\n")[0] == "input-modified"
+
+
+# -- the checks of the hostile campaign of 2026-11: what is printed, what others read -------
+ERR = "dqtool: error: in/m.onnx: node "
+
+
+@pytest.mark.parametrize(("stdout", "stderr", "code"), [
+    (b"node n\x1b[31mred\n", "", 0),  # an escape sequence the terminal obeys
+    (b"node \xe2\x80\xaeevil\n", "", 0),  # U+202E, a bidi override
+    (b"node a\xe2\x80\x8db\n", "", 0),  # a zero-width joiner
+    (b"node a\x00b\n", "", 0),  # NUL
+    (b"node a\rb\n", "", 0),  # a carriage return
+    (b"node o\xff.onnx\n", "", 0),  # bytes that are not UTF-8
+    (b"", ERR + "'n\nTraceback (most recent call last):x'\n", 2),  # a forged line
+    (b"", ERR + "'a\x1b]0;title\x07'\n", 2),  # a title sequence, on stderr
+])
+def test_judge_raw_output_is_caught(stdout, stderr, code):
+    verdict, detail = judge(INSPECT, MODEL, MODEL, code, stderr, stdout=stdout)
+    assert verdict == "raw-control", (verdict, detail)
+    assert detail.isprintable()  # the report shows it escaped, never raw
+
+
+def test_judge_escaped_output_is_clean():
+    stdout = b"node n\\x1b[31m \\u202e \\x00 \\xff caf\xc3\xa9 \xe5\x90\x8d\n"
+    assert judge(INSPECT, MODEL, MODEL, 0, "", stdout=stdout) == ("clean", "")
+    # The forged header escaped is mid-line text, not a traceback (nor a raw line).
+    err = ERR + "'n\\nTraceback (most recent call last):x'\n"
+    assert judge(INSPECT, MODEL, MODEL, 2, err) == ("clean", "")
+
+
+def test_judge_json_output_must_parse():
+    case = Case("names", "k", ["inspect", "--json", "in/m.onnx"])
+    assert judge(case, MODEL, MODEL, 0, "", stdout=b'{"name": "\\u001b[31m"}\n')[0] == "clean"
+    assert judge(case, MODEL, MODEL, 0, "", stdout=b'{"name": ')[0] == "bad-json"
+    lint = Case("names", "k", ["lint", "--format", "sarif", "in/m.onnx"])
+    assert judge(lint, MODEL, MODEL, 1, "", stdout=b"[1, 2")[0] == "bad-json"
+
+
+def test_judge_expectations_and_a_missing_output():
+    refused = Case("paths", "k", ["inspect", "in/m.onnx"], expect="refused")
+    assert judge(refused, MODEL, MODEL, 0, "")[0] == "not-refused"
+    assert judge(refused, MODEL, MODEL, 2, "dqtool: error: in/m.onnx: x\n")[0] == "clean"
+    works = Case("paths", "k", ["inspect", "in/m.onnx"], expect="works")
+    assert judge(works, MODEL, MODEL, 2, "dqtool: error: in/m.onnx: x\n")[0] == "refused-valid"
+    assert judge(FOLD, MODEL, MODEL, 0, "")[0] == "output-missing"  # exit 0, nothing there
+    assert judge(FOLD, MODEL, {**MODEL, "out/o.onnx": _file("o", 9)}, 0, "")[0] == "clean"
+
+
+def _shared(tmp_path: Path, kind: str = "shared-named") -> tuple[Case, dict]:
+    case = shared_data.make(kind, 0, True)  # fold in/model.onnx -o out/x.onnx
+    case.materialize(tmp_path)
+    return case, external_reads(tmp_path, {"out/x.onnx"})
+
+
+def test_judge_other_models_data_removed_or_replaced(tmp_path):
+    case, reads = _shared(tmp_path)
+    assert any(model == "out/other.onnx" for model, *_ in reads)
+    assert all(model != "out/x.onnx" for model, *_ in reads)  # the output may change
+    data = tmp_path / "out" / "x.onnx.data"
+    data.write_bytes(data.read_bytes()[:100])  # replaced by the new output's data
+    after = {"out/x.onnx": _file("n")}
+    verdict, detail = judge(case, {}, after, 0, "", root=tmp_path, reads=reads)
+    assert verdict == "other-model-broken" and "out/other.onnx" in detail, detail
+    data.unlink()
+    assert judge(case, {}, after, 0, "", root=tmp_path, reads=reads)[0] == \
+        "other-model-broken"
+
+
+def test_judge_other_models_intact_is_clean(tmp_path):
+    case, reads = _shared(tmp_path, "fresh-name")
+    (tmp_path / "out" / "x.onnx").write_bytes(b"new output")
+    (tmp_path / "out" / "x.onnx.data").write_bytes(b"its data")
+    after = {"out/x.onnx": _file("n")}
+    assert judge(case, {}, after, 0, "", root=tmp_path, reads=reads) == ("clean", "")
+
+
+def test_a_case_with_bytes_that_are_not_utf8_round_trips(tmp_path):
+    out = os.fsdecode(b"out/o\xff\x1b.onnx")
+    case = Case("output", "not-utf8", ["fold", "in/m.onnx", "-o", out],
+                {"in/m.onnx": b"x", os.fsdecode(b"in/d\xfe.bin"): b"y"},
+                [("dir", os.fsdecode(b"out/d\xff"), "")], expect="works")
+    case.save(tmp_path / "r", "a failure")
+    assert "\\udcff" in (tmp_path / "r" / "case.json").read_text()
+    assert Case.load(tmp_path / "r") == case
+
+
+@pytest.mark.parametrize("make", [
+    lambda: hostile_paths.make("parent-link", 6),
+    lambda: hostile_paths.make("link-dotdot-escape", 0),
+    lambda: hostile_names.make("all", "everything", "weight", 1),
+    lambda: hostile_attributes.make("GatherBlockQuantized.bits=3", "nbits4", 0),
+    lambda: shared_data.make("shared-plain", 0, True),
+    lambda: hostile_outputs.make("not-utf8", 0, False),
+], ids=["parent-link", "escape", "names-json", "gbq-bits", "shared", "not-utf8"])
+def test_a_case_of_each_new_family_runs_clean(make):
+    outcome = run(make(), timeout=120)
+    assert outcome.verdict == "clean", (outcome.detail, outcome.stderr[-2000:])
 
 
 # -- real runs ---------------------------------------------------------------------------------

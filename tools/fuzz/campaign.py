@@ -11,12 +11,22 @@ from pathlib import Path
 
 from hypothesis import HealthCheck, Phase, given, seed, settings
 
-from tools.fuzz import hostile_data, hostile_outputs, mutate_bytes, mutate_structure
+from tools.fuzz import (
+    hostile_attributes,
+    hostile_data,
+    hostile_names,
+    hostile_outputs,
+    hostile_paths,
+    mutate_bytes,
+    mutate_structure,
+    shared_data,
+)
 from tools.fuzz.case import Case
 from tools.fuzz.known import known
 from tools.fuzz.run import Outcome, run
 
-FAMILIES = ("bytes", "structure", "external", "output")
+# The last four: the kinds of the hostile campaign of 2026-11 (docs/safety.md).
+FAMILIES = ("bytes", "structure", "external", "output", "paths", "names", "fused", "shared")
 
 
 @dataclass
@@ -35,6 +45,8 @@ def signature(case: Case, outcome: Outcome) -> str:
     mutation and the last line of the error without numbers."""
     detail = "".join(c for c in outcome.detail if not c.isdigit())[:120]
     kind = case.kind.split("@")[0].split(":")[0]
+    if outcome.verdict == "raw-control":  # the line quoted varies with the name: not it
+        detail = f"{case.argv[0]} {outcome.detail.split(' line ')[0]}"
     return f"{outcome.verdict}|{case.family}|{kind}|{detail}"
 
 
@@ -64,6 +76,11 @@ class Campaign:
             "bytes": mutate_bytes.cases(random.Random(seed_value * 4 + 0)),
             "external": hostile_data.cases(random.Random(seed_value * 4 + 1)),
             "output": hostile_outputs.cases(random.Random(seed_value * 4 + 2)),
+            # Seeds of their own (the first three keep theirs: old seeds replay as before).
+            "paths": hostile_paths.cases(random.Random(seed_value * 8 + 104)),
+            "names": hostile_names.cases(random.Random(seed_value * 8 + 105)),
+            "fused": hostile_attributes.cases(random.Random(seed_value * 8 + 106)),
+            "shared": shared_data.cases(random.Random(seed_value * 8 + 107)),
         }
         self._chunk = 0
         self.shrink_runs = 40  # runs hypothesis may spend shrinking one failure

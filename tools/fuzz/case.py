@@ -26,11 +26,15 @@ SENTINEL = "outside/sentinel.txt"
 
 @dataclass
 class Case:
-    family: str  # "bytes", "structure", "external", "output"
+    family: str  # one of campaign.FAMILIES
     kind: str  # what was done, e.g. "truncate", "cycle", "location-nul", "output-fifo"
     argv: list[str]
     files: dict[str, bytes] = field(default_factory=dict)
     special: list[Special] = field(default_factory=list)
+    # What the run must do besides being clean: "refused" (exit 2: the docs promise a
+    # refusal, e.g. a location escaping through a link, which may read without a trace),
+    # "works" (not exit 2: e.g. a model reached through a symlinked folder), "" (either).
+    expect: str = ""
 
     @property
     def label(self) -> str:
@@ -82,6 +86,8 @@ class Case:
         doc = {"family": self.family, "kind": self.kind, "argv": self.argv,
                "special": [list(s) for s in self.special], "failure": failure,
                "files": sorted(self.files)}
+        if self.expect:
+            doc["expect"] = self.expect
         for rel, data in self.files.items():
             p = folder / "files" / rel
             p.parent.mkdir(parents=True, exist_ok=True)
@@ -93,7 +99,7 @@ class Case:
         doc = json.loads((folder / "case.json").read_text())
         files = {rel: (folder / "files" / rel).read_bytes() for rel in doc["files"]}
         return cls(doc["family"], doc["kind"], list(doc["argv"]), files,
-                   [tuple(s) for s in doc["special"]])
+                   [tuple(s) for s in doc["special"]], doc.get("expect", ""))
 
 
 def restore_permissions(root: Path) -> None:

@@ -25,3 +25,19 @@ def for_model(model: str) -> list[list[str]]:
 
 WRITING = [i for i, argv in enumerate(for_model("m.onnx"))
            if argv[0] in ("fold", "upgrade", "downgrade")]
+
+
+def more(model: str) -> list[list[str]]:
+    """Every command and output format the newer families also run: JSON, SARIF and
+    GitHub lint output, check's JSON, and the writers that rewrite operators (pack, qdq,
+    qoperator), which read fused and integer operators' attributes."""
+    return [
+        *for_model(model),
+        ["lint", "--format", "sarif", model],
+        ["lint", "--format", "github", model],
+        ["lint", "--json", model],
+        ["check", "--json", model],
+        ["pack", model, "-o", OUT],
+        ["qdq", model, "--keep-unconvertible", "-o", OUT],
+        ["qoperator", model, "-o", OUT],
+    ]

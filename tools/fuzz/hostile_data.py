@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import random
 from collections.abc import Iterator
 from pathlib import Path
@@ -82,6 +83,16 @@ def build(kind: str, on_constant: bool = False) -> dict[str, bytes]:
     """The model with the first external tensor's metadata replaced as ``kind`` says;
     ``on_constant``: the tensor is first moved into a Constant node (read differently)."""
     entries, extra, _ = _variants()[kind]
+    files = with_entries(entries, on_constant)
+    files.update(extra)
+    return files
+
+
+def with_entries(entries: dict[str, str] | None, on_constant: bool = False,
+                 model: str = MODEL) -> dict[str, bytes]:
+    """The model (at ``model``) and its data, the first external tensor's metadata
+    replaced by ``entries`` (None: kept), that tensor moved into a Constant node if
+    ``on_constant``."""
     proto = onnx.load_model(str(BASE), load_external_data=False)
     tensor = proto.graph.initializer[0]
     if entries is not None:
@@ -94,10 +105,9 @@ def build(kind: str, on_constant: bool = False) -> dict[str, bytes]:
         del proto.graph.initializer[0]
         node = onnx.helper.make_node("Constant", [], [t.name], value=t)
         proto.graph.node.insert(0, node)
-    files = {MODEL: proto.SerializeToString(),
-             DATA: (BASE.parent / "model.onnx.data").read_bytes()}
-    files.update(extra)
-    return files
+    return {model: proto.SerializeToString(),
+            os.path.join(os.path.dirname(model), "model.onnx.data"):
+                (BASE.parent / "model.onnx.data").read_bytes()}
 
 
 def make(kind: str, argv_index: int, on_constant: bool = False) -> Case:

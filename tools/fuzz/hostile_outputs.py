@@ -3,6 +3,7 @@ places, in-place runs on a model that is a symlink."""
 
 from __future__ import annotations
 
+import os
 import random
 from collections.abc import Iterator
 from pathlib import Path
@@ -38,6 +39,15 @@ TARGETS: dict[str, tuple[str, list]] = {
     "output-is-input-data": ("in/model.onnx.data", []),
     "empty-name": ("", []),
     "dot": (".", []),
+    # Names whose bytes are not UTF-8 (argv holds bytes; Python gives them as lone
+    # surrogates, as os.fsdecode does): written under exactly that name, or refused in one
+    # line with nothing written (hostile campaign of 2026-11).
+    "not-utf8": (os.fsdecode(b"out/o\xff.onnx"), []),
+    "not-utf8-controls": (os.fsdecode(b"out/o\xfe\x1b[2J\n\xe2\x80\xae.onnx"), []),
+    "not-utf8-folder": (os.fsdecode(b"out/d\xff/o.onnx"), [("dir", os.fsdecode(b"out/d\xff"),
+                                                          "")]),
+    "not-utf8-missing-folder": (os.fsdecode(b"out/n\xff/o.onnx"), []),
+    "not-utf8-truncated": (os.fsdecode(b"out/o\xe2\x80.onnx"), []),  # a cut 3-byte sequence
 }
 # (No NUL in an output name: execve cannot pass one in argv, so no user can type it.)
 VERBS = [["fold"], ["fold", "--external-data"], ["upgrade", "--opset", "21"],

@@ -11,7 +11,14 @@ A run is judged clean only if all of these hold:
 - the input is never modified (except by ``--in-place`` on success);
 - nothing outside the output's folder is created, changed or removed, and nothing that is
   not a regular file (a device, FIFO, socket, directory, a symlink to one) is replaced;
-- no temporary folder (``.NAME.XXXX``) is left behind by a run that ended.
+- no temporary folder (``.NAME.XXXX``) is left behind by a run that ended;
+- what it prints (stdout and stderr) is UTF-8 holding no character ``str.isprintable``
+  refuses but the newline, and no line starting ``Traceback`` that Python did not print
+  (a hostile name printed raw): verdict "raw-control"; JSON output parses ("bad-json");
+- a writer that succeeds leaves its output where it was named ("output-missing"), and
+  every other model in the sandbox still reads the external data it read before
+  ("other-model-broken": a save that removed or replaced a data file another model reads);
+- a case that says what it expects gets it: "refused" (exit 2) or "works" (not exit 2).
 """
 
 from __future__ import annotations
@@ -32,6 +39,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tools.fuzz.case import Case, restore_permissions
+from tools.fuzz.observe import (
+    bad_json,
+    broken_reads,
+    external_reads,
+    is_traceback,
+    json_mode,
+    raw_output,
+    visible,
+)
 
 # Every command is expected to stay within this much address space on the harness's small
 # models: a run that needs more is a memory blow-up (a declared size trusted, a huge
@@ -101,7 +117,9 @@ def snapshot(root: Path) -> dict[str, Entry]:
 
 
 # -- what a command may touch -------------------------------------------------------------
-WRITERS = ("fold", "upgrade", "downgrade")
+WRITERS = ("fold", "upgrade", "downgrade", "pack", "qdq", "qoperator")
+# Exit 1 of these means refused, nothing written (fold's exit 1 still writes; pack has none).
+REFUSERS = ("upgrade", "downgrade", "qdq", "qoperator")
 
 
 def _output_folder(argv: list[str]) -> str | None:
@@ -120,7 +138,7 @@ def _output_folder(argv: list[str]) -> str | None:
 _VALUED = {"-o", "--output", "--opset", "--against", "--target", "--select", "--ignore",
            "--format", "--dtype", "--op-types", "--include", "--exclude", "--x-types",
            "--min-elements", "--shard-size", "--rtol", "--atol", "--seed", "--shape",
-           "--inputs"}
+           "--inputs", "--accuracy-level", "--zero-points"}
 
 
 def _model_arg(argv: list[str]) -> str:
@@ -144,7 +162,8 @@ def _file_args(argv: list[str]) -> set[str]:
             paths.append(argv[argv.index(flag) + 1])
     if argv and argv[0] == "lint":
         paths += [a for a in argv[1:] if a.endswith(".onnx")]
-    return {p for p in paths} | {os.path.normpath(p) for p in paths}
+    named = {p for p in paths} | {os.path.normpath(p) for p in paths}
+    return named | {visible(p) for p in named}  # as dqtool shows a path it cannot print
 
 
 def _under(rel: str, folder: str) -> bool:
@@ -152,16 +171,51 @@ def _under(rel: str, folder: str) -> bool:
 
 
 def judge(case: Case, before: dict[str, Entry], after: dict[str, Entry], code: int | None,
-          stderr: str, out_folder: str | None = None) -> tuple[str, str]:
+          stderr: str, out_folder: str | None = None, *, stdout: bytes = b"",
+          raw_stderr: bytes | None = None, root: Path | None = None,
+          reads: dict | None = None) -> tuple[str, str]:
     """The verdict and its detail. ``out_folder``: the output's folder with symbolic links
-    resolved (relative to the sandbox), when it differs from the one named."""
+    resolved (relative to the sandbox), when it differs from the one named. ``stdout`` and
+    ``raw_stderr``: the bytes printed (``stderr`` is their text). ``reads``: what the
+    models of the sandbox ``root`` read before the run (``observe.external_reads``)."""
+    printed = _printed(case, code, stderr, stdout,
+                       stderr.encode("utf-8", "surrogateescape") if raw_stderr is None
+                       else raw_stderr)
+    if printed is not None:
+        return printed
+    if case.expect == "refused" and code != 2:
+        return "not-refused", f"exit {code}: the case must be refused (exit 2)"
+    if case.expect == "works" and code == 2:
+        return "refused-valid", visible(stderr.strip())[:300]
+    changed = _changes(case.argv, before, after, code, out_folder)
+    if changed is not None:
+        return changed
+    missing = _output_missing(case.argv, before, after, code, out_folder)
+    if missing is not None:
+        return "output-missing", missing
+    if root is not None and reads:
+        broken = broken_reads(root, reads)
+        if broken is not None:
+            return "other-model-broken", broken
+    return "clean", ""
+
+
+def _printed(case: Case, code: int | None, stderr: str, stdout: bytes,
+             raw_stderr: bytes) -> tuple[str, str] | None:
+    """The verdict on what the run printed and how it exited, or None if that is clean."""
     argv = case.argv
     lines = [line for line in stderr.splitlines() if line.strip()]
-    if "Traceback (most recent call last)" in stderr:
+    if is_traceback(stderr):
         last = lines[-1] if lines else ""
         return "traceback", last[:300]
     if code not in (0, 1, 2):
         return "bad-exit", f"exit {code}: {lines[-1][:300] if lines else ''}"
+    for stream, name in ((stdout, "stdout"), (raw_stderr, "stderr")):
+        raw = raw_output(stream, name)
+        if raw is not None:
+            return "raw-control", raw
+    if json_mode(argv) and (problem := bad_json(stdout)) is not None:
+        return "bad-json", problem
     if code == 2:
         if len(lines) != 1:
             return "multi-line-error", " | ".join(lines)[:400]
@@ -175,10 +229,16 @@ def judge(case: Case, before: dict[str, Entry], after: dict[str, Entry], code: i
         stray = [line for line in lines if not OWN_LINE.match(line)]
         if stray:
             return "stray-stderr", " | ".join(stray)[:400]
+    return None
+
+
+def _changes(argv: list[str], before: dict[str, Entry], after: dict[str, Entry],
+             code: int | None, out_folder: str | None) -> tuple[str, str] | None:
+    """The verdict on what the run created, changed or removed, or None if allowed."""
     out = out_folder if out_folder is not None else _output_folder(argv)
     model_folder = os.path.dirname(_model_arg(argv)) or "."
     in_place_ok = "--in-place" in argv and code in (0, 1)
-    refused = code == 2 or (code == 1 and argv[0] in ("upgrade", "downgrade"))
+    refused = code == 2 or (code == 1 and argv[0] in REFUSERS)
     for rel, old in before.items():
         new = after.get(rel)
         if new == old:
@@ -202,7 +262,38 @@ def judge(case: Case, before: dict[str, Entry], after: dict[str, Entry], code: i
             return "written-on-refusal", f"{rel} created (exit {code})"
         if os.path.basename(rel).startswith("."):
             return "leftover-temp", f"{rel} left behind"
-    return "clean", ""
+    return None
+
+
+def output_name(argv: list[str]) -> str | None:
+    """The output a writer names (``-o``, or the model itself with ``--in-place``)."""
+    if not argv or argv[0] not in WRITERS or "--dry-run" in argv:
+        return None
+    if "--in-place" in argv:
+        return _model_arg(argv)
+    for flag in ("-o", "--output"):
+        if flag in argv and argv.index(flag) + 1 < len(argv):
+            return argv[argv.index(flag) + 1]
+    return None
+
+
+def _output_missing(argv: list[str], before: dict[str, Entry], after: dict[str, Entry],
+                    code: int | None, out_folder: str | None) -> str | None:
+    """A writer that reports success (exit 0; fold's exit 1 writes too) must leave a file
+    at the name it was given, not under another (a mangled name that is not UTF-8)."""
+    name = output_name(argv)
+    wrote = code == 0 or (code == 1 and argv[0] not in REFUSERS)
+    if name is None or not wrote or name in ("", ".") or name.endswith("/"):
+        return None
+    folder = out_folder if out_folder is not None else os.path.dirname(name) or "."
+    rel = os.path.normpath(os.path.join(folder, os.path.basename(name)))
+    old = before.get(rel)
+    if old is not None and old.kind == "dir":
+        return None  # what a folder given as the output means is not the judge's to say
+    new = after.get(rel)
+    if new is None or not (new.kind == "file" or new.target_kind == "file"):
+        return f"{visible(rel)} is {new.kind if new else 'not there'} after exit {code}"
+    return None
 
 
 # -- running -------------------------------------------------------------------------------
@@ -303,6 +394,7 @@ def run(case: Case, timeout: float = 30.0, fork: bool = True,
     try:
         case.materialize(root)
         before = snapshot(root)
+        reads = external_reads(root, _skipped(root, case.argv))
         out_path, err_path = base / "stdout", base / "stderr"
         start = time.monotonic()
         if fork:
@@ -313,7 +405,8 @@ def run(case: Case, timeout: float = 30.0, fork: bool = True,
         else:
             code, sig, hung = _subprocess(case.argv, root, out_path, err_path, timeout)
         seconds = time.monotonic() - start
-        stderr = err_path.read_text(errors="replace") if err_path.exists() else ""
+        raw_err = err_path.read_bytes() if err_path.exists() else b""
+        stderr = raw_err.decode("utf-8", "replace")
         if hung:
             return Outcome("hang", f"no exit after {timeout:.0f} s", None, stderr, seconds)
         if sig is not None:
@@ -321,13 +414,29 @@ def run(case: Case, timeout: float = 30.0, fork: bool = True,
                            seconds)
         restore_permissions(root)
         verdict, detail = judge(case, before, snapshot(root), code, stderr,
-                                _resolved(root, _output_folder(case.argv)))
-        return Outcome(verdict, detail, code, stderr, seconds)
+                                _resolved(root, _output_folder(case.argv)),
+                                stdout=out_path.read_bytes() if out_path.exists() else b"",
+                                raw_stderr=raw_err, root=root, reads=reads)
+        # The sandbox's random name out (one bug, one signature), then escaped: the report
+        # must not do to the terminal what it caught dqtool doing.
+        for name in {str(root), os.path.realpath(root)}:
+            detail = detail.replace(name, "<sandbox>")
+        return Outcome(verdict, visible(detail), code, stderr, seconds)
     finally:
         restore_permissions(base)
         if keep is not None:
             shutil.copytree(base, keep, symlinks=True, dirs_exist_ok=True)
         shutil.rmtree(base, ignore_errors=True)
+
+
+def _skipped(root: Path, argv: list[str]) -> set[str]:
+    """The command's output, under every name the sandbox's walk may give it: it is the
+    one model whose data may change."""
+    name = output_name(argv)
+    if name is None:
+        return set()
+    real = os.path.realpath(root / name)
+    return {name, os.path.normpath(name), os.path.relpath(real, os.path.realpath(root))}
 
 
 def _resolved(root: Path, folder: str | None) -> str | None:
