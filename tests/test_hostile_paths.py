@@ -169,3 +169,25 @@ def test_reads_after_the_check_go_to_the_file_checked(tmp_path):
     assert res.returncode == 0, res.stderr  # a fresh run reads what is there now
     got = storage.load(out).graph.initializers
     assert len(got) == 1
+
+
+def test_a_file_used_as_a_folder_before_dotdot_is_refused(tmp_path):
+    """'w.bin/../w.bin': realpath takes the file for a folder; the system does not."""
+    folder = tmp_path / "model"
+    folder.mkdir()
+    path = _external_model(folder, "w.bin/../w.bin", DATA)
+    with pytest.raises(InputError, match="cannot be opened: Not a directory"):
+        storage.load(path)
+
+
+@pytest.mark.parametrize("location", ["loop", "w\0.bin"])
+def test_in_place_with_a_location_that_cannot_resolve_is_one_line(tmp_path, location):
+    folder = tmp_path / "model"
+    folder.mkdir()
+    if location == "loop":
+        (folder / "loop").symlink_to("loop")
+    path = _external_model(folder, location, DATA)
+    res = subprocess.run([sys.executable, "-m", "dqtool", "fold", str(path), "--in-place"],
+                         capture_output=True, text=True)
+    assert res.returncode == 2, res.stderr
+    assert res.stderr.count("\n") == 1 and res.stderr.startswith("dqtool: error: ")

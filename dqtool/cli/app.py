@@ -148,7 +148,7 @@ def _data_files(model: str) -> set[Path]:
     path = Path(model)
     try:
         return {(path.parent / loc).resolve() for loc in commit.locations(path)}
-    except OSError:
+    except (OSError, RuntimeError, ValueError):  # a link loop, a NUL: nothing to say
         return set()
 
 

@@ -89,6 +89,14 @@ def _data_file(path: Path, base: Path, loc: str, name: str) -> tuple[Path, int]:
     if not target.is_file():
         raise InputError(f"{path}: external data '{loc}' of tensor '{name}' is missing")
     st = target.stat()
+    try:  # the name as the system resolves it: realpath takes 'w.bin/..' for a folder
+        raw = os.stat(base / loc)
+    except OSError as e:
+        raise InputError(f"{path}: external data '{loc}' of tensor '{name}' cannot be "
+                         f"opened: {e.strerror or e}") from None
+    if (raw.st_dev, raw.st_ino) != (st.st_dev, st.st_ino):
+        raise InputError(f"{path}: external data '{loc}' changed while it was checked; "
+                         "nothing was read")
     if st.st_nlink > 1:
         raise InputError(f"{path}: external data '{loc}' has {st.st_nlink} "
                          "hard links; hard-linked data is refused (a hard link can "

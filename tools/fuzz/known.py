@@ -19,17 +19,6 @@ KNOWN: dict[tuple[str, str, str], str] = {
     # -o NAME not UTF-8 with external data: the data file's location cannot be serialized
     # (onnx_ir SerdeError).
     ("output", "not-utf8", "traceback"): _FOUND,
-    # fold --in-place on a model whose location is a symlink loop (pathlib's RuntimeError
-    # "Symlink loop") or holds NUL (ValueError "embedded null byte" from realpath).
-    ("paths", "loop-", "traceback"): _FOUND,
-    ("external", "location-nul", "traceback"): _FOUND,
-    ("names", "location:nul@", "traceback"): _FOUND,
-    ("names", "location:all@", "traceback"): _FOUND,
-    ("names", "everything:nul@external", "traceback"): _FOUND,
-    ("names", "everything:all@external", "traceback"): _FOUND,
-    # 'model.onnx.data/../model.onnx.data' is read (exit 0), though the operating system
-    # opens no such path (a file is no folder): docs/safety.md resolves as it does.
-    ("paths", "missing-dotdot-existing-file", "not-refused"): _FOUND,
 }
 
 SEEN: set[tuple[str, str, str]] = set()  # entries some run of this process matched
