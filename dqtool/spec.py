@@ -8,7 +8,10 @@ Reading never raises for a broken node: what is wrong is kept in ``problems``.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Literal
+from typing import TYPE_CHECKING, Literal, Protocol
+
+if TYPE_CHECKING:
+    import onnx_ir as ir
 
 
 def op_id(domain: str, op_type: str, version: int | None) -> str:
@@ -118,3 +121,14 @@ class QuantSpec(HasProblems):
 
     def attribute(self, name: str, default: object = None) -> object:
         return dict(self.attributes).get(name, default)
+
+
+class Codec(Protocol):
+    """Reads one encoding of a (de)quantization node into a ``QuantSpec`` (the codecs are
+    in ``dqtool.codecs``; operator families name theirs to the registry)."""
+
+    domain: str  # as reports spell it: "ai.onnx", "com.microsoft", "opmx", "pmx"
+    op: str
+    since_version: int
+
+    def read(self, node: ir.Node, version: int) -> QuantSpec: ...

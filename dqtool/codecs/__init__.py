@@ -11,8 +11,7 @@ import bisect
 import onnx_ir as ir
 
 from dqtool import families, graph
-from dqtool.codecs.base import Codec
-from dqtool.spec import P_NO_IMPORT, P_VERSION, Problem, QuantSpec
+from dqtool.spec import P_NO_IMPORT, P_VERSION, Codec, Problem, QuantSpec
 
 QUANT_OPS = frozenset({"DequantizeLinear", "QuantizeLinear"})
 

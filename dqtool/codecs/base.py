@@ -3,23 +3,19 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Protocol
 
 import numpy as np
 import onnx_ir as ir
 
 from dqtool import graph, types
-from dqtool.spec import P_ATTR, P_INPUTS, P_INT32_ZP, P_ZP, P_ZP_VALUE, Problem, QuantSpec
-
-
-class Codec(Protocol):
-    """Reads one encoding of a (de)quantization node into a ``QuantSpec``."""
-
-    domain: str  # as reports spell it: "ai.onnx", "com.microsoft", "opmx", "pmx"
-    op: str
-    since_version: int
-
-    def read(self, node: ir.Node, version: int) -> QuantSpec: ...
+from dqtool.spec import (
+    P_ATTR,
+    P_INPUTS,
+    P_INT32_ZP,
+    P_ZP,
+    P_ZP_VALUE,
+    Problem,
+)
 
 
 @dataclass(frozen=True)

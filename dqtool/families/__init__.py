@@ -21,11 +21,12 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from dqtool.families.base import (
     CheckSupport,
     Command,
+    ConverterTable,
     ConvertStep,
     Family,
     FoldKernel,
@@ -34,10 +35,7 @@ from dqtool.families.base import (
     Kernel,
     Key,
 )
-
-if TYPE_CHECKING:
-    from dqtool.codecs.base import Codec
-    from dqtool.convert.registry import Registry
+from dqtool.spec import Codec
 
 __all__ = [
     "BUILTIN",
@@ -158,7 +156,7 @@ def evaluator_ops() -> list[type[Any]]:
             for op in f.evaluator_ops()]
 
 
-def fill_converters(reg: Registry) -> Registry:
+def fill_converters(reg: ConverterTable) -> ConverterTable:
     """Register every family's adapters into ``reg``."""
     for family in all_families():
         if family.converters is not None:

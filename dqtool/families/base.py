@@ -14,7 +14,7 @@ Each capability is optional (``None``: the family does not offer it):
   belongs to the family when its (domain, op_type) appears here; the since-versions say
   which versions exist.
 - ``codecs``: read → description. A callable returning the codecs
-  (``dqtool.codecs.base.Codec``) that read a node into a ``QuantSpec``; they join
+  (``dqtool.spec.Codec``) that read a node into a ``QuantSpec``; they join
   ``dqtool.codecs.REGISTRY``.
 - ``evaluator_ops``: a callable returning ``onnx.reference.op_run.OpRun`` subclasses (class
   name = op type, ``op_domain`` = domain) that ``dqtool.reference_evaluator`` runs these
@@ -79,16 +79,38 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
+from dqtool.spec import Codec, QuantSpec
+
 if TYPE_CHECKING:
     import numpy as np
     import onnx_ir as ir
 
-    from dqtool.codecs.base import Codec
-    from dqtool.convert.registry import Registry
-    from dqtool.folding.compute import Step
-    from dqtool.spec import QuantSpec
-
 Key = tuple[str, str, int]  # (domain, op_type, since_version); ai.onnx is "ai.onnx"
+
+
+class FoldCall(Protocol):
+    """One kernel call of a fold, as the fold pass plans it (``dqtool.folding.compute``'s
+    ``Step``): the kernel's name and the node's quantization parameters."""
+
+    kind: str
+    scale: ir.TensorProtocol
+    zero_point: ir.TensorProtocol | None
+    axis: int
+    block_size: int
+    granularity: str | None
+    norm_axis: int | None
+    output_dtype: np.dtype | None
+    saturate: bool
+    opmx: tuple[tuple[str, Any], ...]
+
+
+class ConverterTable(Protocol):
+    """Where a family registers its conversion adapters (``dqtool.convert.registry``'s
+    ``Registry``): ``register(domain, op, versions, direction)`` decorates an adapter."""
+
+    def register(self, domain: str, op: str, versions: int | Iterable[int],
+                 direction: str, *, widening: bool = False
+                 ) -> Callable[[Callable[..., Any]], Callable[..., Any]]: ...
 
 
 class FoldKernel(Protocol):
@@ -99,21 +121,21 @@ class FoldKernel(Protocol):
     sliceable: bool
 
     def __call__(self, x: np.ndarray, scale: np.ndarray, zero_point: np.ndarray | None,
-                 step: Step) -> np.ndarray: ...
+                 step: FoldCall) -> np.ndarray: ...
 
 
 @dataclass(frozen=True)
 class Kernel:
     """A ``FoldKernel`` from a plain function."""
 
-    run: Callable[[np.ndarray, np.ndarray, np.ndarray | None, Step], np.ndarray]
+    run: Callable[[np.ndarray, np.ndarray, np.ndarray | None, FoldCall], np.ndarray]
     sliceable: bool = True
     # each value depends only on its own code and its group's parameters (DequantizeLinear):
     # narrow codes may then be computed by table (dqtool.folding.by_table)
     elementwise: bool = False
 
     def __call__(self, x: np.ndarray, scale: np.ndarray, zero_point: np.ndarray | None,
-                 step: Step) -> np.ndarray:
+                 step: FoldCall) -> np.ndarray:
         return self.run(x, scale, zero_point, step)
 
 
@@ -139,7 +161,7 @@ class FoldSupport:
 
     roots: frozenset[str]
     kernels: Mapping[str, FoldKernel]
-    step: Callable[[ir.Node, QuantSpec, np.dtype | None], Step]
+    step: Callable[[ir.Node, QuantSpec, np.dtype | None], FoldCall]
     replace: Callable[[ir.Node, ir.Value], Sequence[ir.Node]] | None = None
     shape: Callable[[tuple[int, ...], QuantSpec], tuple[int, ...]] | None = None
     weight_input: int = 0
@@ -262,7 +284,7 @@ class Family:
     fold_prepare: Callable[[ir.Model, Any, np.dtype | None],
                            tuple[list[str], list[tuple[str, str]], list[str], list[Any]]
                            ] | None = None
-    converters: Callable[[Registry], None] | None = None
+    converters: Callable[[ConverterTable], None] | None = None
     prunable: frozenset[str] = frozenset()
     lint_facts: Mapping[str, str] = field(default_factory=dict)
     lint_modules: tuple[str, ...] = ()
