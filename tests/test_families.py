@@ -220,9 +220,9 @@ class ScaledMatMul(OpRun):
 
 def _scaled_step(node: ir.Node, spec: QuantSpec, out):
     from dqtool import graph
-    from dqtool.folding.compute import Step
+    from dqtool.folding.kernel_call import KernelCall
 
-    return Step(kind="scaled", scale=graph.constant_tensor(graph.input_value(node, 2)),
+    return KernelCall(kind="scaled", scale=graph.constant_tensor(graph.input_value(node, 2)),
                 zero_point=None, axis=0, block_size=0, granularity="per-tensor",
                 norm_axis=None, output_dtype=out)
 

@@ -11,7 +11,7 @@ from dqtool import native, types
 from dqtool.families import fold_kernel
 from dqtool.families.fused import packing
 from dqtool.folding import by_table
-from dqtool.folding.compute import Step
+from dqtool.folding.kernel_call import KernelCall
 
 pytestmark = pytest.mark.skipif(native.transpose_fn() is None,
                                 reason="the compiled helper is off: no table path")
@@ -38,8 +38,8 @@ def _has_avx512bw() -> bool:
 
 
 def _step(granularity: str, axis: int, block: int, scale: np.ndarray,
-          output_dtype=None) -> Step:
-    return Step(kind="dq", scale=None, zero_point=None, axis=axis,  # type: ignore[arg-type]
+          output_dtype=None) -> KernelCall:
+    return KernelCall(kind="dq", scale=None, zero_point=None, axis=axis,  # type: ignore[arg-type]
                 block_size=block, granularity=granularity, norm_axis=axis,
                 output_dtype=output_dtype, kernel=fold_kernel("dq"))
 
@@ -105,7 +105,7 @@ def test_what_it_does_not_take_is_left_to_the_kernel():
     i4 = i8.astype(ml_dtypes.int4)
     assert by_table.dequantize(small, i4, np.ones((8, 16), np.float32), None,
                                np.dtype(np.float32)) is None
-    q = Step(kind="q", scale=None, zero_point=None, axis=0,  # type: ignore[arg-type]
+    q = KernelCall(kind="q", scale=None, zero_point=None, axis=0,  # type: ignore[arg-type]
              block_size=32, granularity="blocked", norm_axis=0, kernel=fold_kernel("q"))
     assert by_table.dequantize(q, i4, scale, None, np.dtype(np.float32)) is None
     assert by_table.dequantize(step, i4.reshape(2, 64, 16), scale, None,

@@ -16,6 +16,7 @@ from onnx import helper as h
 from dqtool import kernel
 from dqtool.errors import UsageError
 from dqtool.folding import compute, fold
+from dqtool.folding.kernel_call import KernelCall
 
 RNG = np.random.default_rng(5)
 WQ = RNG.integers(-128, 127, (8, 4), dtype=np.int8)
@@ -197,7 +198,7 @@ def test_chunks_equal_whole(kind: str, monkeypatch) -> None:
         import ml_dtypes
 
         x = x.astype(ml_dtypes.int4)
-    step = compute.Step("dq", ir.tensor(np.asarray(scale)), None, axis, bs, gran, norm,
+    step = KernelCall("dq", ir.tensor(np.asarray(scale)), None, axis, bs, gran, norm,
                         np.dtype(np.float32))
     folding = compute.Folding(ir.tensor(x), (step,), x.shape, np.dtype(np.float32),
                               np.dtype(np.float32))

@@ -16,6 +16,7 @@ import pytest
 
 from dqtool import kernel, storage
 from dqtool.folding import compute, fold
+from dqtool.folding.kernel_call import KernelCall
 
 RNG = np.random.default_rng(7)
 
@@ -81,7 +82,7 @@ def test_read_rows_slices_packed_and_refuses_mid_byte(tmp_path: Path) -> None:
 
 def _folding(rows: int = 40) -> compute.Folding:
     x = RNG.integers(-128, 128, (rows, 8)).astype(np.int8)
-    step = compute.Step("dq", ir.tensor(np.float32(0.25)), None, 1, 0, "per-tensor", None,
+    step = KernelCall("dq", ir.tensor(np.float32(0.25)), None, 1, 0, "per-tensor", None,
                         np.dtype(np.float32))
     return compute.Folding(ir.tensor(x), (step,), x.shape, np.dtype(np.float32),
                            np.dtype(np.float32))

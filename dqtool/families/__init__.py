@@ -189,7 +189,7 @@ def is_fold_root(domain: str, op_type: str) -> bool:
 
 
 def fold_kernel(name: str) -> FoldKernel:
-    """The fold kernel called ``name`` (``folding.compute.Step.kind``)."""
+    """The fold kernel called ``name`` (``folding.kernel_call.KernelCall.kind``)."""
     kernel = _KERNELS.get(name)
     if kernel is None:
         for family in all_families():

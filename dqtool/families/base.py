@@ -144,7 +144,7 @@ class FoldSupport:
     """How the fold pass folds the family's nodes.
 
     - ``roots``: op types the fold pass starts from (their output becomes a constant).
-    - ``kernels``: kernel name → kernel; ``folding.compute.Step.kind`` names one of them.
+    - ``kernels``: kernel name → kernel; ``folding.kernel_call.KernelCall.kind`` names one of them.
     - ``step``: ``(node, spec, output dtype or None) → Step``, the kernel call that computes
       ``node``'s output from its constant inputs (also used for a producer of the root's x,
       e.g. the QuantizeLinear of a Q→DQ pair).

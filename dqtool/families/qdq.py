@@ -11,18 +11,18 @@ if TYPE_CHECKING:
     import numpy as np
     import onnx_ir as ir
 
-    from dqtool.folding.compute import Step
+    from dqtool.folding.kernel_call import KernelCall
     from dqtool.spec import QuantSpec
 
 
-def run_dq(x: np.ndarray, scale: np.ndarray, zp: np.ndarray | None, step: Step) -> np.ndarray:
+def run_dq(x: np.ndarray, scale: np.ndarray, zp: np.ndarray | None, step: KernelCall) -> np.ndarray:
     from dqtool import kernel
 
     return kernel.dequantize(x, scale, zp, axis=step.axis, block_size=step.block_size,
                              output_dtype=step.output_dtype)
 
 
-def run_q(x: np.ndarray, scale: np.ndarray, zp: np.ndarray | None, step: Step) -> np.ndarray:
+def run_q(x: np.ndarray, scale: np.ndarray, zp: np.ndarray | None, step: KernelCall) -> np.ndarray:
     from dqtool import kernel
 
     return kernel.quantize(x, scale, zp, axis=step.axis, block_size=step.block_size,
@@ -40,14 +40,14 @@ def params(node: ir.Node) -> tuple[ir.TensorProtocol, ir.TensorProtocol | None]:
     return scale, zp
 
 
-def step(node: ir.Node, spec: QuantSpec, out: np.dtype | None) -> Step:
+def step(node: ir.Node, spec: QuantSpec, out: np.dtype | None) -> KernelCall:
     """The kernel call computing ``node``, a QuantizeLinear ("q") or a DequantizeLinear
     ("dq") of ai.onnx or com.microsoft (same inputs; axis defaults to 1 in both)."""
     from dqtool.codecs import base
-    from dqtool.folding.compute import Step
+    from dqtool.folding.kernel_call import KernelCall
 
     scale, zp = params(node)
-    return Step(
+    return KernelCall(
         kind="q" if node.op_type == "QuantizeLinear" else "dq", scale=scale, zero_point=zp,
         axis=base.attr_int(node, "axis", 1) or 0,
         block_size=base.attr_int(node, "block_size", 0) or 0,

@@ -24,7 +24,7 @@ import numpy as np
 from dqtool import native, types
 
 if TYPE_CHECKING:
-    from dqtool.folding.compute import Step
+    from dqtool.folding.kernel_call import KernelCall
 
 
 @dataclass(frozen=True)
@@ -47,7 +47,7 @@ def levels_of(et: types.ElemType) -> np.ndarray:
     return codes.astype(et.dtype)
 
 
-def _groups(step: Step, et: types.ElemType, rows: int, cols: int
+def _groups(step: KernelCall, et: types.ElemType, rows: int, cols: int
             ) -> tuple[int, int] | None:
     """(rows, columns) of a group sharing one table, where a table pays for itself (its
     group holds at least twice as many codes as levels); None where none applies."""
@@ -66,7 +66,7 @@ def _groups(step: Step, et: types.ElemType, rows: int, cols: int
     return group if group[0] * group[1] >= 2 << et.bits else None
 
 
-def takes(step: Step, dtype: np.dtype, rows: int, cols: int) -> bool:
+def takes(step: KernelCall, dtype: np.dtype, rows: int, cols: int) -> bool:
     """Whether ``dequantize`` computes rows of codes of ``dtype`` (checked before the codes
     are read, so that they are not read twice when it does not)."""
     try:
@@ -76,7 +76,7 @@ def takes(step: Step, dtype: np.dtype, rows: int, cols: int) -> bool:
     return _groups(step, et, rows, cols) is not None and native.transpose_fn() is not None
 
 
-def dequantize(step: Step, x: np.ndarray | PackedRows, scale: np.ndarray,
+def dequantize(step: KernelCall, x: np.ndarray | PackedRows, scale: np.ndarray,
                zp: np.ndarray | None, store_dtype: np.dtype) -> np.ndarray | None:
     """The dequantized rows ``x`` (codes, one a byte, or ``PackedRows``) of ``step`` cast
     to ``store_dtype``, by table; None where this does not apply (the caller computes them

@@ -24,13 +24,13 @@ import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
 import onnx_ir as ir
 
-from dqtool import families, types
-from dqtool.folding import by_table
+from dqtool import types
+from dqtool.folding import by_table, kernel_call
+from dqtool.folding.kernel_call import KernelCall
 from dqtool.storage import checked_files, inline_read
 from dqtool.storage.write_pieces import piecewise
 
@@ -43,70 +43,12 @@ from dqtool.storage.write_pieces import piecewise
 CHUNK_ELEMENTS = 1 << 21
 
 
-@dataclass(frozen=True)
-class Step:
-    """One kernel call: ``kind`` names a fold kernel of a registered family
-    (``dqtool.families.fold_kernel``): "q", "dq" and "opmx" for the Q/DQ families."""
-
-    kind: str
-    scale: ir.TensorProtocol
-    zero_point: ir.TensorProtocol | None
-    axis: int  # the node's attribute as written (the kernel normalizes it)
-    block_size: int
-    granularity: str | None  # from the spec; decides how parameters follow a row slice
-    norm_axis: int | None
-    output_dtype: np.dtype | None = None
-    saturate: bool = True
-    opmx: tuple[tuple[str, Any], ...] = ()
-    # The kernel ``kind`` names, bound when planned (a folded value computes at save time,
-    # whatever the registry holds by then); None: looked up by name.
-    kernel: families.FoldKernel | None = None
-
-    def _kernel(self) -> families.FoldKernel:
-        return self.kernel if self.kernel is not None else families.fold_kernel(self.kind)
-
-    def row_align(self) -> int | None:
-        """Rows a chunk must be a multiple of, or None when rows cannot be sliced."""
-        if not self._kernel().sliceable:
-            return None
-        if self.granularity == "blocked" and self.norm_axis == 0:
-            return self.block_size
-        return 1
-
-    def arrays(self) -> tuple[np.ndarray, np.ndarray | None]:
-        """The whole scale and zero point."""
-        return _load(self.scale), None if self.zero_point is None else _load(self.zero_point)
-
-    def params(self, r0: int | None, r1: int | None,
-               loaded: tuple[np.ndarray, np.ndarray | None] | None = None
-               ) -> tuple[np.ndarray, np.ndarray | None]:
-        """The scale and zero point for output rows r0:r1 (all rows when None);
-        ``loaded``: ``arrays()`` read before."""
-        scale, zp = loaded if loaded is not None else self.arrays()
-        if r0 is None or r1 is None:
-            return scale, zp
-        if self.granularity == "per-axis" and self.norm_axis == 0:
-            sl = slice(r0, r1)
-        elif self.granularity == "blocked" and self.norm_axis == 0:
-            sl = slice(r0 // self.block_size, -(-r1 // self.block_size))
-        elif self.granularity == "blocked":
-            sl = slice(r0, r1)  # same rank as x: dim 0 follows x's rows
-        else:
-            return scale, zp
-        return scale[sl], None if zp is None else zp[sl]
-
-    def run(self, x: np.ndarray, r0: int | None, r1: int | None,
-            loaded: tuple[np.ndarray, np.ndarray | None] | None = None) -> np.ndarray:
-        scale, zp = self.params(r0, r1, loaded)
-        return self._kernel()(x, scale, zp, self)
-
-
 @dataclass
 class Folding:
     """How to compute one folded value: a constant source and the steps applied to it."""
 
     source: ir.TensorProtocol  # the quantized x, or the float weight of a Q→DQ pair
-    steps: tuple[Step, ...]
+    steps: tuple[KernelCall, ...]
     shape: tuple[int, ...]  # the output's (logical) shape
     out_dtype: np.dtype  # the node's own output type
     store_dtype: np.dtype  # what is written (--dtype); a cast of the node's output
@@ -188,7 +130,7 @@ class Folding:
     def _rows(self, r0: int | None, r1: int | None) -> np.ndarray:
         t = self.source
         if r0 is None or r1 is None:
-            return _load(t)
+            return kernel_call.load(t)
         # A source that computes a band of its rows itself (a fused weight's codes)
         rows_of = getattr(t, "rows", None)
         if callable(rows_of):
@@ -199,7 +141,7 @@ class Folding:
             if rows is not None:
                 return rows
         if self._source_cache is None:  # in memory already, or unaligned packed rows
-            self._source_cache = _load(t)
+            self._source_cache = kernel_call.load(t)
         return self._source_cache[r0:r1]
 
     def release(self) -> None:
@@ -243,16 +185,6 @@ _pool_lock = threading.Lock()
 # only once"): loads from the fold's threads take turns. A lazy tensor (another folded
 # value, a fused weight's codes) is computed outside it: it guards itself, and computing
 # one under this lock nested it (a folded scale of a folded weight hung on its own lock).
-_LOADING = threading.Lock()
-
-
-def _load(t: ir.TensorProtocol) -> np.ndarray:
-    if isinstance(t, ir.LazyTensor):
-        return t.numpy()
-    with _LOADING:
-        return t.numpy()
-
-
 def _helper() -> ThreadPoolExecutor:
     """The threads computing chunks ahead: one per thread that writes the data file (each
     writes one folded tensor at a time and has one chunk computed ahead). With one for all,
@@ -311,7 +243,7 @@ class FoldedTensor(ir.LazyTensor):
 
     # Read by the data-file writer (dqtool.storage.data_writer): written in turns, chunk by
     # chunk, and safe to compute beside another (its loads through onnx_ir take turns on
-    # ``_LOADING``), so the writer's threads fold two weights at once (measured on the
+    # ``kernel_call.load``), so the writer's threads fold two weights at once (measured on the
     # fused bench's float16 fold: 5.1 s against 6.1 s one at a time). One folded value
     # may also be read by another's folding (a folded scale): each computation of it
     # (written, or read whole) holds its own lock, so two threads never share its

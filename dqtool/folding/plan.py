@@ -12,7 +12,8 @@ import onnx_ir as ir
 
 from dqtool import codecs, families, graph, types
 from dqtool.errors import KernelError
-from dqtool.folding.compute import Folding, Step
+from dqtool.folding.compute import Folding
+from dqtool.folding.kernel_call import KernelCall
 from dqtool.spec import QuantSpec
 
 # Validation computes at most this many elements at fold time (the rest waits for the save).
@@ -46,7 +47,7 @@ def _np_dtype(name: str | None) -> np.dtype | None:
     return types.TYPES[name].dtype if name in types.TYPES else None
 
 
-def _bound(support: families.FoldSupport, step: Step) -> Step:
+def _bound(support: families.FoldSupport, step: KernelCall) -> KernelCall:
     return dataclasses.replace(step, kernel=support.kernels[step.kind])
 
 

@@ -12,29 +12,29 @@ if TYPE_CHECKING:
     import numpy as np
     import onnx_ir as ir
 
-    from dqtool.folding.compute import Step
+    from dqtool.folding.kernel_call import KernelCall
     from dqtool.spec import QuantSpec
 
 # The attributes the kernel takes, in the order ``kernel.dequantize_opmx`` names them.
 _ATTRS = ("quant_data_type", "quant_axis", "group_size", "has_zeropoint", "float_zeropoint")
 
 
-def run(x: np.ndarray, scale: np.ndarray, zp: np.ndarray | None, step: Step) -> np.ndarray:
+def run(x: np.ndarray, scale: np.ndarray, zp: np.ndarray | None, step: KernelCall) -> np.ndarray:
     from dqtool import kernel
 
     return kernel.dequantize_opmx(x, scale, zp, **dict(step.opmx))
 
 
-def step(node: ir.Node, spec: QuantSpec, out: np.dtype | None) -> Step:
+def step(node: ir.Node, spec: QuantSpec, out: np.dtype | None) -> KernelCall:
     from dqtool.codecs import base
-    from dqtool.folding.compute import Step
+    from dqtool.folding.kernel_call import KernelCall
 
     scale, zp = qdq.params(node)
     a = dict(spec.attributes)
     if not a["has_zeropoint"]:
         zp = None  # ignored by the op (the codec warns)
     # No output type: opmx outputs its scale's type, which its kernel infers.
-    return Step(kind="opmx", scale=scale, zero_point=zp, axis=0,
+    return KernelCall(kind="opmx", scale=scale, zero_point=zp, axis=0,
                 block_size=base.attr_int(node, "block_size", 0) or 0,
                 granularity=spec.granularity, norm_axis=spec.axis, output_dtype=None,
                 opmx=tuple((k, a[k]) for k in _ATTRS))
