@@ -24,7 +24,7 @@ _API = {
     "dequantize_ms": "dqtool.kernel",
     "quantize_ms": "dqtool.kernel",
     "unpack_opmx_int4": "dqtool.kernel",
-    "reference_evaluator": "dqtool.families.evaluator",
+    "reference_evaluator": "dqtool.reference_evaluator",
     "QuantSpec": "dqtool.spec",
     "read_node": "dqtool.codecs",
     "load": "dqtool.storage",
@@ -40,8 +40,8 @@ _API = {
 
 
 def _family_api() -> dict[str, str]:
-    families = importlib.import_module("dqtool.families")
-    return {name: module for f in families.all_families() for name, module in f.api.items()}
+    registry = importlib.import_module("dqtool.registry")
+    return {name: module for f in registry.all_families() for name, module in f.api.items()}
 
 
 def __getattr__(name: str) -> Any:

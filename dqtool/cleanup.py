@@ -8,7 +8,7 @@ from collections.abc import Iterable
 
 import onnx_ir as ir
 
-from dqtool import families, graph
+from dqtool import graph, registry
 
 
 def _used(v: ir.Value) -> bool:
@@ -82,7 +82,7 @@ def prune_opsets(model: ir.Model, before: dict[str | None, set[str]] | None = No
     (functions included) uses it. Only the families' prunable domains are dropped; any
     other import (a function's domain, ...) stays."""
     after = used_domains(model)
-    prunable = families.prunable_domains()
+    prunable = registry.prunable_domains()
     for key, holder in [(None, model), *((str(k), fn) for k, fn in model.functions.items())]:
         had = holder.opset_imports if before is None else before.get(key, set())
         for domain in prunable:

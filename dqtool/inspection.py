@@ -10,7 +10,7 @@ from typing import Any
 
 import onnx_ir as ir
 
-from dqtool import codecs, families, graph, storage, versions
+from dqtool import codecs, graph, registry, storage, versions
 from dqtool.spec import QuantSpec
 
 
@@ -144,8 +144,8 @@ def _qdq_report(node: ir.Node, opsets: dict[str, int], graph_name: str) -> NodeR
 
 def _reports(model: ir.Model) -> tuple[list[NodeReport], list[list[Any]]]:
     """The Q/DQ-like reports (Q/DQ nodes and the families' ``kind`` nodes, in walk order),
-    and each inspecting family's own reports (``families.inspect_supports()`` order)."""
-    supports = families.inspect_supports()
+    and each inspecting family's own reports (``registry.inspect_supports()`` order)."""
+    supports = registry.inspect_supports()
     nodes: list[NodeReport] = []
     own: list[list[Any]] = [[] for _ in supports]
     for site in graph.walk(model):
@@ -227,7 +227,7 @@ def inspect(model: str | os.PathLike | ir.Model) -> InspectReport:
     nodes, own = _reports(model)
     summary = summarize(model, nodes)
     sections: dict[str, tuple[Any, ...]] = {}
-    for support, reports in zip(families.inspect_supports(), own, strict=True):
+    for support, reports in zip(registry.inspect_supports(), own, strict=True):
         if support.summary is not None:
             summary.update(support.summary(reports))
         if support.section:

@@ -10,52 +10,52 @@ import pytest
 from onnx.reference.op_run import OpRun
 
 import dqtool
-from dqtool import cleanup, codecs, families, reference_evaluator
+from dqtool import cleanup, codecs, reference_evaluator, registry
 from dqtool.convert.registry import Outcome, Registry, default_registry
-from dqtool.families.base import Family
 from dqtool.linting import targets
+from dqtool.registry.family import Family
 from dqtool.spec import QuantSpec
 
 
 def test_the_qdq_families_are_registered_and_own_their_operators():
-    names = [f.name for f in families.all_families()]
+    names = [f.name for f in registry.all_families()]
     assert names[:3] == ["qdq_onnx", "qdq_microsoft", "qdq_opmx"]
-    assert families.owner("", "DequantizeLinear").name == "qdq_onnx"
-    assert families.owner("ai.onnx", "QuantizeLinear").name == "qdq_onnx"
-    assert families.owner("com.microsoft", "QuantizeLinear").name == "qdq_microsoft"
-    assert families.owner("pmx", "DequantizeLinear").name == "qdq_opmx"
-    assert families.owner("opmx", "QuantizeLinear") is None
-    assert families.owner("", "MatMul") is None
+    assert registry.owner("", "DequantizeLinear").name == "qdq_onnx"
+    assert registry.owner("ai.onnx", "QuantizeLinear").name == "qdq_onnx"
+    assert registry.owner("com.microsoft", "QuantizeLinear").name == "qdq_microsoft"
+    assert registry.owner("pmx", "DequantizeLinear").name == "qdq_opmx"
+    assert registry.owner("opmx", "QuantizeLinear") is None
+    assert registry.owner("", "MatMul") is None
 
 
 def test_codecs_come_from_the_families_and_match_their_keys():
     # (a family without codecs, e.g. the fused or the integer one, reads its nodes its own
     # way)
-    keys = {(d, o, v) for f in families.all_families() if f.codecs is not None
+    keys = {(d, o, v) for f in registry.all_families() if f.codecs is not None
             for d, o, v in f.keys}
     assert set(codecs.REGISTRY) == keys
     assert ("ai.onnx", "DequantizeLinear", 21) in keys
 
 
 def test_derived_sets():
-    assert families.prunable_domains() == {"com.microsoft", "opmx", "pmx"}
-    ops = {(op.op_domain, op.__name__) for op in families.evaluator_ops()}
+    assert registry.prunable_domains() == {"com.microsoft", "opmx", "pmx"}
+    ops = {(op.op_domain, op.__name__) for op in registry.evaluator_ops()}
     qdq = {("", "DequantizeLinear"), ("", "QuantizeLinear"),
            ("com.microsoft", "DequantizeLinear"), ("com.microsoft", "QuantizeLinear"),
            ("opmx", "DequantizeLinear"), ("pmx", "DequantizeLinear"),
            ("com.microsoft", "MatMulNBits"), ("com.microsoft", "GatherBlockQuantized")}
-    integer = {(op.op_domain, op.__name__) for op in families.owner(
+    integer = {(op.op_domain, op.__name__) for op in registry.owner(
         "com.microsoft", "QGemm").evaluator_ops()}
     assert ops == qdq | integer
     assert {("", "QLinearConv"), ("com.microsoft", "QGemm")} <= integer
-    assert families.is_fold_root("", "DequantizeLinear")
-    assert families.is_fold_root("opmx", "DequantizeLinear")
-    assert not families.is_fold_root("", "QuantizeLinear")
-    assert not families.fold_kernel("opmx").sliceable and families.fold_kernel("dq").sliceable
+    assert registry.is_fold_root("", "DequantizeLinear")
+    assert registry.is_fold_root("opmx", "DequantizeLinear")
+    assert not registry.is_fold_root("", "QuantizeLinear")
+    assert not registry.fold_kernel("opmx").sliceable and registry.fold_kernel("dq").sliceable
     with pytest.raises(KeyError):
-        families.fold_kernel("nope")
-    assert families.lint_fact("pmx", "onnxruntime") == "onnxruntime has no pmx domain"
-    assert families.lint_fact("com.microsoft", "onnxruntime") is None
+        registry.fold_kernel("nope")
+    assert registry.lint_fact("pmx", "onnxruntime") == "onnxruntime has no pmx domain"
+    assert registry.lint_fact("com.microsoft", "onnxruntime") is None
 
 
 def test_default_registry_holds_every_family_adapter():
@@ -68,9 +68,9 @@ def test_default_registry_holds_every_family_adapter():
 def test_an_operator_has_one_home():
     dup = Family("dup", (("com.microsoft", "DequantizeLinear", 1),))
     with pytest.raises(ValueError, match="belongs to qdq_microsoft"):
-        families.register(dup)
-    assert families.owner("com.microsoft", "DequantizeLinear").name == "qdq_microsoft"
-    assert "dup" not in [f.name for f in families.all_families()]
+        registry.register(dup)
+    assert registry.owner("com.microsoft", "DequantizeLinear").name == "qdq_microsoft"
+    assert "dup" not in [f.name for f in registry.all_families()]
 
 
 FOO = """
@@ -152,25 +152,25 @@ def test_a_family_registered_later_reaches_every_derived_table(tmp_path, monkeyp
         g (float[2] x) => (float[2] y) { y = com.example.Twice (x) }""")
     node = next(iter(m.graph))
     assert codecs.read_node(node, {"com.example": 3}).since_version == 0  # unknown yet
-    before = families.generation()
-    families.register(toy)
+    before = registry.generation()
+    registry.register(toy)
     try:
-        assert families.generation() != before
-        assert families.owner("com.example", "Twice") is toy
+        assert registry.generation() != before
+        assert registry.owner("com.example", "Twice") is toy
         assert codecs.read_node(node, {"com.example": 3}).since_version == 1
         assert ("com.example", "Twice", 1) in codecs.REGISTRY
         got = reference_evaluator(m).run(None, {"x": np.array([1.5, -2], np.float32)})[0]
         assert got.tolist() == [3.0, -4.0]
         assert "toy-npu" in targets.names()
-        assert families.lint_fact("com.example", "onnxruntime") == \
+        assert registry.lint_fact("com.example", "onnxruntime") == \
             "onnxruntime has no com.example domain"
-        assert "com.example" in families.prunable_domains()
+        assert "com.example" in registry.prunable_domains()
     finally:
-        families.unregister("toy")
-    assert families.owner("com.example", "Twice") is None
+        registry.unregister("toy")
+    assert registry.owner("com.example", "Twice") is None
     assert codecs.lookup("com.example", "Twice", 3) is None
     assert "toy-npu" not in targets.names()
-    assert "com.example" not in families.prunable_domains()
+    assert "com.example" not in registry.prunable_domains()
 
 
 def test_an_ai_onnx_op_of_a_family_without_version_adapters_converts_generically():
@@ -183,11 +183,11 @@ def test_an_ai_onnx_op_of_a_family_without_version_adapters_converts_generically
            uint8 yz) => (uint8[2,2] y) {
             y = QLinearMatMul (a, as, az, b, bs, bz, ys, yz)
         }""")
-    families.register(fam)
+    registry.register(fam)
     try:
         report = dqtool.upgrade(m, 21)
     finally:
-        families.unregister("qlinear_test")
+        registry.unregister("qlinear_test")
     assert report.ok and [n.op_type for n in report.model.graph] == ["QLinearMatMul"]
     assert report.model.opset_imports[""] == 21
 
@@ -228,7 +228,7 @@ def _scaled_step(node: ir.Node, spec: QuantSpec, out):
 
 
 def _fold_support():
-    from dqtool.families.base import FoldSupport, Kernel
+    from dqtool.registry.family import FoldSupport, Kernel
 
     return FoldSupport(
         roots=frozenset({"ScaledMatMul"}),
@@ -253,13 +253,13 @@ def test_a_fused_family_folds_through_its_fold_support(tmp_path):
                  codecs=lambda: [ScaledMatMulCodec()], evaluator_ops=lambda: [ScaledMatMul],
                  fold=_fold_support, prunable=frozenset({"com.example"}))
     a = np.arange(6, dtype=np.float32).reshape(2, 3) - 2.5
-    families.register(toy)
+    registry.register(toy)
     try:
         want = reference_evaluator(ir.from_onnx_text(SCALED)).run(None, {"a": a})[0]
         report = dqtool.fold(ir.from_onnx_text(SCALED), tmp_path / "f.onnx",
                              prepack_guard=False)
     finally:
-        families.unregister("scaled")
+        registry.unregister("scaled")
     (folded,) = report.folded
     assert folded.op == "com.example:ScaledMatMul-1" and folded.output == "y"
     ops = [(n.domain, n.op_type) for n in report.model.graph]

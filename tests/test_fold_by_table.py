@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 
 from dqtool import native, types
-from dqtool.families import fold_kernel
 from dqtool.families.fused import packing
 from dqtool.folding import by_table
 from dqtool.folding.kernel_call import KernelCall
+from dqtool.registry import fold_kernel
 
 pytestmark = pytest.mark.skipif(native.transpose_fn() is None,
                                 reason="the compiled helper is off: no table path")

@@ -14,7 +14,7 @@ from dataclasses import replace
 import numpy as np
 import onnx_ir as ir
 
-from dqtool import families
+from dqtool import registry
 from dqtool.checking import against as against_mod
 from dqtool.checking import bounded, faithful, path_deviations, runners, selfcheck
 from dqtool.checking import inputs as inputs_mod
@@ -73,7 +73,7 @@ def check(
             raise InputError(f"{name} and {other_name} take different inputs: "
                              f"{_describe(mine)} vs {_describe(theirs)}")
         # A family's rewritten nodes, each run alone on the original's inputs.
-        per_op = [e for support in families.check_supports() if support.per_op
+        per_op = [e for support in registry.check_supports() if support.per_op
                   for e in support.per_op(proto, other, feeds, other_loaded.external_dir)]
         comparisons = against_mod.compare_models(
             proto, other, feeds, rtol=rtol, atol=atol, notes=notes,
@@ -84,7 +84,7 @@ def check(
         # `pack` makes), whose nodes are then compared with the original's in their place.
         sides = ((loaded, proto), (other_loaded, other))
         weights, bounds, exposed = [], [], {}
-        for support in families.check_supports():
+        for support in registry.check_supports():
             if support.holds_weights is None:
                 continue
             mine, theirs = sides if support.holds_weights(other) or not \
@@ -108,7 +108,7 @@ def check(
         if found:
             comparisons = path_deviations.keep_out(comparisons, found, notes)
             notes += path_deviations.own_distance(other, feeds)
-        fused = next((r for support in families.check_supports() if support.fused_run
+        fused = next((r for support in registry.check_supports() if support.fused_run
                       for r in [support.fused_run(proto, other, feeds)] if r is not None),
                      None)
         # The checked model must be valid too: a runtime may run a model the standard
@@ -129,7 +129,7 @@ def check(
     nodes = selfcheck.numeric(proto, model, sites, feeds, notes,
                               external_dir=loaded.external_dir)
     # Operators that are not Q/DQ (the integer ones): their family checks them.
-    for support in families.check_supports():
+    for support in registry.check_supports():
         if support.numeric is not None:
             nodes += support.numeric(proto, model, feeds, notes,
                                      external_dir=loaded.external_dir)

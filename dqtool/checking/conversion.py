@@ -233,12 +233,12 @@ def _beyond_bounds(plan: _Plan, feeds: dict[str, np.ndarray],
     differ otherwise when the nodes' values are exposed (the runs behind the bounds) for
     no reason onnxruntime's own graph gives (``runners.roundings_skipped_cause``: then
     the notes say so); "" when none."""
-    from dqtool import families
+    from dqtool import registry
     from dqtool.checking.compare import max_abs_difference
 
     bad: list[str] = []
     drift: list[str] = []
-    for s in families.check_supports():
+    for s in registry.check_supports():
         if s.bounds is None or s.holds_weights is None or \
                 not s.holds_weights(plan.original.proto):
             continue
@@ -269,9 +269,9 @@ def _fused_weights(plan: _Plan) -> tuple[str | None, str]:
     """For an original whose families hold weights inside operators (MatMulNBits): ""
     when every such weight is bit-identical in the converted model (then the notes say
     so), else what differs; None without such nodes. Second: why outputs may still differ."""
-    from dqtool import families
+    from dqtool import registry
 
-    supports = [s for s in families.check_supports() if s.weights is not None
+    supports = [s for s in registry.check_supports() if s.weights is not None
                 and s.holds_weights is not None and s.holds_weights(plan.original.proto)]
     if not supports:
         return None, ""

@@ -212,9 +212,9 @@ def quant_sites(model: ir.Model) -> list[tuple[Site, QuantSpec]]:
 def family_spec_sites(model: ir.Model) -> list[tuple[Site, Any]]:
     """(site, spec) of the other nodes a family reads into a spec with problems (the fused
     operators): their problems are dqtool's rules too (inspect and lint report them)."""
-    from dqtool import families
+    from dqtool import registry
 
-    supports = families.inspect_supports()
+    supports = registry.inspect_supports()
     out: list[tuple[Site, Any]] = []
     for s in graph.walk(model):
         if codecs.is_quant_node(s.node):

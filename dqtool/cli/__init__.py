@@ -48,10 +48,10 @@ class _Commands(Mapping[str, tuple[str, str, str]]):
         self._generation = -1  # of the family registry the table was merged at
 
     def _merged(self) -> dict[str, tuple[str, str, str]]:
-        families = importlib.import_module("dqtool.families")
-        if self._all is None or self._generation != families.generation():
+        registry = importlib.import_module("dqtool.registry")
+        if self._all is None or self._generation != registry.generation():
             merged = dict(_SHARED)
-            for c in families.cli_commands():
+            for c in registry.cli_commands():
                 if c.name in merged:
                     raise ValueError(f"command {c.name} defined twice")
                 entry = (c.module, c.attr, c.help)
@@ -61,7 +61,7 @@ class _Commands(Mapping[str, tuple[str, str, str]]):
                     merged = dict([*items[:at], (c.name, entry), *items[at:]])
                 else:
                     merged[c.name] = entry
-            self._all, self._generation = merged, families.generation()
+            self._all, self._generation = merged, registry.generation()
         return self._all
 
     def __getitem__(self, name: str) -> tuple[str, str, str]:

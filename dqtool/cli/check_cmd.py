@@ -96,10 +96,10 @@ def _render_against(app: App, doc: dict) -> None:
     for b in doc.get("bounds") or []:
         app.out.print(f"onnxruntime, fused node {_bound_line(b)}", markup=False)
     if weights:
-        from dqtool import families
+        from dqtool import registry
 
         ops = {w["op"] for w in weights}
-        for support in families.check_supports():
+        for support in registry.check_supports():
             for op, note in support.notes.items():
                 if op in ops:
                     app.out.print(note, markup=False)

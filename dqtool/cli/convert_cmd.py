@@ -12,10 +12,10 @@ from typing import Any
 
 import click
 
-from dqtool import families
+from dqtool import registry
 from dqtool.cli.app import App, user_errors
 from dqtool.cli.options import parse_size, progress_bar, writer_options
-from dqtool.families import ConvertStep
+from dqtool.registry import ConvertStep
 
 
 def render(app: App, report, as_json: bool, head: str | None = None) -> None:
@@ -117,7 +117,7 @@ def _convert(app: App, direction: str, model: str, opset: int, out: str | None,
     if out is None and not in_place:
         out = str(convert.default_output(model, opset))
     steps = _steps(direction, kwargs)
-    for step in families.convert_steps(direction):
+    for step in registry.convert_steps(direction):
         kwargs.pop(step.dest, None)
     first = bool(steps)  # a family rewrites its nodes first, in memory
     kwargs.update(in_place=in_place and not first, external_data=external_data or None,
@@ -146,13 +146,13 @@ def _convert(app: App, direction: str, model: str, opset: int, out: str | None,
 
 def _steps(direction: str, kwargs: dict[str, Any]) -> list[ConvertStep]:
     """The family steps whose flags were given."""
-    return [s for s in families.convert_steps(direction) if kwargs.get(s.dest)]
+    return [s for s in registry.convert_steps(direction) if kwargs.get(s.dest)]
 
 
 def _family_flags(command: str):
     """The flags families add to ``command`` (``Family.convert_steps``)."""
     def decorate(f):
-        for step in reversed(families.convert_steps(command)):
+        for step in reversed(registry.convert_steps(command)):
             f = click.option(step.flag, step.dest, is_flag=True, help=step.help)(f)
         return f
 

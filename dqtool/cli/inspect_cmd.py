@@ -35,9 +35,9 @@ def _shape(dims) -> str:
 
 
 def render(app: App, report) -> None:
-    from dqtool import families
+    from dqtool import registry
 
-    supports = families.inspect_supports()
+    supports = registry.inspect_supports()
     short_ops = {op: short for s in supports for op, short in s.short_ops.items()}
     kinds = Counter(n.kind for n in report.nodes if n.fused)
     title = f"{report.input}: {len(report.nodes) - sum(kinds.values())} Q/DQ nodes"

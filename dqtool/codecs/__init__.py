@@ -10,7 +10,7 @@ import bisect
 
 import onnx_ir as ir
 
-from dqtool import families, graph
+from dqtool import graph, registry
 from dqtool.spec import P_NO_IMPORT, P_VERSION, Codec, Problem, QuantSpec
 
 QUANT_OPS = frozenset({"DequantizeLinear", "QuantizeLinear"})
@@ -22,9 +22,9 @@ class _Tables:
     is registered later (a plugin)."""
 
     def __init__(self) -> None:
-        self.generation = families.generation()
+        self.generation = registry.generation()
         self.registry: dict[tuple[str, str, int], Codec] = {
-            (c.domain, c.op, c.since_version): c for c in families.codecs()}
+            (c.domain, c.op, c.since_version): c for c in registry.codecs()}
         self.domains = frozenset(domain for domain, _, _ in self.registry)
         self.known_ops = frozenset((domain, op) for domain, op, _ in self.registry)
         # (domain, op) -> its since-versions, oldest first: lookup runs per node and step.
@@ -37,7 +37,7 @@ _tables = _Tables()
 
 def _current() -> _Tables:
     global _tables
-    if _tables.generation != families.generation():
+    if _tables.generation != registry.generation():
         _tables = _Tables()
     return _tables
 

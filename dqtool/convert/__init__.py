@@ -28,9 +28,9 @@ from dqtool.errors import InputError, UsageError
 
 
 def _rewrites_most(model: ir.Model, options: Options, target: int) -> bool:
-    from dqtool import families
+    from dqtool import registry
 
-    return any(f.rewrites_most(model, options, target) for f in families.all_families()
+    return any(f.rewrites_most(model, options, target) for f in registry.all_families()
                if f.rewrites_most is not None)
 
 

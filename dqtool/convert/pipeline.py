@@ -14,7 +14,7 @@ from typing import Literal
 
 import onnx_ir as ir
 
-from dqtool import cleanup, codecs, families, graph, storage, versions
+from dqtool import cleanup, codecs, graph, registry, storage, versions
 from dqtool.convert import blocked, decompose, generic, value_info
 from dqtool.convert.context import Context, Options, Step
 from dqtool.convert.registry import Outcome, Registry, default_registry
@@ -219,7 +219,7 @@ def _from_foreign(node: ir.Node, step: Step, domain: str, version: int,
 
 def _read_by_codec(op: str) -> bool:
     """A family's codec reads the ai.onnx op (so its result can be validated)."""
-    return _codec_reads(op, families.generation())
+    return _codec_reads(op, registry.generation())
 
 
 @functools.lru_cache(maxsize=1024)

@@ -116,6 +116,6 @@ class Registry:
 
 def default_registry() -> Registry:
     """A fresh registry holding every registered family's adapters."""
-    from dqtool import families
+    from dqtool import registry
 
-    return families.fill_converters(Registry())
+    return registry.fill_converters(Registry())

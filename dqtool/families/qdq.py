@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from dqtool.families.base import FoldSupport, Kernel
+from dqtool.registry.family import FoldSupport, Kernel
 
 if TYPE_CHECKING:
     import numpy as np

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import onnx_ir as ir
 
-from dqtool import families, graph, storage, types
+from dqtool import graph, registry, storage, types
 from dqtool.errors import UsageError
 from dqtool.folding.dequantize_fold_pass import DequantizeFoldPass
 from dqtool.folding.report import FoldedNode, FoldReport
@@ -83,7 +83,7 @@ def fold(
     # DequantizeLinear + MatMul / Gather, exactly), then the pass folds the result.
     # Those nodes answer to --op-types by their own op type too (fused.fold.why_not).
     own_types = {s.node.op_type for s in graph.walk(model)
-                 if (f := families.owner(s.node.domain, s.node.op_type)) is not None
+                 if (f := registry.owner(s.node.domain, s.node.op_type)) is not None
                  and f.fold_prepare is not None}
     unfused, fused_left, made, prefolded = _prepare(model, selection, _DTYPE_NAMES[dtype])
     if made:
@@ -121,7 +121,7 @@ def _prepare(model: ir.Model, selection: Selection, store: str | None
     made: list[str] = []
     folded: list[FoldedNode] = []
     dtype = None if store in (None, "keep") else types.by_name(store).dtype
-    for family in families.all_families():
+    for family in registry.all_families():
         if family.fold_prepare is not None:
             d, lf, m, f = family.fold_prepare(model, selection, dtype)
             done += d

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import onnx_ir as ir
 
-from dqtool import cleanup, codecs, families, graph, types
+from dqtool import cleanup, codecs, graph, registry, types
 from dqtool.folding import commute
 from dqtool.folding.compute import FoldedTensor, Folding
 from dqtool.folding.plan import not_constant_reason, plan
@@ -75,7 +75,7 @@ class DequantizeFoldPass(ir.passes.InPlacePass):
         domains_before = cleanup.used_domains(model)
         # Collect first: folding edits the graphs being walked.
         sites = [s for s in graph.walk(model)
-                 if families.is_fold_root(s.node.domain, s.node.op_type)]
+                 if registry.is_fold_root(s.node.domain, s.node.op_type)]
         self.fed_op_types = {use.node.op_type for s in sites for use in s.node.outputs[0].uses()}
         inputs: list[ir.Value] = []
         for site in sites:
@@ -123,13 +123,13 @@ class DequantizeFoldPass(ir.passes.InPlacePass):
             return False
         if site.function is not None or self.dtype != "keep":
             self._import_default_domain(site.function)
-        support = families.fold_support(node.domain, node.op_type)
+        support = registry.fold_support(node.domain, node.op_type)
         assert support is not None  # plan() found it
         self._replace(node, folding, support, in_function=site.function is not None)
         self.folded.append(self._record(name, site, spec, folding, before_gather=moved))
         return True
 
-    def _replace(self, node: ir.Node, folding: Folding, support: families.FoldSupport, *,
+    def _replace(self, node: ir.Node, folding: Folding, support: registry.FoldSupport, *,
                  in_function: bool) -> None:
         y = node.outputs[0]
         owner = node.graph
@@ -197,7 +197,7 @@ class DequantizeFoldPass(ir.passes.InPlacePass):
             self.guarded += 1
 
     @staticmethod
-    def _replace_op(node: ir.Node, weight: ir.Value, support: families.FoldSupport
+    def _replace_op(node: ir.Node, weight: ir.Value, support: registry.FoldSupport
                     ) -> list[tuple[ir.Value, str]]:
         """Insert the float nodes the family builds on ``weight``; the last one takes over
         ``node``'s outputs. Returns the names its outputs take once ``node`` is gone."""

@@ -1,4 +1,4 @@
-"""One kernel call of a fold (``families.FoldCall``): the kernel a family names, and the
+"""One kernel call of a fold (``registry.FoldCall``): the kernel a family names, and the
 node's quantization parameters, sliced to the rows a chunk computes."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 import onnx_ir as ir
 
-from dqtool import families
+from dqtool import registry
 
 
 @dataclass(frozen=True)
@@ -30,10 +30,10 @@ class KernelCall:
     opmx: tuple[tuple[str, Any], ...] = ()
     # The kernel ``kind`` names, bound when planned (a folded value computes at save time,
     # whatever the registry holds by then); None: looked up by name.
-    kernel: families.FoldKernel | None = None
+    kernel: registry.FoldKernel | None = None
 
-    def _kernel(self) -> families.FoldKernel:
-        return self.kernel if self.kernel is not None else families.fold_kernel(self.kind)
+    def _kernel(self) -> registry.FoldKernel:
+        return self.kernel if self.kernel is not None else registry.fold_kernel(self.kind)
 
     def row_align(self) -> int | None:
         """Rows a chunk must be a multiple of, or None when rows cannot be sliced."""

@@ -10,7 +10,7 @@ import dataclasses
 import numpy as np
 import onnx_ir as ir
 
-from dqtool import codecs, families, graph, types
+from dqtool import codecs, graph, registry, types
 from dqtool.errors import KernelError
 from dqtool.folding.compute import Folding
 from dqtool.folding.kernel_call import KernelCall
@@ -47,7 +47,7 @@ def _np_dtype(name: str | None) -> np.dtype | None:
     return types.TYPES[name].dtype if name in types.TYPES else None
 
 
-def _bound(support: families.FoldSupport, step: KernelCall) -> KernelCall:
+def _bound(support: registry.FoldSupport, step: KernelCall) -> KernelCall:
     return dataclasses.replace(step, kernel=support.kernels[step.kind])
 
 
@@ -58,7 +58,7 @@ def plan(node: ir.Node, spec: QuantSpec, opsets: dict[str, int],
     if out_dtype is None:
         return f"output type {spec.float_type} is unknown or not a float type"
     store_dtype = out_dtype if store in (None, "keep") else types.by_name(store).dtype
-    support = families.fold_support(spec.domain, node.op_type)
+    support = registry.fold_support(spec.domain, node.op_type)
     if support is None:
         return f"no registered family folds {spec.domain}:{node.op_type}"
     # The spec's output type is the one in force (output_dtype, else the scale's type).
@@ -72,7 +72,7 @@ def plan(node: ir.Node, spec: QuantSpec, opsets: dict[str, int],
         q_spec = codecs.read_node(q_node, opsets)
         if q_spec.errors:
             return f"its QuantizeLinear '{q_node.name}': {q_spec.errors[0].message}"
-        q_support = families.fold_support(q_spec.domain, q_node.op_type)
+        q_support = registry.fold_support(q_spec.domain, q_node.op_type)
         if q_support is None:
             return f"no registered family folds {q_spec.domain}:{q_node.op_type}"
         steps.insert(0, _bound(q_support, q_support.step(q_node, q_spec,

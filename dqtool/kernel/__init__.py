@@ -6,7 +6,7 @@
 * ``dequantize_opmx``, ``unpack_opmx_int4``, ``pack_opmx_int4``: OpenPPL opmx/pmx;
 * ``evaluator``: the ReferenceEvaluator operators running these kernels (the evaluator
   itself, ``dqtool.reference_evaluator``, is built from every family's operators in
-  ``dqtool.families.evaluator``).
+  ``dqtool.reference_evaluator``).
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 onnx's evaluator has no implementation of DequantizeLinear-10/13 and does not check shapes.
 The families (``dqtool.families``) name these classes, per domain, as their evaluator ops;
-``dqtool.families.evaluator`` builds the evaluator from every family's ops.
+``dqtool.reference_evaluator`` builds the evaluator from every family's ops.
 """
 
 from __future__ import annotations

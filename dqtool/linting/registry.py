@@ -41,12 +41,12 @@ def load() -> dict[str, Rule]:
     import importlib
     import pkgutil
 
-    from dqtool import families
+    from dqtool import registry
 
     rules = importlib.import_module("dqtool.linting.rules")
     modules = [f"{rules.__name__}.{m.name}" for m in pkgutil.iter_modules(rules.__path__)]
     for module in [*sorted(modules), "dqtool.linting.targets.codes",
-                   *families.lint_modules()]:
+                   *registry.lint_modules()]:
         importlib.import_module(module)
     return RULES
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from dqtool.families.base import CheckSupport, Command, Family, InspectSupport
+from dqtool.registry.family import CheckSupport, Command, Family, InspectSupport
 
 if TYPE_CHECKING:
     import onnx_ir as ir

@@ -7,7 +7,7 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from dqtool.families.base import InspectSupport
+from dqtool.registry.family import InspectSupport
 
 if TYPE_CHECKING:
     import onnx_ir as ir

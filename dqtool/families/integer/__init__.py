@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from dqtool.families.base import CheckSupport, Command, ConvertStep, Family, InspectSupport
 from dqtool.families.integer import ops
+from dqtool.registry.family import CheckSupport, Command, ConvertStep, Family, InspectSupport
 
 
 def _evaluator_ops() -> list[type[Any]]:

@@ -8,7 +8,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from dqtool.families.base import InspectSupport
+from dqtool.registry.family import InspectSupport
 
 if TYPE_CHECKING:
     import onnx_ir as ir

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from dqtool.families.base import Family
+from dqtool.registry.family import Family
 
 if TYPE_CHECKING:
     from dqtool.convert.registry import Registry

@@ -11,7 +11,7 @@ import importlib
 import pkgutil
 from collections.abc import Iterator
 
-from dqtool import families
+from dqtool import registry
 from dqtool.errors import UsageError
 from dqtool.linting.context import ModelContext
 from dqtool.linting.finding import Finding
@@ -20,7 +20,7 @@ from dqtool.linting.targets.base import Profile, Target, best
 # Modules of this package that hold no target.
 _NOT_TARGETS = frozenset({"base", "codes"})
 _TABLE: list[Target] = []
-_TABLE_GENERATION = -1  # families.generation() the table was built at
+_TABLE_GENERATION = -1  # registry.generation() the table was built at
 
 
 def table() -> list[Target]:
@@ -28,12 +28,12 @@ def table() -> list[Target]:
     ``lint_modules``, by ``Target.order``. ``--target`` help, the error
     for an unknown name and the docs' table all come from here."""
     global _TABLE_GENERATION
-    if families.generation() != _TABLE_GENERATION:
+    if registry.generation() != _TABLE_GENERATION:
         _TABLE.clear()
-        _TABLE_GENERATION = families.generation()
+        _TABLE_GENERATION = registry.generation()
         names = sorted(m.name for m in pkgutil.iter_modules(__path__)
                        if m.name not in _NOT_TARGETS)
-        modules = [f"{__name__}.{n}" for n in names] + families.lint_modules()
+        modules = [f"{__name__}.{n}" for n in names] + registry.lint_modules()
         for module in modules:
             _TABLE.extend(getattr(importlib.import_module(module), "TARGETS", ()))
         _TABLE.sort(key=lambda t: t.order)
@@ -66,7 +66,7 @@ def run(ctx: ModelContext, profile: Profile) -> Iterator[Finding]:
         yield ctx.finding("DQ100", "error", f"the model's ai.onnx opset {opset} is above the "
                           f"target's {profile.max_opset}{who}",
                           target=profile.name, fix=fix)
-    for module in families.lint_modules():  # a family's nodes that are not Q/DQ
+    for module in registry.lint_modules():  # a family's nodes that are not Q/DQ
         hook = getattr(importlib.import_module(module), "target_findings", None)
         if hook is not None:
             yield from hook(ctx, profile.name)

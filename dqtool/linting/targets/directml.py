@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from dqtool import families
+from dqtool import registry
 from dqtool.linting.targets.base import Candidate, Profile, Target, or_fold, ragged, rank_of
 from dqtool.spec import QuantSpec
 
@@ -79,7 +79,7 @@ def profile(level: str) -> Profile:
     lv = LEVELS[level]
 
     def candidates(spec: QuantSpec, opset: int) -> list[Candidate]:
-        foreign = families.lint_fact(spec.domain, "directml")
+        foreign = registry.lint_fact(spec.domain, "directml")
         if foreign:
             c = Candidate("DML_ELEMENT_WISE_DEQUANTIZE_LINEAR")
             c.add("DQ106", foreign,

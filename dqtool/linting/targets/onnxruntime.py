@@ -6,7 +6,7 @@ DequantizeLinear, and the custom domains it has (no opmx)."""
 
 from __future__ import annotations
 
-from dqtool import families
+from dqtool import registry
 from dqtool.linting.targets.base import Candidate, Profile, Target, or_fold, to_ai_onnx_fix
 from dqtool.runtimes import onnxruntime as ort_facts
 from dqtool.spec import QuantSpec
@@ -23,7 +23,7 @@ def _candidates(facts: ort_facts.OrtProfile):
     def candidates(spec: QuantSpec, opset: int) -> list[Candidate]:
         c = Candidate(f"{facts.name} DequantizeLinear")
         if spec.domain != "ai.onnx" and spec.domain not in facts.domains:
-            why = (families.lint_fact(spec.domain, "onnxruntime")
+            why = (registry.lint_fact(spec.domain, "onnxruntime")
                    or f"onnxruntime has no {spec.domain} domain")
             c.add("DQ106", why, to_ai_onnx_fix(spec, opset))
             return [c]

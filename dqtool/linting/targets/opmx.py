@@ -5,7 +5,7 @@ exactly. dqtool converts opmx to ai.onnx, not back, so most fixes are "none"."""
 
 from __future__ import annotations
 
-from dqtool import families
+from dqtool import registry
 from dqtool.linting.targets.base import Candidate, Profile, fixed, ragged, rank_of
 from dqtool.spec import QuantSpec
 
@@ -15,7 +15,7 @@ _NONE = "none: dqtool does not write opmx"
 
 def candidates(spec: QuantSpec, opset: int) -> list[Candidate]:
     c = Candidate("opmx DequantizeLinear")
-    if families.lint_fact(spec.domain, "opmx") == "native":
+    if registry.lint_fact(spec.domain, "opmx") == "native":
         return [c]  # the codec's own rules (DQ010–DQ019) judge these
     if spec.quant_type and spec.quant_type not in _X:
         c.add("DQ101", f"x type {spec.quant_type} (opmx takes int8, or int4 as int4x4)", _NONE)

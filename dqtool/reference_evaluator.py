@@ -15,7 +15,7 @@ from typing import Any
 import onnx
 from onnx.reference import ReferenceEvaluator
 
-from dqtool import families
+from dqtool import registry
 
 _OPS: tuple[int, tuple[type[Any], ...]] = (-1, ())
 
@@ -23,8 +23,8 @@ _OPS: tuple[int, tuple[type[Any], ...]] = (-1, ())
 def _ops() -> tuple[type[Any], ...]:
     """Every family's evaluator ops, built once per set of families."""
     global _OPS
-    if _OPS[0] != families.generation():
-        _OPS = (families.generation(), tuple(families.evaluator_ops()))
+    if _OPS[0] != registry.generation():
+        _OPS = (registry.generation(), tuple(registry.evaluator_ops()))
     return _OPS[1]
 
 
