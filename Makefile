@@ -26,21 +26,22 @@ FUZZ_SEED ?= 0
 .PHONY: run test lint models docs bench bench-quick fuzz clean lock test-latest test-ort test-cpu
 
 # $(1): the virtualenv folder. Installs the lock (hash-checked), then dqtool itself, built
-# with the locked hatchling (no build isolation: nothing unpinned is fetched).
+# with the locked setuptools (no build isolation: nothing unpinned is fetched), which
+# compiles the kernels of dqtool/native (setup.py) where there is a C compiler.
 define install_locked
 	@test -x $(1)/bin/python || $(PYTHON) -m venv $(1)
 	$(1)/bin/python $(PIP) --require-hashes -r $(LOCK)
 	$(1)/bin/python $(PIP) --no-deps --no-build-isolation -e .
 endef
 
-$(STAMP): pyproject.toml $(LOCK)
+$(STAMP): pyproject.toml setup.py $(LOCK) $(wildcard dqtool/native/*.c dqtool/native/*.h)
 	$(call install_locked,$(VENV))
 	@# An editable install leaves dqtool's own bytecode to the first run, which may not write
 	@# it (PYTHONDONTWRITEBYTECODE): compiled here, every command starts ~0.1 s sooner.
 	$(BIN)/python -m compileall -q dqtool
-	@# The compiled transpose (dqtool/native) is built once here rather than by the first
-	@# test workers at once; without a C compiler dqtool runs on NumPy (same bytes).
-	$(BIN)/python -c "from dqtool.native import describe; print('native transpose', describe())"
+	@# Whether the install above built the compiled kernels; without a C compiler it goes
+	@# on without them and dqtool runs on NumPy (the same bytes, slower).
+	$(BIN)/python -c "from dqtool.native import describe; print('native kernels', describe())"
 	@touch $(STAMP)
 
 run: $(STAMP)

@@ -137,11 +137,13 @@ def _nbits_model(tmp_path: Path, layers: list[tuple[int, int]]) -> Path:
 
 
 def _disk_of(monkeypatch, capacity: int) -> None:
-    """``native.reserve`` as on a file system with ``capacity`` bytes free."""
+    """``data_file.reserve`` as on a file system with ``capacity`` bytes free."""
     def reserve(fd: int, offset: int, length: int) -> int:
         return errno.ENOSPC if offset + length > capacity else 0
 
-    monkeypatch.setattr(native, "reserve", reserve)
+    from dqtool.storage import data_file
+
+    monkeypatch.setattr(data_file, "reserve", reserve)
 
 
 def test_a_save_that_fits_is_not_failed_by_reserving_ahead(tmp_path, monkeypatch):
@@ -168,7 +170,7 @@ def test_a_full_disk_found_while_writing_early_is_one_error_line(tmp_path, monke
 @pytest.mark.parametrize("k", [96, 128])  # 3 blocks (not a whole word of scales), 4
 def test_bfloat16_scales_are_written(tmp_path, monkeypatch, path, k):
     if path == "numpy":
-        monkeypatch.setattr(native, "_state", {"fn": None, "why": "off (test)"})
+        monkeypatch.setattr(native, "_ext", None)
     n, block = 64, 32
     kb = k // block
     rng = np.random.default_rng(0)
@@ -253,9 +255,9 @@ def test_an_error_after_the_conversion_stops_the_early_writers(tmp_path, monkeyp
 
 
 def test_an_inline_save_streams_fused_weights_in_c(tmp_path, monkeypatch):
-    # Saved inline, a repacked weight still goes through the compiled helper (the inline
-    # save's file is wrapped in pieces, which the helper writes itself), and the bytes are
-    # those of the NumPy path.
+    # Saved inline, a repacked weight is still streamed band by band by the compiled
+    # kernels (the inline save's file is wrapped in pieces, whose descriptor the bands are
+    # written to), and the bytes are those of the NumPy path.
     from dqtool.families.fused import packing
 
     if not native.transpose_fn():
@@ -267,7 +269,7 @@ def test_an_inline_save_streams_fused_weights_in_c(tmp_path, monkeypatch):
     monkeypatch.setattr(packing, "_stream_c", lambda *a: calls.append(1) or real(*a))
     dqtool.upgrade(src, 21, tmp_path / "c.onnx", external_data=False)
     assert calls
-    monkeypatch.setattr(native, "_state", {"fn": None, "why": "off (test)"})
+    monkeypatch.setattr(native, "_ext", None)
     dqtool.upgrade(src, 21, tmp_path / "np.onnx", external_data=False)
     assert (tmp_path / "c.onnx").read_bytes() == (tmp_path / "np.onnx").read_bytes()
 

@@ -16,10 +16,10 @@ from dqtool.families.fused import packing
 
 @pytest.fixture(autouse=True, params=["c", "c-portable", "numpy"])
 def path(request, monkeypatch) -> str:
-    """Where the transposes run: the compiled helper with its AVX-512 tiles where the CPU
-    has them ("c"), the compiled helper's portable loop alone ("c-portable"), NumPy."""
+    """Where the transposes run: the compiled kernels with their AVX-512 tiles where the
+    CPU has them ("c"), their portable loop alone ("c-portable"), NumPy."""
     if request.param == "numpy":
-        monkeypatch.setattr(native, "_state", {"fn": None, "why": "off (test)"})
+        monkeypatch.setattr(native, "_ext", None)
     elif os.environ.get("DQTOOL_NATIVE") == "0":  # asked for: the loader must honour it
         assert native.transpose_fn() is None
     else:  # `make` builds it; on a machine with no C compiler run with DQTOOL_NATIVE=0

@@ -1,6 +1,6 @@
 """Writes into a file's pages go in pieces of ``write_pieces.WRITE_PIECE`` (64 KiB): the Python
 writers (the data-file writer's threads, an inline save, lazily computed weights, the
-fold) and the compiled helper's bands alike; the bytes are those of one write."""
+fold) and a streamed repack's bands alike; the bytes are those of one write."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import numpy as np
 import onnx_ir as ir
 import pytest
 
-from dqtool import native, storage
+from dqtool import storage
 from dqtool.storage import write_pieces
 
 
@@ -62,14 +62,14 @@ def test_a_buffered_file_in_pieces_writes_no_more_than_a_piece_at_once(monkeypat
 
 @contextmanager
 def _data_file(path, lock, content: bytes = b"", flags: int = os.O_RDWR):
-    """The data-file writer's file (``data_writer._TakingTurns``) over ``path``, which
+    """The data-file writer's file (``data_file.TakingTurns``) over ``path``, which
     holds ``content`` first; its descriptor is closed after."""
-    from dqtool.storage import data_writer
+    from dqtool.storage import data_file
 
     path.write_bytes(content)
     fd = os.open(path, flags)
     try:
-        yield data_writer._TakingTurns(fd, lock)
+        yield data_file.TakingTurns(fd, lock)
     finally:
         os.close(fd)
 
@@ -88,8 +88,9 @@ def _pwrites(monkeypatch) -> list[tuple[int, int]]:
 
 
 def test_the_data_file_writer_writes_in_pieces_in_turns(tmp_path, monkeypatch) -> None:
-    # The data-file writer's file: each piece in its own turn on the writers' lock, at
-    # the file's position, which moves past it.
+    # The data-file writer's file: a write's pieces in one turn on the writers' lock
+    # (the others wait once, not between pieces), at the file's position, which moves
+    # past it.
 
     monkeypatch.setattr(write_pieces, "WRITE_PIECE", 100)
     turns = []
@@ -105,7 +106,7 @@ def test_the_data_file_writer_writes_in_pieces_in_turns(tmp_path, monkeypatch) -
     calls = _pwrites(monkeypatch)
     with _data_file(path, Lock(), b"0123456789") as f:
         assert f.seek(3) == 3 and f.write(b"x" * 250) == 250 and f.tell() == 253
-    assert calls == [(100, 3), (100, 103), (50, 203)] and len(turns) == 3
+    assert calls == [(100, 3), (100, 103), (50, 203)] and len(turns) == 1
     assert path.read_bytes() == b"012" + b"x" * 250
 
 
@@ -125,22 +126,6 @@ def test_the_data_file_writers_file_keeps_its_own_position(tmp_path) -> None:
             f.seek(-1)
         assert os.lseek(fd, 0, os.SEEK_CUR) == 0  # the descriptor's own never moved
     assert path.read_bytes() == b"abcd" + bytes([0, 2, 4, 6, 8, 10])
-
-
-def _native_on() -> bool:
-    """Whether the compiled helper is on: it must be, unless DQTOOL_NATIVE=0 asked for it
-    off (`make` builds it; on a machine with no C compiler run with DQTOOL_NATIVE=0)."""
-    if os.environ.get("DQTOOL_NATIVE") == "0":
-        assert native.transpose_fn() is None
-        return False
-    assert native.transpose_fn() is not None, native.describe()
-    return True
-
-
-def test_the_compiled_helper_writes_pieces_of_the_same_size() -> None:
-    if not _native_on():
-        return
-    assert native._state["lib"].dq_write_piece() == write_pieces.WRITE_PIECE == 64 << 10
 
 
 def test_an_inline_save_writes_through_pieces(tmp_path, monkeypatch) -> None:
@@ -202,39 +187,29 @@ def test_write_tensor_writes_what_tobytes_gives_in_pieces(kind: str, monkeypatch
 
 
 @pytest.mark.parametrize("size", [10, 64 << 10, (64 << 10) + 1, 300_000])
-def test_the_data_file_writer_hands_large_buffers_to_c(size: int, tmp_path,
-                                                     monkeypatch) -> None:
-    # With the compiled helper's turn as its lock, a buffer larger than a piece is
-    # written by one C call (in pieces, in that turn) at the file's position, which then
-    # moves past it, as a write does; smaller ones are written here. Same bytes.
-
-    if not _native_on():
-        return
-    turn = native.new_turn()
+def test_the_data_file_writer_writes_large_buffers_in_pieces(size: int, tmp_path,
+                                                            monkeypatch) -> None:
+    # A buffer larger than a piece is written in pieces at the file's position, which
+    # then moves past it, as a write does. Same bytes.
     data = np.random.default_rng(size).integers(0, 256, size, np.uint8)
     path = tmp_path / "d.bin"
     calls = _pwrites(monkeypatch)
-    with _data_file(path, turn) as f:
+    with _data_file(path, threading.RLock()) as f:
         f.write(b"head")
         assert f.writes_in_pieces and f.write(data) == size
         assert f.tell() == 4 + size
         f.write(b"tail")
     assert path.read_bytes() == b"head" + data.tobytes() + b"tail"
-    # in C (no os.pwrite) exactly when larger than a piece
     piece = write_pieces.WRITE_PIECE
-    assert len(calls) == (2 if size > piece else 2 + -(-size // piece))
+    assert len(calls) == 2 + -(-size // piece) and max(n for n, _ in calls) <= piece
 
 
-def test_a_failed_c_write_is_an_os_error(tmp_path) -> None:
-
-    if not _native_on():
-        return
-    turn = native.new_turn()
+def test_a_failed_write_is_an_os_error(tmp_path) -> None:
     # read-only: the write fails (EBADF)
-    with _data_file(tmp_path / "d.bin", turn, flags=os.O_RDONLY) as f, \
+    with _data_file(tmp_path / "d.bin", threading.RLock(), flags=os.O_RDONLY) as f, \
             pytest.raises(OSError) as e:
         f.write(np.zeros(200_000, np.uint8))
-    assert e.value.errno == errno.EBADF  # pwrite's own error, from C
+    assert e.value.errno == errno.EBADF  # pwrite's own error
 
 
 @pytest.mark.parametrize("wrap", ["turns", "pieces"])

@@ -13,7 +13,6 @@ import contextlib
 import contextvars
 import errno
 import os
-import sys
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext
@@ -21,7 +20,8 @@ from pathlib import Path
 
 import onnx_ir as ir
 
-from dqtool.storage.write_pieces import WRITE_PIECE, as_bytes, write_in_pieces, write_tensor
+from dqtool.storage.data_file import TakingTurns, reserve_or_fail
+from dqtool.storage.write_pieces import write_in_pieces, write_tensor
 
 # onnx_ir's default: smaller tensors stay in the protobuf.
 SIZE_THRESHOLD = 256
@@ -87,122 +87,6 @@ def _initializers(model: ir.Model) -> list[ir.Value]:
             if v.const_value is not None]
 
 
-def _reserve(f, path: Path, offset: int, length: int) -> None:
-    """Reserve the file's bytes ``offset`` .. ``offset + length`` on disk where the compiled
-    helper can (``dq_reserve``: the writes then cost less, and a full disk shows before
-    any byte is written); a disk too full or a file too large for it is an error now."""
-    from dqtool.native import reserve
-
-    err = reserve(f.fileno(), offset, length) if length else 0
-    if err in (errno.ENOSPC, errno.EFBIG):
-        raise OSError(err, f"{os.strerror(err)}: {path} would take {offset + length} bytes")
-
-
-class _TakingTurns:
-    """A writer thread's data file: its descriptor (``fd``, the thread's own, closed by the
-    thread) and a position kept here. Writes go to the position with ``pwrite``, in pieces
-    (dqtool.storage.write_pieces), each in its turn on ``lock``. ``native_turn``: the handle of the
-    lock when it is the compiled helper's (``dqtool.native.Turn``), which a weight streamed in
-    C takes around its own writes; else None.
-
-    Why not a buffered file: each of its seek() and tell() calls was an lseek, and each
-    syscall hands the GIL on; while the main thread still converted and serialized, the
-    writers waited up to a switch interval for it back after every one (~9 a tensor,
-    measured: 6,100 lseeks in an `upgrade` of the 1.8 GB bench model)."""
-
-    streams_to_fd = True  # an OS file underneath: C may pwrite to its descriptor
-    writes_in_pieces = True  # (dqtool.storage.write_pieces) hand it whole buffers
-
-    def __init__(self, fd: int, lock) -> None:
-        self._fd, self._lock, self._pos = fd, lock, 0
-        self.native_turn = getattr(lock, "handle", None)
-
-    def write(self, data) -> int:
-        """In pieces (dqtool.storage.write_pieces): a large buffer in one call of the compiled
-        helper, which takes the turn (the lock) once for all its pieces, without the GIL or the
-        interpreter per piece; else piece by piece here, each in its own turn."""
-        from dqtool import native
-
-        view = as_bytes(data)
-        if view is None:  # a strided array or buffer: its bytes in order
-            view = as_bytes(_contiguous(data))
-        if len(view) > WRITE_PIECE and self.native_turn is not None \
-                and native.write_at(self._fd, view, self._pos, self._lock):
-            self._pos += len(view)
-            return len(view)
-        return write_in_pieces(self._write, view)
-
-    def _write(self, piece: memoryview) -> int:
-        with self._lock:
-            n = os.pwrite(self._fd, piece, self._pos)
-        if n == 0 and len(piece):  # (a regular file never does; it would loop forever)
-            raise OSError(errno.EIO, "the data file took none of a write")
-        self._pos += n
-        return n
-
-    def seek(self, pos: int, whence: int = os.SEEK_SET) -> int:
-        if whence == os.SEEK_END:
-            pos += os.fstat(self._fd).st_size
-        elif whence == os.SEEK_CUR:
-            pos += self._pos
-        elif whence != os.SEEK_SET:
-            raise ValueError(f"invalid whence ({whence})")
-        if pos < 0:
-            raise OSError(errno.EINVAL, f"negative seek position {pos}")
-        self._pos = pos
-        return pos
-
-    def tell(self) -> int:
-        return self._pos
-
-    def flush(self) -> None:
-        """Nothing is buffered: every write is in the file when it returns."""
-
-    def fileno(self) -> int:
-        return self._fd
-
-
-def _contiguous(data: object) -> object:
-    import numpy as np
-
-    if isinstance(data, np.ndarray):
-        return np.ascontiguousarray(data)
-    return memoryview(data).tobytes()  # type: ignore[arg-type]
-
-
-class _QuickSwitches:
-    """While writer threads run, the interpreter hands the GIL on after 0.5 ms rather than
-    Python's 5 ms: a writer back from a weight's C call (its bands transposed and
-    written without the GIL) needs the GIL for a few lines before the next, and waited up
-    to the whole interval while the main thread converted or serialized. Measured, on
-    the 1.8 GB bench model: `upgrade` ~1.5% quicker (0.869 s against 0.883 s, medians of
-    6 interleaved runs).
-    Counted, so that overlapping writers restore the interval once, the last one out."""
-
-    INTERVAL = 0.0005
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._users = 0
-        self._saved = 0.0
-
-    def enter(self) -> None:
-        with self._lock:
-            if self._users == 0:
-                self._saved = sys.getswitchinterval()
-                sys.setswitchinterval(min(self._saved, self.INTERVAL))
-            self._users += 1
-
-    def leave(self) -> None:
-        with self._lock:
-            self._users -= 1
-            if self._users == 0:
-                sys.setswitchinterval(self._saved)
-
-
-_QUICK_SWITCHES = _QuickSwitches()
-
-
 class _Writer:
     """Writes the planned tensors, each at its own offset, on ``threads`` threads that take
     the next tensor in order; the first error, if any, is raised by ``finish``.
@@ -231,23 +115,17 @@ class _Writer:
         self._reserving = None  # the file, open for ``add``'s reservations
         self._lock = threading.Condition()  # the queue, the callback and the error
         self._compute = threading.Lock()
-        self._switching = False  # holds the quick GIL switches (from start to finish)
-        # reentrant: a copy through user space writes too; the compiled helper's where it
-        # is on, so that weights streamed in C take the same turns
-        from dqtool.native import new_turn
-
-        self._io = new_turn() or threading.RLock()
+        # reentrant: a copy through user space writes within its own turn
+        self._io = threading.RLock()
         if not append:  # append: past a prefill's bytes, the file exists
             with open(path, "wb") as f:
-                _reserve(f, path, 0, max((o + n for _, o, n in plan), default=0))
+                reserve_or_fail(f, path, 0, max((o + n for _, o, n in plan), default=0))
         count = max(1, threads if open_ended else min(threads, len(plan)))
         self._threads = [threading.Thread(target=self._run, daemon=True,
                                           name=f"dqtool-external-data-{i}")
                          for i in range(count)]
 
     def start(self) -> None:
-        _QUICK_SWITCHES.enter()
-        self._switching = True
         for t in self._threads:
             t.start()
 
@@ -268,11 +146,11 @@ class _Writer:
                 self._reserving = open(self.path, "r+b")  # noqa: SIM115 - closed by finish()
             # What the tensors need, surely (a full disk is an error); the bytes ahead if
             # the disk has them (a save that fits must not fail on them).
-            _reserve(self._reserving, self.path, self._reserved, end - self._reserved)
+            reserve_or_fail(self._reserving, self.path, self._reserved, end - self._reserved)
             self._reserved = end
             if not last:
                 with contextlib.suppress(OSError):
-                    _reserve(self._reserving, self.path, end, self.RESERVE_AHEAD)
+                    reserve_or_fail(self._reserving, self.path, end, self.RESERVE_AHEAD)
                     self._reserved = end + self.RESERVE_AHEAD
         with self._lock:
             self.plan.extend(items)
@@ -314,7 +192,7 @@ class _Writer:
         try:
             fd = os.open(self.path, os.O_RDWR)  # not inherited (PEP 446)
             try:
-                f = _TakingTurns(fd, self._io)
+                f = TakingTurns(fd, self._io)
                 while (item := self._next()) is not None:
                     t, offset, length = item[1]
                     if isinstance(t, ir.ExternalTensor):  # a copy in the kernel: one write
@@ -340,9 +218,6 @@ class _Writer:
         for t in self._threads:
             if t.ident is not None:
                 t.join()
-        if self._switching:
-            self._switching = False
-            _QUICK_SWITCHES.leave()
         if self._reserving is not None:
             with self._reserving as f:  # the reserved bytes past the last tensor go
                 end = max((o + n for _, o, n in self.plan), default=0)

@@ -11,8 +11,9 @@ that drew such blocks (eight rounds of each, interleaved); an `upgrade` of the 1
 model, whose bands were written 1 MiB at a time, took 1.6-2.7 s in such minutes against
 0.85-0.88 s with 64 KiB pieces. A copy of the file (``cp``, ``shutil.copyfile``) writes 64
 KiB at a time too: the kernel's splice moves a pipe's worth per write. Smaller pieces cost
-more calls (32 KiB: `upgrade` 9% slower). The compiled helper writes its bands in the same
-pieces (``dq_write_piece()``, which the tests compare with this). Measured again on
+more calls (32 KiB: `upgrade` 9% slower). The data-file writers and a streamed repack's
+bands (``dqtool.native.write_transposed``) write in the same pieces (``pwrite_all``). Measured
+again on
 2026-11-27 (kernel 6.18, whose ext4 makes large folios): 1 MiB pieces wrote 1.9 GB in
 0.20-0.27 s against 0.29-0.38 s, with no slow round in six drawing reclaimed memory, but an
 `upgrade` of the bench model, eight interleaved rounds each, took 1.05 s against 1.09 s
@@ -21,6 +22,8 @@ pieces (``dq_write_piece()``, which the tests compare with this). Measured again
 
 from __future__ import annotations
 
+import errno
+import os
 import sys
 from collections.abc import Callable
 
@@ -56,6 +59,18 @@ def write_in_pieces(write: Callable[[memoryview], object], data: object) -> int:
                 break  # (a file that returns nothing from write wrote it all)
             piece = piece[n:]
     return len(view)
+
+
+def pwrite_all(fd: int, data: memoryview, offset: int) -> None:
+    """All of ``data`` (bytes) at ``offset`` of ``fd``, by ``os.pwrite`` in pieces of at
+    most ``WRITE_PIECE``; a write that takes less is given the rest."""
+    for start in range(0, len(data), WRITE_PIECE):
+        piece, at = data[start:start + WRITE_PIECE], offset + start
+        while piece:
+            n = os.pwrite(fd, piece, at)
+            if n == 0:  # (a regular file never does; it would loop forever)
+                raise OSError(errno.EIO, "the file took none of a write")
+            piece, at = piece[n:], at + n
 
 
 def as_bytes(data: object) -> memoryview | None:
