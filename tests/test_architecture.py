@@ -1,0 +1,54 @@
+"""The house's plan holds: the import rules of ``.importlinter`` are kept (import-linter,
+the field's usual tool), and docs/architecture.md's table of layers is the contract's."""
+
+from __future__ import annotations
+
+import configparser
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _contract_layers() -> list[list[str]]:
+    config = configparser.ConfigParser()
+    config.read(ROOT / ".importlinter")
+    rows = config["importlinter:contract:layers"]["layers"].strip().splitlines()
+    return [sorted(m.strip() for m in row.split("|")) for row in rows]
+
+
+def _doc_layers() -> list[list[str]]:
+    text = (ROOT / "docs" / "architecture.md").read_text()
+    section = text[text.index("## The layers"):]
+    section = section[:section.index("\n## ", 3)] if "\n## " in section[3:] else section
+    rows = []
+    for line in section.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) != 3 or cells[0] in ("layer", "---"):
+            continue
+        paths = re.findall(r"`(dqtool/[^`]+)`", cells[1])
+        rows.append(sorted(p.removesuffix("/").removesuffix(".py").replace("/", ".")
+                           for p in paths))
+    return rows
+
+
+def test_the_import_rules_hold():
+    lint = Path(sys.executable).with_name("lint-imports")
+    res = subprocess.run([str(lint), "--config", str(ROOT / ".importlinter")], cwd=ROOT,
+                         capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-2000:]
+    assert "0 broken" in res.stdout
+
+
+def test_the_documented_layers_are_the_contracts():
+    assert _doc_layers() == _contract_layers()
+
+
+def test_every_module_has_a_layer():
+    layered = {m for row in _contract_layers() for m in row}
+    package = ROOT / "dqtool"
+    top = {f"dqtool.{p.stem}" for p in package.glob("*.py") if p.stem != "__init__"}
+    top |= {f"dqtool.{p.parent.name}" for p in package.glob("*/__init__.py")}
+    assert top - layered == set()
