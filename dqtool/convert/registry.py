@@ -4,9 +4,9 @@ An ai.onnx adapter converts one node across *one* version step: ``version`` is t
 since-version on the upper side of the step, ``direction`` says which way ("up": from the
 previous since-version to ``version``; "down": from ``version`` to the previous one).
 Cross-domain adapters (com.microsoft, opmx → ai.onnx) use direction "onnx", with
-``version`` the since-version of the family's op they read; "pack" is the reverse (ai.onnx →
-the family's form). ``find`` resolves a node's domain version to the adapter registered for
-the since-version in force, so an op with several versions needs one adapter per version.
+``version`` the since-version of the family's op they read. ``find`` resolves a node's
+domain version to the adapter registered for the since-version in force, so an op with
+several versions needs one adapter per version.
 
 The adapters dqtool ships come from the operator families (``dqtool.families``), each of
 which fills a registry with its own.
@@ -25,7 +25,7 @@ import onnx_ir as ir
 if TYPE_CHECKING:
     from dqtool.convert.context import Step
 
-Direction = Literal["up", "down", "onnx", "pack"]
+Direction = Literal["up", "down", "onnx"]
 
 
 @dataclass(frozen=True)

@@ -34,8 +34,8 @@ Each capability is optional (``None``: the family does not offer it):
 - ``converters``: a callable that registers adapters into a conversion registry
   (``dqtool.convert.registry.Registry``), keyed by (domain, op, version, direction):
   ``"up"``/``"down"`` move an ai.onnx op one since-version; ``"onnx"`` turns the family's
-  node into ai.onnx; ``"pack"`` is the reverse (ai.onnx → the family's form). The driver
-  dispatches every node whose (domain, op) is owned by a registered family.
+  node into ai.onnx (the reverse, ``pack``, is a pass of its own). The driver dispatches
+  every node whose (domain, op) is owned by a registered family.
 - ``prunable``: the family's domains whose opset import dqtool may drop once a fold or a
   conversion has removed every node of them (a function's own domain is never listed).
 - ``lint_facts``: what the lint targets need to know about the family's nodes, per target
