@@ -93,19 +93,7 @@ def read_matmul_nbits(node: ir.Node, version: int) -> FusedSpec:
     block = attr_int(node, "block_size", None)
     accuracy = attr_int(node, "accuracy_level", 0) or 0
     prepacked = attr_int(node, "weight_prepacked", 0) or 0
-    for name, value in (("K", k), ("N", n), ("block_size", block)):
-        if value is None:
-            problems.append(Problem(P_FUSED_INPUTS, f"{where}: required attribute {name} "
-                                    "is missing"))
-    if bits not in (2, 4, 8):
-        problems.append(Problem(P_FUSED_ATTR, f"{where}: bits={bits}; onnxruntime takes 2, "
-                                "4 or 8"))
-    if block is not None and not _power_of_two_16(block):
-        problems.append(Problem(P_FUSED_ATTR, f"{where}: block_size={block} is not a power "
-                                "of 2 ≥ 16"))
-    if prepacked:
-        problems.append(Problem(P_FUSED_ATTR, f"{where}: weight_prepacked={prepacked}: B is "
-                                "in an execution provider's private layout"))
+    problems += _nbits_attribute_problems(where, k, n, bits, block, prepacked)
     a_type, s_type = graph.elem_type(a), graph.elem_type(scales)
     b_type, zp_type = graph.elem_type(b), graph.elem_type(zp)
     if a_type is not None and a_type not in FLOATS:
@@ -136,24 +124,8 @@ def read_matmul_nbits(node: ir.Node, version: int) -> FusedSpec:
         and k > 0 and n > 0
     kb = ceil_div(k, block) if geometry_ok else None
     if geometry_ok:
-        blob = block * bits // 8
-        b_shape = _shape(b)
-        if _known(b_shape) and b_shape != (n, kb, blob):
-            problems.append(Problem(P_FUSED_SHAPE, f"{where}: B is {b_shape}, expected "
-                                    f"(N, k_blocks, blob) = {(n, kb, blob)}"))
-        s_shape = _shape(scales)
-        if _known(s_shape) and s_shape not in ((n * kb,), (n, kb)):
-            problems.append(Problem(P_FUSED_SHAPE, f"{where}: scales are {s_shape}, expected "
-                                    f"({n * kb},) or {(n, kb)}"))
-        z_shape = _shape(zp)
-        if zp is not None and _known(z_shape):
-            zl = ceil_div(kb * bits, 8) if zp_packed else kb
-            if z_shape not in ((n * zl,), (n, zl)):
-                problems.append(Problem(P_FUSED_SHAPE, f"{where}: zero points are {z_shape}, "
-                                        f"expected ({n * zl},) or {(n, zl)}"))
-        if bias is not None and _known(_shape(bias)) and _shape(bias) != (n,):
-            problems.append(Problem(P_FUSED_SHAPE, f"{where}: bias is {_shape(bias)}, "
-                                    f"expected ({n},)"))
+        problems += _nbits_shape_problems(where, n, kb, block * bits // 8, bits,
+                                          (b, scales, zp, bias), zp_packed)
     g_kind = _g_idx_kind(g_idx, k, block)
     if g_kind == "act-order":
         problems.append(Problem(P_FUSED_G_IDX, f"{where}: g_idx maps rows of K to blocks "
@@ -188,6 +160,57 @@ def read_matmul_nbits(node: ir.Node, version: int) -> FusedSpec:
                                 if not attr.is_ref())),
         problems=tuple(problems),
     )
+
+
+def _nbits_attribute_problems(where: str, k: int | None, n: int | None, bits: int | None,
+                              block: int | None, prepacked: int) -> list[Problem]:
+    problems = []
+    for name, value in (("K", k), ("N", n), ("block_size", block)):
+        if value is None:
+            problems.append(Problem(P_FUSED_INPUTS, f"{where}: required attribute {name} "
+                                    "is missing"))
+    for name, value in (("K", k), ("N", n)):
+        # Every consumer reads a spec with errors as "leave it"; without this one, K or N
+        # of 0 or less passed as valid with no geometry, and upgrade and fold failed on it.
+        if value is not None and value <= 0:
+            problems.append(Problem(P_FUSED_ATTR, f"{where}: {name}={value}; the weight's "
+                                    "dimensions must be positive"))
+    if bits not in (2, 4, 8):
+        problems.append(Problem(P_FUSED_ATTR, f"{where}: bits={bits}; onnxruntime takes 2, "
+                                "4 or 8"))
+    if block is not None and not _power_of_two_16(block):
+        problems.append(Problem(P_FUSED_ATTR, f"{where}: block_size={block} is not a power "
+                                "of 2 ≥ 16"))
+    if prepacked:
+        problems.append(Problem(P_FUSED_ATTR, f"{where}: weight_prepacked={prepacked}: B is "
+                                "in an execution provider's private layout"))
+    return problems
+
+
+def _nbits_shape_problems(where: str, n: int, kb: int, blob: int, bits: int,
+                          values: tuple[ir.Value | None, ...], zp_packed: bool
+                          ) -> list[Problem]:
+    """B, scales, zero points and bias (``values``) against N, k_blocks and the blob."""
+    b, scales, zp, bias = values
+    problems = []
+    b_shape = _shape(b)
+    if _known(b_shape) and b_shape != (n, kb, blob):
+        problems.append(Problem(P_FUSED_SHAPE, f"{where}: B is {b_shape}, expected "
+                                f"(N, k_blocks, blob) = {(n, kb, blob)}"))
+    s_shape = _shape(scales)
+    if _known(s_shape) and s_shape not in ((n * kb,), (n, kb)):
+        problems.append(Problem(P_FUSED_SHAPE, f"{where}: scales are {s_shape}, expected "
+                                f"({n * kb},) or {(n, kb)}"))
+    z_shape = _shape(zp)
+    if zp is not None and _known(z_shape):
+        zl = ceil_div(kb * bits, 8) if zp_packed else kb
+        if z_shape not in ((n * zl,), (n, zl)):
+            problems.append(Problem(P_FUSED_SHAPE, f"{where}: zero points are {z_shape}, "
+                                    f"expected ({n * zl},) or {(n, zl)}"))
+    if bias is not None and _known(_shape(bias)) and _shape(bias) != (n,):
+        problems.append(Problem(P_FUSED_SHAPE, f"{where}: bias is {_shape(bias)}, "
+                                f"expected ({n},)"))
+    return problems
 
 
 def gbq_geometry(data_type: str | None, data_shape: tuple[Dim, ...] | None, bits: int,

@@ -1,0 +1,187 @@
+"""Hostile operator attributes (the hostile campaign of 2026-11): every command answers
+one line with exit 2, or a finding, never a traceback."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import ml_dtypes
+import numpy as np
+import onnx
+import pytest
+from helpers.fused import gbq_model, nbits_inputs, nbits_model
+from helpers.integer import one_node
+from onnx import TensorProto as TP
+from onnx import helper, numpy_helper
+
+from dqtool.cli import main
+
+H = 1 << 62
+
+
+def _cli(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
+    """Run ``dqtool argv`` in this process: (exit code, stdout, stderr). An exception that
+    leaves ``main`` (a traceback for a user) fails the test by itself."""
+    try:
+        main(argv)
+        code = 0
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else 1
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def _assert_clean(argv: list[str], code: int, err: str) -> None:
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert code in (0, 1, 2), (argv, code, err)
+    assert "Traceback" not in err, (argv, err)
+    assert len(lines) <= 1, (argv, err)
+    if code == 2:
+        assert lines and lines[0].startswith("dqtool: error: "), (argv, err)
+
+
+def _every_command(model: Path, out: Path) -> list[list[str]]:
+    m, o = str(model), str(out)
+    return [["inspect", m], ["inspect", "--json", m], ["lint", m],
+            ["lint", "--target", "onnxruntime", m], ["check", m], ["check", m, "--against", m],
+            ["fold", m, "-o", o], ["upgrade", m, "--opset", "21", "-o", o],
+            ["downgrade", m, "--opset", "13", "-o", o], ["pack", m, "-o", o],
+            ["qdq", m, "-o", o], ["qoperator", m, "-o", o]]
+
+
+def _with_attribute(model: onnx.ModelProto, attr: onnx.AttributeProto) -> onnx.ModelProto:
+    node = model.graph.node[0]
+    kept = [a for a in node.attribute if a.name != attr.name]
+    del node.attribute[:]
+    node.attribute.extend([*kept, attr])
+    return model
+
+
+def _nbits(**attrs: object) -> onnx.ModelProto:
+    rng = np.random.default_rng(0)
+    model = nbits_model(32, 8, 4, 16, nbits_inputs(rng, 32, 8, 4, 16))
+    for name, value in attrs.items():
+        model = _with_attribute(model, helper.make_attribute(name, value))
+    return model
+
+
+def _gbq(uint8: bool = False, **attrs: object) -> onnx.ModelProto:
+    rng = np.random.default_rng(1)
+    table = rng.integers(0, 256, (10, 32)).astype(np.uint8) if uint8 else \
+        rng.integers(0, 16, (10, 64)).astype(ml_dtypes.uint4)
+    model = gbq_model(table, (rng.random((10, 2)) * 0.1).astype(np.float32), None)
+    for name, value in attrs.items():
+        model = _with_attribute(model, helper.make_attribute(name, value))
+    return model
+
+
+def _dq(scale: onnx.TensorProto | None = None, zero_point: onnx.TensorProto | None = None,
+        x: onnx.TensorProto | None = None, opset: int = 21, **attrs: object
+        ) -> onnx.ModelProto:
+    """w (int8 [4, 8], or ``x``) → DequantizeLinear(scale, zero point) → MatMul."""
+    inits = [x or numpy_helper.from_array(np.arange(32, dtype=np.int8).reshape(4, 8), "w"),
+             scale or numpy_helper.from_array(np.float32(0.1), "s")]
+    names = ["w", "s"]
+    if zero_point is not None:
+        inits.append(zero_point)
+        names.append("z")
+    nodes = [helper.make_node("DequantizeLinear", names, ["y"], name="dq", **attrs),
+             helper.make_node("MatMul", ["a", "y"], ["o"], name="mm")]
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("a", TP.FLOAT, [2, 4])],
+                          [helper.make_tensor_value_info("o", TP.FLOAT, None)], inits)
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)], ir_version=10)
+
+
+def _run_all(tmp_path: Path, model: onnx.ModelProto, capsys: pytest.CaptureFixture[str]
+             ) -> dict[str, tuple[int, str, str]]:
+    path = tmp_path / "m.onnx"
+    onnx.save(model, path)
+    before = path.read_bytes()
+    (tmp_path / "out").mkdir()
+    got = {}
+    for argv in _every_command(path, tmp_path / "out" / "o.onnx"):
+        code, out, err = _cli(argv, capsys)
+        _assert_clean(argv, code, err)
+        if code == 2:
+            assert not list((tmp_path / "out").iterdir()), argv  # nothing written
+        got[" ".join(argv[:2] if argv[1].startswith("-") else argv[:1])] = (code, out, err)
+    assert path.read_bytes() == before
+    return got
+
+
+# -- attributes out of range: the codec's problems, every command clean ----------------------
+@pytest.mark.parametrize(("name", "value"), [("N", -8), ("N", 0), ("K", -32), ("K", 0)])
+def test_matmul_nbits_with_k_or_n_not_positive_is_an_invalid_node(tmp_path, capsys, name,
+                                                                   value):
+    # upgrade and fold failed with a TypeError (no geometry, and no problem either)
+    got = _run_all(tmp_path, _nbits(**{name: value}), capsys)
+    code, out, _ = got["lint --target"]
+    assert code == 1 and "FU002" in out and f"{name}={value}" in out
+    assert got["upgrade"][0] == 0 and "kept" in got["upgrade"][1]
+
+
+HOSTILE_FUSED = {
+    "nbits bits -4": lambda: _nbits(bits=-4), "nbits bits 0": lambda: _nbits(bits=0),
+    "nbits bits huge": lambda: _nbits(bits=H),
+    "nbits block -16": lambda: _nbits(block_size=-16),
+    "nbits block 0": lambda: _nbits(block_size=0),
+    "nbits block huge": lambda: _nbits(block_size=H), "nbits K huge": lambda: _nbits(K=H),
+    "nbits N huge": lambda: _nbits(N=H),
+    "gbq bits -4": lambda: _gbq(bits=-4), "gbq uint8 bits 0": lambda: _gbq(True, bits=0),
+    "gbq uint8 bits 3": lambda: _gbq(True, bits=3),
+    "gbq block 0": lambda: _gbq(block_size=0), "gbq block huge": lambda: _gbq(block_size=H),
+    "gbq quantize_axis -5": lambda: _gbq(quantize_axis=-5),
+    "gbq quantize_axis huge": lambda: _gbq(True, quantize_axis=H),
+    "gbq gather_axis huge": lambda: _gbq(gather_axis=H),
+    "gbq gather_axis -huge": lambda: _gbq(gather_axis=-H),
+}
+
+
+@pytest.mark.parametrize("case", HOSTILE_FUSED)
+def test_hostile_fused_attributes_are_findings(tmp_path, capsys, case):
+    got = _run_all(tmp_path, HOSTILE_FUSED[case](), capsys)
+    code, out, _ = got["lint --target"]
+    assert code == 1 and "FU00" in out
+
+
+def _conv(**attrs: object) -> onnx.ModelProto:
+    rng = np.random.default_rng(2)
+    f32, u8 = (lambda v: np.array(v, np.float32)), (lambda v: np.array(np.uint8(v)))
+    x = rng.integers(0, 256, (1, 2, 5, 5)).astype(np.uint8)
+    w = rng.integers(-128, 128, (3, 2, 3, 3)).astype(np.int8)
+    return one_node("QLinearConv", [("x", x), ("xs", f32(0.02)), ("xz", u8(3)), ("w", w),
+                                    ("ws", f32(0.01)), ("wz", np.array(np.int8(0))),
+                                    ("ys", f32(0.5)), ("yz", u8(7))], TP.UINT8,
+                    **{"kernel_shape": [3, 3], **attrs})
+
+
+def _ms_unary(op: str, **attrs: object) -> onnx.ModelProto:
+    x = np.random.default_rng(3).integers(0, 256, (1, 3, 6, 6)).astype(np.uint8)
+    f32, u8 = (lambda v: np.array(v, np.float32)), (lambda v: np.array(np.uint8(v)))
+    return one_node(op, [("x", x), ("xs", f32(0.02)), ("xz", u8(3)), ("ys", f32(0.1)),
+                         ("yz", u8(4))], TP.UINT8, domain="com.microsoft", **attrs)
+
+
+HOSTILE_INTEGER = {
+    "conv group 0": lambda: _conv(group=0), "conv group -1": lambda: _conv(group=-1),
+    "conv group huge": lambda: _conv(group=H), "conv strides 0": lambda: _conv(strides=[0, 0]),
+    "conv pads -5": lambda: _conv(pads=[-5] * 4), "conv pads huge": lambda: _conv(pads=[H] * 4),
+    "conv kernel huge": lambda: _conv(kernel_shape=[H, H]),
+    "conv dilations 0": lambda: _conv(dilations=[0, 0]),
+    "pool kernel 0": lambda: _ms_unary("QLinearAveragePool", kernel_shape=[0, 0]),
+    "pool kernel huge": lambda: _ms_unary("QLinearAveragePool", kernel_shape=[H, H]),
+    "softmax axis huge": lambda: _ms_unary("QLinearSoftmax", axis=H),
+    "softmax opset -13": lambda: _ms_unary("QLinearSoftmax", opset=-13),
+    "reduce axes huge": lambda: _ms_unary("QLinearReduceMean", axes=[H], keepdims=1),
+    "dq axis huge": lambda: _dq(numpy_helper.from_array(np.ones(4, np.float32), "s"), axis=H),
+    "dq block -32": lambda: _dq(numpy_helper.from_array(np.ones((4, 2), np.float32), "s"),
+                                axis=1, block_size=-32),
+    "dq block huge": lambda: _dq(numpy_helper.from_array(np.ones((4, 2), np.float32), "s"),
+                                 axis=1, block_size=H),
+    "dq output_dtype 9999": lambda: _dq(output_dtype=9999),
+}
+
+
+@pytest.mark.parametrize("case", HOSTILE_INTEGER)
+def test_hostile_integer_and_qdq_attributes_never_fail_a_command(tmp_path, capsys, case):
+    _run_all(tmp_path, HOSTILE_INTEGER[case](), capsys)
