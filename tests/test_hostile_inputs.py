@@ -1,5 +1,5 @@
-"""Hostile operator attributes (the hostile campaign of 2026-11): every command answers
-one line with exit 2, or a finding, never a traceback."""
+"""Hostile operator attributes, element types and dims (the hostile campaign of 2026-11):
+every command answers one line with exit 2, or a finding, never a traceback."""
 
 from __future__ import annotations
 
@@ -14,9 +14,11 @@ from helpers.integer import one_node
 from onnx import TensorProto as TP
 from onnx import helper, numpy_helper
 
+from dqtool import registry
 from dqtool.cli import main
 
 H = 1 << 62
+MAX = (1 << 63) - 1
 
 
 def _cli(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
@@ -185,3 +187,153 @@ HOSTILE_INTEGER = {
 @pytest.mark.parametrize("case", HOSTILE_INTEGER)
 def test_hostile_integer_and_qdq_attributes_never_fail_a_command(tmp_path, capsys, case):
     _run_all(tmp_path, HOSTILE_INTEGER[case](), capsys)
+
+
+# -- attribute types: refused when the model is loaded ----------------------------------------
+WRONG_TYPES = {
+    # ai.onnx operators: onnx's schemas
+    "DequantizeLinear axis STRING": (lambda: _dq(axis="1"), "'axis' is STRING"),
+    "QLinearConv group STRING": (lambda: _conv(group="1"), "'group' is STRING"),
+    # com.microsoft ones: the families' attribute_types (qoperator, qdq and lint's target
+    # failed on these: '<' between str and int, float('x'), as_int of a FLOAT)
+    "QGemm alpha STRING": (lambda: _qgemm(alpha="x"), "'alpha' is STRING"),
+    "QGemm transB FLOAT": (lambda: _qgemm(transB=1.0), "'transB' is FLOAT"),
+    "QLinearSoftmax opset STRING": (lambda: _ms_unary("QLinearSoftmax", opset="13"),
+                                    "'opset' is STRING"),
+    "MatMulNBits K FLOAT": (lambda: _nbits(K=32.0), "'K' is FLOAT"),
+    "GatherBlockQuantized quantize_axis INTS": (lambda: _gbq(quantize_axis=[1]),
+                                                "'quantize_axis' is INTS"),
+}
+
+
+def _qgemm(**attrs: object) -> onnx.ModelProto:
+    rng = np.random.default_rng(4)
+    a = rng.integers(0, 256, (4, 6)).astype(np.uint8)
+    b = rng.integers(-128, 128, (6, 5)).astype(np.int8)
+    f32, u8 = (lambda v: np.array(v, np.float32)), (lambda v: np.array(np.uint8(v)))
+    return one_node("QGemm", [("a", a), ("as", f32(0.02)), ("az", u8(1)), ("b", b),
+                              ("bs", f32(0.01)), ("bz", np.array(np.int8(0))),
+                              ("c", np.zeros(5, np.int32)), ("ys", f32(0.3)), ("yz", u8(2))],
+                    TP.UINT8, domain="com.microsoft", **attrs)
+
+
+@pytest.mark.parametrize("case", WRONG_TYPES)
+def test_an_attribute_of_the_wrong_type_is_refused_by_every_command(tmp_path, capsys, case):
+    build, message = WRONG_TYPES[case]
+    got = _run_all(tmp_path, build(), capsys)
+    for argv, (code, _, err) in got.items():
+        assert code == 2 and message in err and "defines it as" in err, (argv, err)
+
+
+def test_the_attribute_types_are_onnxruntimes() -> None:
+    from onnxruntime.capi import onnxruntime_pybind11_state as ort_c
+
+    schemas = {(s.domain, s.name): s for s in ort_c.get_all_operator_schema()}
+    compared = 0
+    for family in registry.all_families():
+        for op, types in family.attribute_types.items():
+            for domain in family.domains:
+                schema = schemas.get((domain, op))
+                if schema is None:  # opmx: not an onnxruntime operator
+                    continue
+                ort = {name: str(a.type).rsplit(".", 1)[-1]
+                       for name, a in schema.attributes.items()}
+                assert types == ort, op
+                compared += 1
+    assert compared >= 14
+
+
+# -- string (bool, complex) tensors in numeric roles ------------------------------------------
+def _strings(name: str, dims: list[int]) -> onnx.TensorProto:
+    return helper.make_tensor(name, TP.STRING, dims, [b"a"] * int(np.prod(dims, dtype=int)))
+
+
+def _string_graph_input() -> onnx.ModelProto:
+    model = _dq()
+    del model.graph.initializer[0]
+    model.graph.input.append(helper.make_tensor_value_info("w", TP.STRING, [4, 8]))
+    return model
+
+
+def _string_constant() -> onnx.ModelProto:
+    model = _dq()
+    del model.graph.initializer[1]
+    model.graph.node.insert(0, helper.make_node("Constant", [], ["s"],
+                                                value=_strings("v", [])))
+    return model
+
+
+def _replaced(model: onnx.ModelProto, tensor: onnx.TensorProto) -> onnx.ModelProto:
+    for t in model.graph.initializer:
+        if t.name == tensor.name:
+            t.CopyFrom(tensor)
+    return model
+
+
+STRINGS = {
+    "DequantizeLinear scale": lambda: _dq(_strings("s", [])),
+    "DequantizeLinear-13 scale": lambda: _dq(_strings("s", []), opset=13),
+    "DequantizeLinear zero point": lambda: _dq(zero_point=_strings("z", [])),
+    "DequantizeLinear x": lambda: _dq(x=_strings("w", [4, 8])),
+    "DequantizeLinear x, a graph input": _string_graph_input,
+    "DequantizeLinear scale, a Constant": _string_constant,
+    "QLinearConv w scale": lambda: _replaced(_conv(), _strings("ws", [])),
+    "MatMulNBits scales": lambda: _replaced(_nbits(), _strings("scales", [8, 2])),
+    "GatherBlockQuantized data": lambda: _replaced(_gbq(True), _strings("data", [10, 32])),
+}
+
+
+@pytest.mark.parametrize("case", STRINGS)
+def test_a_string_tensor_where_numbers_are_read_is_refused(tmp_path, capsys, case):
+    # lint (float of b'a') and check (no TensorProto type for NumPy's bytes) failed on them
+    got = _run_all(tmp_path, STRINGS[case](), capsys)
+    for argv, (code, _, err) in got.items():
+        assert code == 2 and "a string tensor" in err, (argv, err)
+
+
+@pytest.mark.parametrize("dtype", [np.bool_, np.complex64])
+def test_a_bool_or_complex_scale_is_a_finding(tmp_path, capsys, dtype):
+    got = _run_all(tmp_path, _dq(numpy_helper.from_array(np.ones((), dtype), "s")), capsys)
+    code, out, _ = got["lint"]
+    assert code == 1 and "DQ010" in out
+
+
+# -- dims ---------------------------------------------------------------------------------------
+def _empty(name: str, dims: list[int], data_type: int = TP.INT8) -> onnx.TensorProto:
+    return onnx.TensorProto(name=name, data_type=data_type, dims=dims, raw_data=b"")
+
+
+def _absurd_input() -> onnx.ModelProto:
+    model = _string_graph_input()
+    model.graph.input[1].CopyFrom(helper.make_tensor_value_info("w", TP.INT8, [0, MAX, MAX]))
+    return model
+
+
+ABSURD = {
+    "weight [0, 2^63-1, 2^63-1]": lambda: _dq(x=_empty("w", [0, MAX, MAX])),
+    "weight [0, 2^62, 2^62, 2^62]": lambda: _dq(x=_empty("w", [0, H, H, H])),
+    "scale [0, 2^63-1, 2^63-1]": lambda: _dq(_empty("s", [0, MAX, MAX], TP.FLOAT)),
+    "graph input [0, 2^63-1, 2^63-1]": _absurd_input,
+}
+
+
+@pytest.mark.parametrize("case", ABSURD)
+def test_dims_past_what_numpy_can_shape_are_refused(tmp_path, capsys, case):
+    # check and fold failed in NumPy: "array is too big"
+    got = _run_all(tmp_path, ABSURD[case](), capsys)
+    for argv, (code, _, err) in got.items():
+        assert code == 2 and "more than 2^48 elements" in err, (argv, err)
+
+
+def test_absurd_dims_of_an_external_tensor_are_refused(tmp_path, capsys):
+    model = _dq()
+    w = model.graph.initializer[0]
+    w.CopyFrom(_empty("w", [0, MAX, MAX]))
+    w.ClearField("raw_data")
+    w.data_location = TP.EXTERNAL
+    for k, v in (("location", "w.bin"), ("offset", "0"), ("length", "0")):
+        w.external_data.add(key=k, value=v)
+    (tmp_path / "w.bin").write_bytes(b"")
+    onnx.save(model, tmp_path / "m.onnx")
+    code, _, err = _cli(["check", str(tmp_path / "m.onnx")], capsys)
+    assert code == 2 and "more than 2^48 elements" in err and len(err.splitlines()) == 1

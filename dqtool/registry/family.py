@@ -62,6 +62,11 @@ Each capability is optional (``None``: the family does not offer it):
   ahead of the conversion, since the copy would be dropped.
 - ``convert_steps``: ``ConvertStep`` entries: a flag of ``dqtool upgrade`` (or downgrade)
   that first rewrites the family's nodes in memory (``--to-qdq``), then converts.
+- ``attribute_types``: op type → {attribute name: ONNX attribute type name (``"INT"``,
+  ``"FLOATS"``, ...)} for the family's operators onnx has no schema for (com.microsoft,
+  opmx). Validation refuses a model that gives one of them another type, when it is
+  loaded (every command alike), so codecs and kernels read only the types named here
+  (ai.onnx operators are held to onnx's own schemas).
 - ``lint_modules``: modules (dotted names) that define lint rules (``linting.registry.
   define``/``check``) or targets (a ``TARGETS`` list) for the family; imported when lint
   loads its registries. Such a module may also define ``target_findings(ctx, target)``,
@@ -294,6 +299,7 @@ class Family:
     api: Mapping[str, str] = field(default_factory=dict)
     rewrites_most: Callable[[ir.Model, Any, int], bool] | None = None
     convert_steps: tuple[ConvertStep, ...] = ()
+    attribute_types: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
 
     @property
     def domains(self) -> frozenset[str]:

@@ -11,7 +11,7 @@ external data (``io`` checks its references) or recurses per node.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 
 import onnx
@@ -38,6 +38,10 @@ def validate(path: Path, proto: onnx.ModelProto,
         _value_types(proto)
         _graphs(proto)
         _functions(proto)
+        # Imported here: it reads this module's ``Invalid`` (and the family registry).
+        from dqtool.storage import validation_nodes
+
+        validation_nodes.check(proto)
     except Invalid as e:
         raise InputError(f"{path}: {e}") from None
 
@@ -157,14 +161,37 @@ _TYPED = {
 }
 
 
+# The most elements dims may describe, counting only the dims that are not 0. A tensor with
+# data is held to its bytes, but one with a 0 dim holds none whatever the others say, and
+# NumPy refuses a shape whose product without its zeros, times the item size, passes 2^63
+# ("array is too big"): [0, 2^63-1, 2^63-1] failed every command that made an array of it.
+# 2^48 leaves room for every item size dqtool computes in (complex128: 16 bytes).
+MAX_ELEMENTS = 1 << 48
+
+
+def dims_problem(dims: Iterable[int]) -> str | None:
+    """What is wrong with a shape's dims (negative, or too many elements), else None."""
+    dims = list(dims)
+    n = 1
+    for d in dims:
+        if d < 0:
+            return f"has a negative dimension {d} (dims {dims})"
+        n *= d or 1
+    if n > MAX_ELEMENTS:
+        return (f"has dims {dims}: more than 2^48 elements, leaving out the 0s (dqtool, "
+                "and NumPy past its item size, take no more)")
+    return None
+
+
 def expected_bytes(t: onnx.TensorProto) -> int | None:
     """The bytes a tensor's dims and type need (packed types packed); None for strings.
-    Raises ``Invalid`` for an unknown type or a negative dim."""
+    Raises ``Invalid`` for an unknown type, a negative dim or absurd dims."""
     bits = _bits(t.data_type)
+    problem = dims_problem(t.dims)
+    if problem is not None:
+        raise Invalid(problem)
     n = 1
     for d in t.dims:
-        if d < 0:
-            raise Invalid(f"has a negative dimension {d} (dims {list(t.dims)})")
         n *= d
     return None if bits is None else (n * bits + 7) // 8
 
@@ -288,6 +315,9 @@ def _type_proto(tp: onnx.TypeProto, where: str) -> None:
             for d in tt.shape.dim:
                 if d.HasField("dim_value") and d.dim_value < 0:
                     raise Invalid(f"{where} declares a negative dimension {d.dim_value}")
+            problem = dims_problem(d.dim_value for d in tt.shape.dim)
+            if problem is not None:  # check would generate it (an input), and NumPy fail
+                raise Invalid(f"{where} {problem.replace('has', 'declares', 1)}")
         elif kind == "sequence_type":
             stack.append(t.sequence_type.elem_type)
         elif kind == "optional_type":

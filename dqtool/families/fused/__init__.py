@@ -110,4 +110,10 @@ FAMILY = Family(
     cli_commands=(Command("pack", "dqtool.families.fused.cli", "pack_cmd",
                           "DequantizeLinear → MatMul / Gather into MatMulNBits / "
                           "GatherBlockQuantized.", after="downgrade"),),
+    # onnxruntime's schemas (onnxruntime/core/graph/contrib_ops/contrib_defs.cc)
+    attribute_types={
+        "MatMulNBits": dict.fromkeys(("K", "N", "bits", "block_size", "accuracy_level",
+                                      "weight_prepacked"), "INT"),
+        "GatherBlockQuantized": dict.fromkeys(("gather_axis", "quantize_axis", "block_size",
+                                               "bits"), "INT")},
 )

@@ -50,6 +50,7 @@ FAMILY = Family(
         "quantization) into QDQ, as `dqtool qdq` does (faithful, not exact).",
         "dqtool.families.integer.cli", "upgrade_to_qdq"),),
     check=_check,
+    attribute_types=ops.ATTRIBUTE_TYPES,
     cli_commands=(
         Command("qdq", "dqtool.families.integer.cli", "qdq_cmd",
                 "Rewrite integer operators (QLinear*, MatMulInteger, dynamic) into QDQ."),

@@ -129,6 +129,30 @@ OPS: tuple[OpDef, ...] = (
 
 BY_KEY: dict[tuple[str, str], OpDef] = {d.key: d for d in OPS}
 
+_POOL = {"auto_pad": "STRING", "kernel_shape": "INTS", "pads": "INTS", "strides": "INTS",
+         "channels_last": "INT"}
+# The attribute types of the com.microsoft operators, as onnxruntime's schemas give them
+# (onnxruntime/core/graph/contrib_ops/quantization_defs.cc; tests compare them with the
+# installed onnxruntime's): validation refuses any other type when a model is loaded, so
+# the kernels and rewrites read only these (``Family.attribute_types``).
+ATTRIBUTE_TYPES: dict[str, dict[str, str]] = {
+    "QLinearConv": {**_POOL, "dilations": "INTS", "group": "INT"},
+    "QGemm": {"alpha": "FLOAT", "transA": "INT", "transB": "INT"},
+    "QLinearLeakyRelu": {"alpha": "FLOAT"},
+    "QLinearAveragePool": {**_POOL, "ceil_mode": "INT", "count_include_pad": "INT"},
+    "QLinearGlobalAveragePool": {"channels_last": "INT"},
+    "QLinearSoftmax": {"axis": "INT", "opset": "INT"},
+    "QLinearReduceMean": {"axes": "INTS", "keepdims": "INT"},
+    "QLinearConcat": {"axis": "INT"},
+    "DynamicQuantizeLSTM": {"activation_alpha": "FLOATS", "activation_beta": "FLOATS",
+                            "activations": "STRINGS", "clip": "FLOAT", "direction": "STRING",
+                            "hidden_size": "INT", "input_forget": "INT"},
+    "QAttention": {"do_rotary": "INT", "mask_filter_value": "FLOAT", "num_heads": "INT",
+                   "past_present_share_buffer": "INT", "scale": "FLOAT",
+                   "unidirectional": "INT"},
+    "QEmbedLayerNormalization": {"epsilon": "FLOAT"},
+}
+
 
 def lookup(domain: str, op: str) -> OpDef | None:
     return BY_KEY.get((domain, op))

@@ -46,4 +46,5 @@ FAMILY = Family(
     converters=_converters,
     prunable=frozenset({DOMAIN}),
     lint_modules=("dqtool.families.qdq_microsoft.lint",),
+    attribute_types={"DequantizeLinear": {"axis": "INT"}, "QuantizeLinear": {"axis": "INT"}},
 )

@@ -53,4 +53,8 @@ FAMILY = Family(
                 "directml": "DirectML has no {domain} operator",
                 "opmx": "native"},
     lint_modules=(),
+    # What the codec reads (quant_method is OpenPPL's note and never read).
+    attribute_types={"DequantizeLinear": {
+        "quant_data_type": "STRING", "quant_axis": "INT", "group_size": "INT",
+        "has_zeropoint": "INT", "float_zeropoint": "INT"}},
 )
