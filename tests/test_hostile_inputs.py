@@ -1,8 +1,12 @@
-"""Hostile operator attributes, element types and dims (the hostile campaign of 2026-11):
-every command answers one line with exit 2, or a finding, never a traceback."""
+"""Hostile operator attributes, element types, dims and output names (the hostile campaign
+of 2026-11): every command answers one line with exit 2, or a finding, never a
+traceback."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import ml_dtypes
@@ -337,3 +341,47 @@ def test_absurd_dims_of_an_external_tensor_are_refused(tmp_path, capsys):
     onnx.save(model, tmp_path / "m.onnx")
     code, _, err = _cli(["check", str(tmp_path / "m.onnx")], capsys)
     assert code == 2 and "more than 2^48 elements" in err and len(err.splitlines()) == 1
+
+
+# -- output names that are not UTF-8 ------------------------------------------------------------
+def _weight_model(folder: Path, external: bool) -> Path:
+    model = _dq(x=numpy_helper.from_array(np.arange(4096, dtype=np.int8).reshape(64, 64), "w"),
+                scale=numpy_helper.from_array(np.float32(0.5), "s"))
+    model.graph.input[0].CopyFrom(helper.make_tensor_value_info("a", TP.FLOAT, [2, 64]))
+    path = folder / "m.onnx"
+    if external:
+        onnx.save(model, path, save_as_external_data=True, location="m.data", size_threshold=0)
+    else:
+        onnx.save(model, path)
+    return path
+
+
+@pytest.mark.parametrize("verb", [["fold"], ["fold", "--external-data"],
+                                  ["upgrade", "--opset", "21"], ["downgrade", "--opset", "13"]],
+                         ids=" ".join)
+@pytest.mark.parametrize("external", [False, True], ids=["inline", "external"])
+def test_an_output_name_that_is_not_utf8(tmp_path, verb, external):
+    """Its data file's location would be made from it, and a location is text in the model:
+    with external data it is refused before anything is written (onnx_ir failed mid-save);
+    without, the model is written under that name."""
+    (tmp_path / "in").mkdir()
+    (tmp_path / "out").mkdir()
+    model = _weight_model(tmp_path / "in", external)
+    before = {p.name: p.read_bytes() for p in (tmp_path / "in").iterdir()}
+    out = os.fsencode(tmp_path / "out") + b"/o\xff\xfe.onnx"
+    argv = [os.fsencode(sys.executable), b"-m", b"dqtool", verb[0].encode(),
+            os.fsencode(model), *(a.encode() for a in verb[1:]), b"-o", out]
+    res = subprocess.run(argv, capture_output=True, timeout=300)
+    err = res.stderr.decode("utf-8")
+    assert "Traceback" not in err
+    assert {p.name: p.read_bytes() for p in (tmp_path / "in").iterdir()} == before
+    written = os.listdir(os.fsencode(tmp_path / "out"))
+    if external or "--external-data" in verb:
+        assert res.returncode == 2 and len(err.splitlines()) == 1, err
+        assert err.startswith("dqtool: error: ") and "not valid UTF-8" in err
+        assert written == []
+    else:
+        assert res.returncode == 0, err
+        assert written == [b"o\xff\xfe.onnx"]
+        loaded = onnx.load(out.decode(errors="surrogateescape"))
+        assert not any(t.data_location == TP.EXTERNAL for t in loaded.graph.initializer)

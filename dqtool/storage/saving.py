@@ -84,7 +84,7 @@ def save(
     if prefill is not None:
         temp, data = prefill.temp, prefill.path.name
     else:
-        parent = _output_folder(model, out)
+        parent = _output_folder(model, out, external)
         temp = _temp(parent, out)
         data = commit.data_name(parent, out.name)
     tmp = temp.path
@@ -172,15 +172,31 @@ def _kept(model: ir.Model, out: Path) -> list[Path]:
     return [sources[0], *sources[1]]
 
 
-def _output_folder(model: ir.Model, out: Path) -> Path:
+def _output_folder(model: ir.Model, out: Path, external: bool = True) -> Path:
     """The folder ``out`` goes in, once the request is known to be sound: refused before a
-    byte is written (the names of shards are checked once known)."""
+    byte is written (the names of shards are checked once known). ``external``: the save
+    writes external data."""
     parent = out.parent.resolve()
     if not parent.is_dir():
         raise InputError(f"{out}: output folder {out.parent} does not exist")
+    if external:
+        _refuse_non_text_location(out)
     commit.refuse_non_regular(out)
     _refuse_overwriting_sources(model, out, [parent / out.name, parent / f"{out.name}.data"])
     return parent
+
+
+def _refuse_non_text_location(out: Path) -> None:
+    """A data file's location is stored in the model as text (a protobuf string, which is
+    UTF-8) and made from the output's name: a name with bytes that are not UTF-8 (a shell
+    passes them through) has no location that could be stored, and onnx_ir failed in the
+    middle of the save. A model without external data is written under any name."""
+    try:
+        out.name.encode("utf-8")
+    except UnicodeEncodeError:
+        raise UsageError(f"{out}: the name is not valid UTF-8, and the location of its "
+                         "external data, stored in the model as text, is made from it; "
+                         "choose a UTF-8 name; nothing was written") from None
 
 
 def start_prefill(model: ir.Model, out: str | os.PathLike) -> data_writer.Prefill | None:

@@ -8,11 +8,7 @@ from __future__ import annotations
 # An entry reads, e.g.:
 #   ("output", "fifo", "non-regular-replaced"): "being fixed in the save path (branch X)",
 _FOUND = "found 2026-11-28 by the hostile kinds (tools/fuzz), not fixed yet"
-KNOWN: dict[tuple[str, str, str], str] = {
-    # -o NAME not UTF-8 with external data: the data file's location cannot be serialized
-    # (onnx_ir SerdeError).
-    ("output", "not-utf8", "traceback"): _FOUND,
-}
+KNOWN: dict[tuple[str, str, str], str] = {}
 
 SEEN: set[tuple[str, str, str]] = set()  # entries some run of this process matched
 
