@@ -72,8 +72,17 @@ def test_large_inline_model_is_checked_in_its_file_and_in_slices(tmp_path, kind,
     assert len(runs) > 1
     for dims in runs:
         assert np.prod(dims[0]) * 4 <= 2048
-    sliced = 0 if kind == "per-axis-1" else 1  # never along the quantization axis
-    assert sum(d[0][sliced] for d in runs) == (64 if sliced == 0 else 48), runs
+    # Bands of rows (a run of bytes in the file), along the quantization axis too: the
+    # scale is cut with them (whole blocks of 16 rows, each band cut along its columns
+    # when 16 rows are still more than a slice). The slices tile the weight.
+    assert sum(np.prod(x_dims) for x_dims, _ in runs) == 64 * 48, runs
+    for x_dims, s_dims in runs:
+        if kind == "per-axis-0":
+            assert x_dims[1] == 48 and s_dims == [x_dims[0]]
+        elif kind == "int4-blocked":
+            assert x_dims[0] == 16 and s_dims == [1, x_dims[1]]
+        else:
+            assert x_dims[1] == 48 and s_dims == [48]
 
 
 def test_a_mismatch_in_one_slice_is_reported(tmp_path, large_paths, monkeypatch):

@@ -21,7 +21,7 @@ import onnx
 import onnx_ir as ir
 
 from dqtool import codecs, graph, types
-from dqtool.checking import compare, runners, single_node
+from dqtool.checking import compare, runners, single_node, slices
 from dqtool.checking.models import for_ort, qdq_value_bytes, with_outputs
 from dqtool.graph import Site
 from dqtool.messages import one_line
@@ -295,9 +295,14 @@ def _check_node(site: Site, spec: QuantSpec, ort_values: dict[str, np.ndarray],
     if single_node.has_reference_attributes(node):
         return NodeCheck(**base, status=SKIPPED,
                          reason="attributes refer to the calling node's; cannot run alone")
+    # A large weight is read a band at a time, never whole (``slices``).
+    weight = slices.weight(node, spec, PIECE_BYTES)
     inputs: list[np.ndarray | None] = []
     from_ort = True  # every input as onnxruntime computed it in the whole-model run
-    for v in node.inputs:
+    for i, v in enumerate(node.inputs):
+        if i == 0 and weight is not None:
+            inputs.append(None)
+            continue
         const = graph.constant_array(v)
         if v is None or const is not None:
             inputs.append(const)
@@ -311,11 +316,8 @@ def _check_node(site: Site, spec: QuantSpec, ort_values: dict[str, np.ndarray],
                 "could not be computed"
             return NodeCheck(**base, status=SKIPPED, reason=f"input '{v.name}' {where}; it "
                              "cannot be exposed as a graph output")
-    pieces = _pieces(spec, inputs) if from_ort and node.outputs[0].name not in ort_values \
-        else None
-    if pieces is not None:
-        return _check_in_pieces(node, spec, base, pieces, inputs, site.opsets,
-                                ir_version)
+    if weight is not None:
+        return _check_in_pieces(node, spec, base, weight, inputs, site.opsets, ir_version)
     alone = single_node.build(node, inputs, site.opsets, ir_version)
     y = node.outputs[0].name
     return judge_alone(alone, y, base, ort_values.get(y) if from_ort else None)
@@ -364,47 +366,11 @@ WHOLE_RUN_MAX_BYTES = 256 << 20
 PIECE_BYTES = 16 << 20
 
 
-def _pieces(spec: QuantSpec, inputs: list[np.ndarray | None]) -> list[tuple[int, int, int]] | None:
-    """(axis, start, stop) slices of a constant ai.onnx DequantizeLinear's input that are
-    DequantizeLinears of their own (the same scale and zero point, or their matching
-    slices for blocks): sliced along an axis that is not the quantization axis."""
-    x = inputs[0] if inputs else None
-    if (spec.domain != "ai.onnx" or spec.packing != "none" or x is None
-            or x.ndim == 0 or x.size * 4 <= PIECE_BYTES or any(
-                v is None and i < 2 for i, v in enumerate(inputs[:2]))):
-        return None
-    if spec.granularity == "per-tensor":
-        axis = 0
-    elif spec.granularity in ("per-axis", "blocked") and spec.axis is not None:
-        others = [a for a in range(x.ndim) if a != spec.axis]
-        if not others:
-            return None
-        axis = others[0]
-    else:
-        return None
-    per_row = x.size // max(x.shape[axis], 1) * 4
-    step = max(1, PIECE_BYTES // max(per_row, 1))
-    return [(axis, r0, min(r0 + step, x.shape[axis])) for r0 in range(0, x.shape[axis], step)]
-
-
-def _slice(v: np.ndarray | None, spec: QuantSpec, axis: int, r0: int, r1: int,
-           x_ndim: int) -> np.ndarray | None:
-    if v is None or spec.granularity != "blocked" or v.ndim != x_ndim:
-        return v  # a per-tensor or per-axis scale (or zero point) applies to every slice
-    index = [slice(None)] * v.ndim
-    index[axis] = slice(r0, r1)
-    return v[tuple(index)]
-
-
 def _check_in_pieces(node: ir.Node, spec: QuantSpec, base: dict[str, str],
-                     pieces: list[tuple[int, int, int]], inputs: list[np.ndarray | None],
+                     weight: slices.Weight, inputs: list[np.ndarray | None],
                      opsets: dict[str, int], ir_version: int) -> NodeCheck:
-    x = inputs[0]
-    for axis, r0, r1 in pieces:
-        index = [slice(None)] * x.ndim
-        index[axis] = slice(r0, r1)
-        part = [np.ascontiguousarray(x[tuple(index)]),
-                *(_slice(v, spec, axis, r0, r1, x.ndim) for v in inputs[1:])]
+    """``inputs``: the node's scale and zero point (x is ``weight``, read band by band)."""
+    for where, part in slices.parts(spec, weight, inputs[1:], PIECE_BYTES):
         alone = single_node.build(node, part, opsets, ir_version)
         try:
             kernel = runners.run_reference(alone, {}, ["y"])["y"]
@@ -417,7 +383,6 @@ def _check_in_pieces(node: ir.Node, spec: QuantSpec, base: dict[str, str],
                              reason=f"onnxruntime cannot run this node: {e}")
         if not compare.bit_identical(kernel, ort_y):
             stats = compare.compare(node.outputs[0].name, kernel, ort_y)
-            where = f"axis {axis} elements {r0}:{r1}"
             return NodeCheck(**base, status=MISMATCH, comparison=stats,
                              reason=f"kernel and onnxruntime differ in {stats.mismatched} "
                              f"of {stats.size} elements of the slice at {where} (worst at "
