@@ -122,7 +122,7 @@ def constant_tensor(value: ir.Value | None) -> ir.TensorProtocol | None:
         return None
     if value.const_value is not None and not value.is_graph_input():
         # while a save writes the model: the tensor its data-file reference stands for
-        # (``data_writer.Placed``), whose bytes may not be in that file yet
+        # (``data_writer.PlacedTensor``), whose bytes may not be in that file yet
         return getattr(value.const_value, "placed_source", value.const_value)
     producer = value.producer()
     if (producer is not None and producer.op_type == "Constant"

@@ -465,7 +465,7 @@ def test_unchanged_data_keeps_its_offsets_and_the_copy_overlaps_the_conversion(t
 
 def _external_with_prefill_log(g, tmp_path, monkeypatch):
     """Graph ``g`` saved at opset 21 with external data (tmp_path/in/model.onnx); the list
-    each ``Prefill.finish`` call appends its ``cancel`` to."""
+    each ``DataFileCopy.finish`` call appends its ``cancel`` to."""
     from onnx import helper
 
     from dqtool.storage import data_writer
@@ -477,8 +477,8 @@ def _external_with_prefill_log(g, tmp_path, monkeypatch):
                                       ir_version=10), src, save_as_external_data=True,
                     location="model.onnx.data", size_threshold=1024)
     cancelled: list[bool] = []
-    real_finish = data_writer.Prefill.finish
-    monkeypatch.setattr(data_writer.Prefill, "finish", lambda self, cancel=False: (
+    real_finish = data_writer.DataFileCopy.finish
+    monkeypatch.setattr(data_writer.DataFileCopy, "finish", lambda self, cancel=False: (
         cancelled.append(cancel) or real_finish(self, cancel)))
     return src, cancelled
 

@@ -129,7 +129,8 @@ def test_a_reservation_changes_no_byte(tmp_path, monkeypatch, answer: str) -> No
 
 
 def _early(tmp_path, out_name: str = "m.onnx"):
-    """An ``Eager`` for a save to ``tmp_path / out_name`` (as ``storage.start_eager`` makes it)."""
+    """An ``EarlyWriter`` for a save to ``tmp_path / out_name`` (as ``storage.start_eager``
+    makes it)."""
     from dqtool.storage import data_writer
 
     model = _model([])

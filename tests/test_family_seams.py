@@ -1,5 +1,6 @@
 """A family is one folder: nothing in dqtool outside ``dqtool/families/`` (but the
-registry's list of them) names a specific family's module, and what inspect, check and the CLI show of a family comes from its hooks."""
+registry's list of them) names a specific family's module, and what inspect, check and the
+CLI show of a family comes from its hooks."""
 
 from __future__ import annotations
 

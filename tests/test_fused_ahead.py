@@ -7,7 +7,7 @@ import threading
 
 import pytest
 
-from dqtool.families.fused.surgery import _Ahead
+from dqtool.families.fused.surgery import _ComputedAhead
 
 
 def _slots(n: int, log: list):
@@ -16,7 +16,7 @@ def _slots(n: int, log: list):
             log.append((i, threading.current_thread().name))
             return i * 10
         return f
-    return [_Ahead(make(i)) for i in range(n)]
+    return [_ComputedAhead(make(i)) for i in range(n)]
 
 
 def test_in_order_the_next_is_computed_ahead_on_another_thread() -> None:
@@ -40,7 +40,7 @@ def test_out_of_order_and_repeated_uses_give_the_same_values() -> None:
 def test_an_error_computed_ahead_is_raised_where_the_value_is_used() -> None:
     log: list = []
     first = _slots(1, log)[0]
-    broken = _Ahead(lambda: (_ for _ in ()).throw(ValueError("broken weight")))
+    broken = _ComputedAhead(lambda: (_ for _ in ()).throw(ValueError("broken weight")))
     assert first() == 0
     with pytest.raises(ValueError, match="broken weight"):
         broken()

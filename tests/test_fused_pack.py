@@ -392,7 +392,7 @@ def test_streamed_upgrade_and_pack_in_many_bands_on_two_writers(name, tmp_path, 
 @pytest.mark.parametrize("name", ["ort_matmulnbits_4bit_asym_b128", "ort_matmulnbits_4bit_sym_b32"])
 def test_an_external_data_model_is_written_while_it_is_converted(name, tmp_path, monkeypatch):
     # A model with external data whose fused ops hold most of its bytes: upgrade and pack
-    # hand each new weight to the data file's writers as they make it (data_writer.Eager)
+    # hand each new weight to the data file's writers as they make it (data_writer.EarlyWriter)
     # and the save puts the rest after them. The tensors are those of a save after the
     # conversion (the model converted in memory, then saved), and the round trip gives back
     # the stored bytes.
@@ -405,13 +405,13 @@ def test_an_external_data_model_is_written_while_it_is_converted(name, tmp_path,
     onnx.save(onnx.load(f"models/{name}.onnx"), str(src), save_as_external_data=True,
               location="src.onnx.data", size_threshold=0)
     early: list[str] = []
-    submit = data_writer.Eager.submit
+    submit = data_writer.EarlyWriter.submit
 
     def spy(self, tensor) -> None:
         early.append(tensor.name)
         submit(self, tensor)
 
-    monkeypatch.setattr(data_writer.Eager, "submit", spy)
+    monkeypatch.setattr(data_writer.EarlyWriter, "submit", spy)
     up, back = tmp_path / "up.onnx", tmp_path / "back.onnx"
     r = CliRunner().invoke(cli, ["upgrade", str(src), "--opset", "21", "-o", str(up)])
     assert r.exit_code == 0, r.output

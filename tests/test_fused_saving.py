@@ -1,5 +1,5 @@
 """Saving what the fused conversions make: weights written as they are made
-(``data_writer.Eager``) read their inputs as the input had them, whatever the save has
+(``data_writer.EarlyWriter``) read their inputs as the input had them, whatever the save has
 repointed; a disk that fills is one error line; scales of every float type are written.
 (Found by an independent review: each test failed before its fix.)"""
 
@@ -233,13 +233,13 @@ def test_an_error_after_the_conversion_stops_the_early_writers(tmp_path, monkeyp
 
     src = _nbits_model(tmp_path, [(1024, 512)])
     started = []
-    real = data_writer.Eager.__init__
+    real = data_writer.EarlyWriter.__init__
 
     def spy(self, *a, **k):
         started.append(self)
         real(self, *a, **k)
 
-    monkeypatch.setattr(data_writer.Eager, "__init__", spy)
+    monkeypatch.setattr(data_writer.EarlyWriter, "__init__", spy)
 
     def refuse(model, external):
         raise OSError(errno.EIO, "cannot decide (test)")

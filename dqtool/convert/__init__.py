@@ -132,7 +132,7 @@ def _convert(model_or_path: ModelArg, opset: int, out, direction: Literal["upgra
     # (Nor when a family's nodes, which the conversion rewrites, hold most of the bytes:
     # the copy would be dropped.)
     # (When they do, the data file is written as the conversion makes the new weights.)
-    prefill: data_writer.Prefill | data_writer.Eager | None = None
+    prefill: data_writer.DataFileCopy | data_writer.EarlyWriter | None = None
     if out is not None and not check and writing.shard_size is None:
         if not _rewrites_most(model, options, opset):
             prefill = storage.start_prefill(model, out)
@@ -140,7 +140,7 @@ def _convert(model_or_path: ModelArg, opset: int, out, direction: Literal["upgra
             prefill = storage.start_eager(model, out, writing.progress)
     try:
         # A model loaded here has no other reference: converted in place, dropped on refusal.
-        with data_writer.writing_early(prefill if isinstance(prefill, data_writer.Eager)
+        with data_writer.writing_early(prefill if isinstance(prefill, data_writer.EarlyWriter)
                                          else None):
             report = pipeline.run(model, opset, direction, options, registry, path=path,
                                   copy=not is_path)

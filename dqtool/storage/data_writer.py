@@ -26,7 +26,7 @@ from dqtool.storage.write_pieces import write_in_pieces, write_tensor
 # onnx_ir's default: smaller tensors stay in the protobuf.
 SIZE_THRESHOLD = 256
 ALIGNMENT = 64  # keeps every tensor's data aligned for memory-mapped NumPy views
-# A copy of the input's data file (``Prefill``) is kept as the output's only where at most
+# A copy of the input's data file (``DataFileCopy``) is kept as the output's only where at most
 # 1/this of it is bytes the output no longer uses (the replaced tensors' old bytes stay in
 # it, the new ones follow): until 2026-11-27 (`b9a228a`) the rule was "half kept", and a
 # 493 MB model's `upgrade --per-axis` wrote a 750 MB file, 233 MB of it unused.
@@ -228,7 +228,7 @@ class _Writer:
             raise self.error
 
 
-class Prefill(threading.Thread):
+class DataFileCopy(threading.Thread):
     """Copies an input model's data file, whole, to become the output's data file while
     the model is still being converted: the copy (most of a large conversion's time) then
     overlaps the conversion. The save keeps every unchanged tensor at its input offset and
@@ -268,7 +268,7 @@ class Prefill(threading.Thread):
             raise self.error
 
 
-class Eager:
+class EarlyWriter:
     """The output's data file written while the model is still being converted.
 
     A conversion that rewrites most of a model's bytes (a fused weight repacked band by
@@ -321,12 +321,12 @@ class Eager:
         self.writer.finish(cancel)
 
 
-_EAGER: contextvars.ContextVar[Eager | None] = contextvars.ContextVar("dqtool_eager",
+_EAGER: contextvars.ContextVar[EarlyWriter | None] = contextvars.ContextVar("dqtool_eager",
                                                                      default=None)
 
 
 @contextmanager
-def writing_early(eager: Eager | None) -> Iterator[None]:
+def writing_early(eager: EarlyWriter | None) -> Iterator[None]:
     """While open, tensors ``submit``-ted (on this thread) go to ``eager``'s writers."""
     token = _EAGER.set(eager)
     try:
@@ -343,7 +343,7 @@ def submit(tensor: ir.TensorProtocol) -> None:
         eager.submit(tensor)
 
 
-class Placed(ir.ExternalTensor):
+class PlacedTensor(ir.ExternalTensor):
     """The reference a save gives a tensor in its data file (serialized as that), which
     reads as the tensor it stands for, ``source``, until the save is done.
 
@@ -373,7 +373,7 @@ class Resolver(dict):
         return self[path]
 
 
-def _reusable(t: ir.TensorProtocol, prefill: Prefill | None, paths: Resolver) -> bool:
+def _reusable(t: ir.TensorProtocol, prefill: DataFileCopy | None, paths: Resolver) -> bool:
     return (prefill is not None and isinstance(t, ir.ExternalTensor)
             and paths[str(t.path)] == prefill.src)
 
@@ -381,7 +381,7 @@ def _reusable(t: ir.TensorProtocol, prefill: Prefill | None, paths: Resolver) ->
 @contextmanager
 def externalized(model: ir.Model, folder: Path, data_name: str,
                  callback: Callable | None = None,
-                 prefill: Prefill | None = None) -> Iterator[None]:
+                 prefill: DataFileCopy | None = None) -> Iterator[None]:
     """Write the model's large tensors to ``folder/data_name`` and, while the context is
     open, point its initializers there (saving the model then writes references only).
     Small external tensors are read into memory. The model is restored on exit.
@@ -400,7 +400,7 @@ def externalized(model: ir.Model, folder: Path, data_name: str,
         # are materialized now, before the writer starts: a lazy tensor may read the same
         # input tensor as one the writer computes, and onnx_ir's loading of an external
         # tensor is not thread-safe ("The array should be loaded only once"). (Writers
-        # started early, ``Eager``, only write tensors that stream themselves; those read
+        # started early, ``EarlyWriter``, only write tensors that stream themselves; those read
         # their inputs through ``fused.arrays``, never through onnx_ir's loading.)
         for v in values:
             t = v.const_value
@@ -408,7 +408,7 @@ def externalized(model: ir.Model, folder: Path, data_name: str,
                                                              ir.LazyTensor)):
                 v.const_value = ir.Tensor(t.numpy(), name=t.name, doc_string=t.doc_string)
         paths = Resolver()
-        eager = prefill if isinstance(prefill, Eager) else None
+        eager = prefill if isinstance(prefill, EarlyWriter) else None
         if eager is not None:
             prefill = None
             if not eager.placed.keys() <= {id(v.const_value) for v in big}:
@@ -437,7 +437,7 @@ def externalized(model: ir.Model, folder: Path, data_name: str,
                 place = offset
                 plan.append((t, offset, length))
                 offset = _align(offset + length)
-            v.const_value = Placed(
+            v.const_value = PlacedTensor(
                 t, data_name, place, length, t.dtype, shape=t.shape, name=t.name,
                 doc_string=t.doc_string, base_dir=folder)
         from dqtool.kernel.parallel import num_threads

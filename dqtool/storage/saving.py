@@ -60,7 +60,7 @@ def save(
     shard_size: int | None = None,
     callback: Callable | None = None,
     verify: Callable[[Path], None] | None = None,
-    prefill: data_writer.Prefill | data_writer.Eager | None = None,
+    prefill: data_writer.DataFileCopy | data_writer.EarlyWriter | None = None,
     while_writing: Callable[[], None] | None = None,
 ) -> list[Path]:
     """Write ``model`` to ``out`` atomically; returns the files written.
@@ -199,9 +199,9 @@ def _refuse_non_text_location(out: Path) -> None:
                          "choose a UTF-8 name; nothing was written") from None
 
 
-def start_prefill(model: ir.Model, out: str | os.PathLike) -> data_writer.Prefill | None:
+def start_prefill(model: ir.Model, out: str | os.PathLike) -> data_writer.DataFileCopy | None:
     """Start copying the model's external data file to where ``save(model, out)`` will
-    write it, before the model is changed (see ``data_writer.Prefill``); None when the
+    write it, before the model is changed (see ``data_writer.DataFileCopy``); None when the
     model's large tensors are not all in one data file. The caller passes the result to
     ``save``, or calls ``discard_prefill`` if it will not save."""
     paths = data_writer.Resolver()
@@ -215,7 +215,7 @@ def start_prefill(model: ir.Model, out: str | os.PathLike) -> data_writer.Prefil
     parent = _output_folder(model, out)
     temp = _temp(parent, out)
     try:
-        prefill = data_writer.Prefill(sources.pop(), temp.path,
+        prefill = data_writer.DataFileCopy(sources.pop(), temp.path,
                                         commit.data_name(parent, out.name))
         prefill.temp = temp
         prefill.start()
@@ -226,9 +226,9 @@ def start_prefill(model: ir.Model, out: str | os.PathLike) -> data_writer.Prefil
 
 
 def start_eager(model: ir.Model, out: str | os.PathLike, callback: Callable | None = None
-                ) -> data_writer.Eager:
+                ) -> data_writer.EarlyWriter:
     """Start the writers of ``save(model, out)``'s data file before the model is converted
-    (see ``data_writer.Eager``). The caller converts the model inside
+    (see ``data_writer.EarlyWriter``). The caller converts the model inside
     ``data_writer.writing_early(eager)`` and passes the result to ``save`` as its
     ``prefill``, or calls ``discard_prefill`` if it will not save. ``callback``: the
     save's progress callback (called from the first tensor on)."""
@@ -236,7 +236,7 @@ def start_eager(model: ir.Model, out: str | os.PathLike, callback: Callable | No
     parent = _output_folder(model, out)
     temp = _temp(parent, out)
     try:
-        eager = data_writer.Eager(temp.path, commit.data_name(parent, out.name), callback)
+        eager = data_writer.EarlyWriter(temp.path, commit.data_name(parent, out.name), callback)
         eager.temp = temp
     except BaseException:
         temp.remove()
@@ -244,7 +244,7 @@ def start_eager(model: ir.Model, out: str | os.PathLike, callback: Callable | No
     return eager
 
 
-def discard_prefill(prefill: data_writer.Prefill | data_writer.Eager | None) -> None:
+def discard_prefill(prefill: data_writer.DataFileCopy | data_writer.EarlyWriter | None) -> None:
     if prefill is not None:
         prefill.finish(cancel=True)
         prefill.temp.remove()

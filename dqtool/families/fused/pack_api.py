@@ -58,7 +58,7 @@ def pack(model_or_path: ir.Model | str | os.PathLike, out: str | os.PathLike | N
     # Read before the pass replaces the weights: a model object that used external data
     # keeps it (an onnx_ir model does not say so once its tensors are new), as fold does.
     used_external = storage.external_choice(model, None)
-    # The data file is written as the pass makes the packed weights (``Eager``).
+    # The data file is written as the pass makes the packed weights (``EarlyWriter``).
     eager = storage.start_eager(model, out, progress) if out is not None and src is not None \
         and shard_size is None and external_data is not False \
         and storage.uses_external_data(model) else None

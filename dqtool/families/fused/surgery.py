@@ -45,7 +45,7 @@ class Streamed(_Lazy):
             raise OSError(f"{self.name}: wrote {written} bytes, expected {self.nbytes}")
 
 
-class _Ahead:
+class _ComputedAhead:
     """One large constant computed ahead of its use.
 
     A save writes the lazily computed weights one after another, in the order they were
@@ -63,39 +63,39 @@ class _Ahead:
     _lock = threading.Lock()
     # Weak (as the links between slots): a model that is gone, with its weights, must not
     # be kept alive by another.
-    _last: weakref.ref[_Ahead] | None = None  # the latest built: the next one links to it
-    _pending: weakref.ref[_Ahead] | None = None
+    _last: weakref.ref[_ComputedAhead] | None = None  # the latest built: the next one links to it
+    _pending: weakref.ref[_ComputedAhead] | None = None
     _pool: ThreadPoolExecutor | None = None
 
     def __init__(self, make: Callable[[], object]) -> None:
         self.make = make
-        self.next: weakref.ref[_Ahead] | None = None
+        self.next: weakref.ref[_ComputedAhead] | None = None
         self.future: Future | None = None
-        with _Ahead._lock:
-            last = _Ahead._last() if _Ahead._last is not None else None
+        with _ComputedAhead._lock:
+            last = _ComputedAhead._last() if _ComputedAhead._last is not None else None
             if last is not None:
                 last.next = weakref.ref(self)
-            _Ahead._last = weakref.ref(self)
+            _ComputedAhead._last = weakref.ref(self)
 
     def __call__(self) -> object:
-        with _Ahead._lock:
+        with _ComputedAhead._lock:
             future, self.future = self.future, None
-            stale = _Ahead._pending() if _Ahead._pending is not None else None
+            stale = _ComputedAhead._pending() if _ComputedAhead._pending is not None else None
             if stale is self:
-                stale = _Ahead._pending = None
+                stale = _ComputedAhead._pending = None
             nxt = self.next() if self.next is not None else None
             if stale is not None and stale is not nxt:  # asked for out of order
                 if stale.future is not None:
                     stale.future.cancel()  # or, already running, its result is dropped
                 stale.future = None
-                _Ahead._pending = None
+                _ComputedAhead._pending = None
             if stale is None or stale is not nxt:
-                _Ahead._pending = None  # a computation whose weight is gone is dropped
-            if nxt is not None and nxt.future is None and _Ahead._pending is None:
-                if _Ahead._pool is None:
-                    _Ahead._pool = ThreadPoolExecutor(1, thread_name_prefix="dqtool-ahead")
-                nxt.future = _Ahead._pool.submit(nxt.make)
-                _Ahead._pending = weakref.ref(nxt)
+                _ComputedAhead._pending = None  # a computation whose weight is gone is dropped
+            if nxt is not None and nxt.future is None and _ComputedAhead._pending is None:
+                if _ComputedAhead._pool is None:
+                    _ComputedAhead._pool = ThreadPoolExecutor(1, thread_name_prefix="dqtool-ahead")
+                nxt.future = _ComputedAhead._pool.submit(nxt.make)
+                _ComputedAhead._pending = weakref.ref(nxt)
         if future is not None:
             return future.result()  # re-raises its error here, where the value is needed
         return self.make()
@@ -146,8 +146,8 @@ class Builder:
         name = self.fresh(f"{self.base}/{role}")
         shape = tuple(int(d) for d in shape)
         nbytes = int(np.prod(shape, dtype=np.int64)) * ir.DataType(dtype).bitwidth // 8
-        if _Ahead.MIN_BYTES <= nbytes <= _Ahead.MAX_BYTES and not self.in_function:
-            make = _Ahead(make)
+        if _ComputedAhead.MIN_BYTES <= nbytes <= _ComputedAhead.MAX_BYTES and not self.in_function:
+            make = _ComputedAhead(make)
         lazy = _Lazy(_tensor_of(make, dtype, shape, name), dtype=dtype, shape=ir.Shape(shape),
                      name=name)
         return self.value_of(lazy, name, dtype, shape)
