@@ -5,11 +5,9 @@ from __future__ import annotations
 from collections import Counter
 
 import click
-from rich import box
-from rich.markup import escape
-from rich.table import Table
 
 from dqtool.cli.app import App, user_errors
+from dqtool.cli.tables import Column, FastTable, plain_lines
 
 _SHORT = {"com.microsoft": "ms"}
 
@@ -34,6 +32,30 @@ def _shape(dims) -> str:
     return "?" if dims is None else "(" + ",".join("?" if d is None else str(d) for d in dims) + ")"
 
 
+def _row(n, short_ops: dict[str, str], wide: bool) -> list[str]:
+    """The table's cells for one node (plain text)."""
+    s = n.spec
+    dom = "" if s.domain == "ai.onnx" else f"{_SHORT.get(s.domain, s.domain)}:"
+    op = f"{dom}{'DQ' if s.is_dequantize else 'Q'}-{s.version}"
+    if n.fused:
+        op = f"{dom}{short_ops.get(s.op, s.op)}-{s.version}"
+    gran = {"per-tensor": "tensor", "per-axis": f"axis {s.axis}",
+            "blocked": f"axis {s.axis} block {s.block_size}"}.get(s.granularity or "", "?")
+    out = s.float_type if s.is_dequantize else s.quant_type
+    where = n.name or "<unnamed>"
+    if n.graph != "main":
+        where += f" [{n.graph}]"
+    flags = "E" if s.errors else ("W" if s.problems else "")
+    stored = s.is_dequantize and (s.x_constant or s.x_from_quantize)
+    cells = [where, op, s.quant_type or "?", s.scale_type or "?", out or "?", gran, _zp(s),
+             "yes" if s.constant else "no"]
+    if wide:
+        cells += [_shape(s.x_shape), _size(n.bytes_stored) if stored else "-",
+                  _size(n.bytes_folded) if stored else "-",
+                  ",".join(sorted(set(n.consumers))) or "-"]
+    return [*cells, flags]
+
+
 def render(app: App, report) -> None:
     from dqtool import registry
 
@@ -43,50 +65,27 @@ def render(app: App, report) -> None:
     title = f"{report.input}: {len(report.nodes) - sum(kinds.values())} Q/DQ nodes"
     for kind, count in kinds.items():
         title += f", {count} {kind} (dequantization inside an operator)"
-    table = Table(title=escape(title),
-                  title_justify="left",
-                  box=box.SIMPLE_HEAD, pad_edge=False)
     # Below ~110 columns the sizes, shapes and consumers make every cell wrap: leave them
     # out there (--json and a wider terminal show them).
     wide = app.out.width >= 110
-    table.add_column("node", overflow="fold", ratio=1, min_width=14)
-    for col in ("op", "x", "scale", "out", "granularity", "zp", "const"):
-        table.add_column(col, no_wrap=True)
+    columns = [Column("node", min_width=14, ratio=1),
+               *(Column(c, no_wrap=True) for c in ("op", "x", "scale", "out", "granularity",
+                                                    "zp", "const"))]
     if wide:
-        for col in ("shape", "stored", "folded"):
-            table.add_column(col, no_wrap=True)
-        table.add_column("feeds", overflow="fold", ratio=1, min_width=6)
-    table.add_column("!", no_wrap=True)
-    for n in report.nodes:
-        s = n.spec
-        dom = "" if s.domain == "ai.onnx" else f"{_SHORT.get(s.domain, s.domain)}:"
-        op = f"{dom}{'DQ' if s.is_dequantize else 'Q'}-{s.version}"
-        if n.fused:
-            op = f"{dom}{short_ops.get(s.op, s.op)}-{s.version}"
-        gran = {"per-tensor": "tensor", "per-axis": f"axis {s.axis}",
-                "blocked": f"axis {s.axis} block {s.block_size}"}.get(s.granularity or "", "?")
-        out = s.float_type if s.is_dequantize else s.quant_type
-        where = n.name or "<unnamed>"
-        if n.graph != "main":
-            where += f" [{n.graph}]"
-        flags = "E" if s.errors else ("W" if s.problems else "")
-        stored = s.is_dequantize and (s.x_constant or s.x_from_quantize)
-        cells = [escape(where), op, s.quant_type or "?", s.scale_type or "?", out or "?", gran,
-                 _zp(s),
-                 "yes" if s.constant else "no"]
-        if wide:
-            cells += [_shape(s.x_shape), _size(n.bytes_stored) if stored else "-",
-                      _size(n.bytes_folded) if stored else "-",
-                      escape(",".join(sorted(set(n.consumers))) or "-")]
-        table.add_row(*cells, flags)
+        columns += [Column(c, no_wrap=True) for c in ("shape", "stored", "folded")]
+        columns.append(Column("feeds", min_width=6, ratio=1))
+    columns.append(Column("!", no_wrap=True))
+    rows = [_row(n, short_ops, wide) for n in report.nodes]
     if report.nodes or not any(report.sections.values()):
-        app.out.print(table)
+        # FastTable, not a rich Table: rich's per-cell layout made a 100,000-node table take
+        # minutes (docs/benchmarks.md, 2026-11-28).
+        app.out.print(FastTable(title, columns, rows))
     else:  # e.g. an integer-operator model: no empty Q/DQ table above the family's own
-        app.out.print(escape(f"{report.input}: 0 Q/DQ nodes"))
-    for n in report.nodes:
-        for p in n.spec.problems:
-            app.out.print(escape(f"  {p.severity} {p.code} {n.name or '<unnamed>'}: "
-                                 f"{p.message}"), soft_wrap=True)
+        app.out.print(f"{report.input}: 0 Q/DQ nodes")
+    problems = [f"  {p.severity} {p.code} {n.name or '<unnamed>'}: {p.message}"
+                for n in report.nodes for p in n.spec.problems]
+    if problems:
+        app.out.print(plain_lines(problems), soft_wrap=True)
     sm = report.summary
     app.out.print(
         f"IR version {report.ir_version}; opsets "

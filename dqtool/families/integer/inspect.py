@@ -68,37 +68,39 @@ def _operand(o) -> str:
     return text
 
 
+def _row(n: IntegerNodeReport) -> list[str]:
+    """The table's cells for one integer operator (plain text)."""
+    s = n.spec
+    dom = "" if s.domain == "ai.onnx" else f"{_SHORT.get(s.domain, s.domain)}:"
+    where = n.name or "<unnamed>"
+    if n.graph != "main":
+        where += f" [{n.graph}]"
+    ins = "; ".join(f"{o.role} {_operand(o)}" for o in s.inputs) or "-"
+    out = _operand(s.output) if s.output else (s.output_type or "?")
+    flags = "E" if s.errors else ("W" if any(p.severity == "warning" for p in s.problems)
+                                  else "")
+    return [where, f"{dom}{s.op}-{s.version}", s.kind, ins, out, s.bias_type or "-",
+            "yes" if s.qdq_form else "no", flags]
+
+
 def render(app, report) -> None:
     """The integer operators, one row each, then their counts (nothing when there are none)."""
-    from rich import box
-    from rich.table import Table
+    from dqtool.cli.tables import Column, FastTable, plain_lines
 
     nodes = report.sections.get("integer_nodes", ())
     if not nodes:
         return
-    table = Table(title=f"{len(nodes)} integer operators", title_justify="left",
-                  box=box.SIMPLE_HEAD, pad_edge=False)
-    table.add_column("node", overflow="fold", ratio=1, min_width=14)
-    for col in ("op", "kind", "inputs", "output", "bias", "qdq"):
-        table.add_column(col, overflow="fold")
-    table.add_column("!", no_wrap=True)
-    for n in nodes:
-        s = n.spec
-        dom = "" if s.domain == "ai.onnx" else f"{_SHORT.get(s.domain, s.domain)}:"
-        where = n.name or "<unnamed>"
-        if n.graph != "main":
-            where += f" [{n.graph}]"
-        ins = "; ".join(f"{o.role} {_operand(o)}" for o in s.inputs) or "-"
-        out = _operand(s.output) if s.output else (s.output_type or "?")
-        flags = "E" if s.errors else ("W" if any(p.severity == "warning" for p in s.problems)
-                                      else "")
-        table.add_row(where, f"{dom}{s.op}-{s.version}", s.kind, ins,
-                      out, s.bias_type or "-", "yes" if s.qdq_form else "no", flags)
-    app.out.print(table)
-    for n in nodes:
-        for p in n.spec.problems:
-            app.out.print(f"  {p.severity} {p.code} {n.name or '<unnamed>'}: {p.message}",
-                          soft_wrap=True)
+    columns = [Column("node", min_width=14, ratio=1),
+               *(Column(c) for c in ("op", "kind", "inputs", "output", "bias", "qdq")),
+               Column("!", no_wrap=True)]
+    # FastTable: rich's own layout of every cell costs ~1 ms a row (docs/benchmarks.md,
+    # 2026-11-28).
+    app.out.print(FastTable(f"{len(nodes)} integer operators", columns,
+                            [_row(n) for n in nodes]))
+    problems = [f"  {p.severity} {p.code} {n.name or '<unnamed>'}: {p.message}"
+                for n in nodes for p in n.spec.problems]
+    if problems:
+        app.out.print(plain_lines(problems), soft_wrap=True)
     sm = report.summary
     app.out.print(f"{sm['integer_nodes']} integer operators: "
                   + ", ".join(f"{k} ×{v}" for k, v in sm["integer_by_op"].items()))
