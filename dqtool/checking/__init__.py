@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import replace
+from typing import Any
 
 import numpy as np
 import onnx_ir as ir
@@ -42,17 +43,13 @@ def check(
     are always bit-exact. Raises ``InputError``/``UsageError`` for unreadable models or
     inputs that do not fit.
     """
-    for label, tol in (("--rtol", rtol), ("--atol", atol)):
-        if not tol >= 0:  # also refuses NaN, which would fail every comparison
-            raise UsageError(f"{label} must be a non-negative number, got {tol}")
-    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
-        raise UsageError(f"--seed must be a non-negative integer, got {seed!r}")
+    _refuse_bad_options(rtol, atol, seed)
     loaded = load(model_or_path)
-    name, proto = loaded.name, loaded.proto
     try:
-        feeds, defaulted = inputs_mod.generate(proto, seed=seed, shapes=shapes, given=inputs)
+        feeds, defaulted = inputs_mod.generate(loaded.proto, seed=seed, shapes=shapes,
+                                               given=inputs)
     except InputError as e:
-        raise InputError(f"{name}: {e}") from None
+        raise InputError(f"{loaded.name}: {e}") from None
     given = set(inputs or {})
     feed_info = {k: {"shape": list(v.shape),
                      "dtype": "string" if v.dtype.kind in "OUS" else str(v.dtype),
@@ -63,81 +60,119 @@ def check(
               "seed": seed, "rtol": rtol, "atol": atol, "inputs": feed_info,
               "defaulted_dims": tuple(defaulted)}
     if against is not None:
-        other_loaded = load(against)
-        other_name, other = other_loaded.name, other_loaded.proto
-        if other_loaded.note():
-            notes.append(other_loaded.note())
-        mine = {s.name: s for s in inputs_mod.model_inputs(proto)}
-        theirs = {s.name: s for s in inputs_mod.model_inputs(other)}
-        if _signature(mine) != _signature(theirs):
-            raise InputError(f"{name} and {other_name} take different inputs: "
-                             f"{_describe(mine)} vs {_describe(theirs)}")
-        # A family's rewritten nodes, each run alone on the original's inputs.
-        per_op = [e for support in registry.check_supports() if support.per_op
-                  for e in support.per_op(proto, other, feeds, other_loaded.external_dir)]
-        comparisons = against_mod.compare_models(
-            proto, other, feeds, rtol=rtol, atol=atol, notes=notes,
-            model_dir=loaded.external_dir, original_dir=other_loaded.external_dir,
-            range_steps=any(e.comparison is not None for e in per_op))
-        # A family's weights are those of the model holding its nodes: the original
-        # (a conversion from them), else the checked model (a conversion into them, as
-        # `pack` makes), whose nodes are then compared with the original's in their place.
-        sides = ((loaded, proto), (other_loaded, other))
-        weights, bounds, exposed = [], [], {}
-        for support in registry.check_supports():
-            if support.holds_weights is None:
-                continue
-            mine, theirs = sides if support.holds_weights(other) or not \
-                support.holds_weights(proto) else sides[::-1]
-            if support.weights is not None:
-                weights += support.weights(mine[0].ir_model(), theirs[0].ir_model())
-            if support.bounds is not None and bounded.needs_bounds(comparisons):
-                got = support.bounds(mine[1], theirs[1], mine[0].ir_model(),
-                                     theirs[0].ir_model(), feeds, mine[0].external_dir,
-                                     theirs[0].external_dir)
-                exposed.update(getattr(got, "exposed", {}))
-                bounds += got
-        if bounds:
-            comparisons = bounded.apply(
-                comparisons, weights, bounds, notes, exposed,
-                drift_cause=lambda: runners.roundings_skipped_cause(
-                    [(name, proto, loaded.external_dir),
-                     (other_name, other, other_loaded.external_dir)]))
-        comparisons = faithful.apply(comparisons, per_op, notes)
-        found = path_deviations.applicable(proto, other)
-        if found:
-            comparisons = path_deviations.keep_out(comparisons, found, notes)
-            notes += path_deviations.own_distance(other, feeds)
-        fused = next((r for support in registry.check_supports() if support.fused_run
-                      for r in [support.fused_run(proto, other, feeds)] if r is not None),
-                     None)
-        # The checked model must be valid too: a runtime may run a model the standard
-        # forbids (onnxruntime ran a DequantizeLinear-13 with a float16 scale).
-        model = loaded.ir_model()
-        structure = _structure(loaded, model, selfcheck.quant_sites(model))
-        if not structure.valid:
-            theirs = other_loaded.ir_model()
-            original = _structure(other_loaded, theirs, selfcheck.quant_sites(theirs))
-            if not original.valid:
-                structure = replace(structure, inherited=original.first_problem())
-        return CheckReport(input=name, against=other_name, comparisons=tuple(comparisons),
-                           notes=tuple(notes), weights=tuple(weights), bounds=tuple(bounds),
-                           per_op=tuple(per_op), fused=fused, structure=structure, **common)
+        return _against(loaded, load(against), feeds, rtol, atol, notes, common)
+    return _alone(loaded, feeds, notes, common)
+
+
+def _refuse_bad_options(rtol: float, atol: float, seed: int) -> None:
+    for label, tol in (("--rtol", rtol), ("--atol", atol)):
+        if not tol >= 0:  # also refuses NaN, which would fail every comparison
+            raise UsageError(f"{label} must be a non-negative number, got {tol}")
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
+        raise UsageError(f"--seed must be a non-negative integer, got {seed!r}")
+
+
+def _alone(loaded: Loaded, feeds: dict[str, np.ndarray], notes: list[str],
+           common: dict[str, Any]) -> CheckReport:
+    """``check MODEL``: each Q/DQ node (and each family's node) against the kernel."""
     model = loaded.ir_model()
     sites = selfcheck.quant_sites(model)
     structure = _structure(loaded, model, sites)
-    nodes = selfcheck.numeric(proto, model, sites, feeds, notes,
+    nodes = selfcheck.numeric(loaded.proto, model, sites, feeds, notes,
                               external_dir=loaded.external_dir)
     # Operators that are not Q/DQ (the integer ones): their family checks them.
     for support in registry.check_supports():
         if support.numeric is not None:
-            nodes += support.numeric(proto, model, feeds, notes,
+            nodes += support.numeric(loaded.proto, model, feeds, notes,
                                      external_dir=loaded.external_dir)
     if not nodes:
         notes.append("the model has no DequantizeLinear, fused or integer operator node: nothing "
                      "to compare")
-    return CheckReport(input=name, against=None, structure=structure, nodes=tuple(nodes),
-                       notes=tuple(notes), **common)
+    return CheckReport(input=loaded.name, against=None, structure=structure,
+                       nodes=tuple(nodes), notes=tuple(notes), **common)
+
+
+def _against(loaded: Loaded, other_loaded: Loaded, feeds: dict[str, np.ndarray],
+             rtol: float, atol: float, notes: list[str], common: dict[str, Any]
+             ) -> CheckReport:
+    """``check MODEL --against ORIGINAL``: both models' outputs, and each family's
+    weights, bounds and rewritten operators."""
+    name, proto = loaded.name, loaded.proto
+    other_name, other = other_loaded.name, other_loaded.proto
+    if other_loaded.note():
+        notes.append(other_loaded.note())
+    mine = {s.name: s for s in inputs_mod.model_inputs(proto)}
+    theirs = {s.name: s for s in inputs_mod.model_inputs(other)}
+    if _signature(mine) != _signature(theirs):
+        raise InputError(f"{name} and {other_name} take different inputs: "
+                         f"{_describe(mine)} vs {_describe(theirs)}")
+    # A family's rewritten nodes, each run alone on the original's inputs.
+    per_op = [e for support in registry.check_supports() if support.per_op
+              for e in support.per_op(proto, other, feeds, other_loaded.external_dir)]
+    comparisons = against_mod.compare_models(
+        proto, other, feeds, rtol=rtol, atol=atol, notes=notes,
+        model_dir=loaded.external_dir, original_dir=other_loaded.external_dir,
+        range_steps=any(e.comparison is not None for e in per_op))
+    weights, bounds, exposed = _family_weights(loaded, other_loaded, feeds, comparisons)
+    if bounds:
+        comparisons = bounded.apply(
+            comparisons, weights, bounds, notes, exposed,
+            drift_cause=lambda: runners.roundings_skipped_cause(
+                [(name, proto, loaded.external_dir),
+                 (other_name, other, other_loaded.external_dir)]))
+    comparisons = faithful.apply(comparisons, per_op, notes)
+    found = path_deviations.applicable(proto, other)
+    if found:
+        comparisons = path_deviations.keep_out(comparisons, found, notes)
+        notes += path_deviations.own_distance(other, feeds)
+    fused = next((r for support in registry.check_supports() if support.fused_run
+                  for r in [support.fused_run(proto, other, feeds)] if r is not None),
+                 None)
+    return CheckReport(input=name, against=other_name, comparisons=tuple(comparisons),
+                       notes=tuple(notes), weights=tuple(weights), bounds=tuple(bounds),
+                       per_op=tuple(per_op), fused=fused,
+                       structure=_checked_structure(loaded, other_loaded), **common)
+
+
+def _family_weights(loaded: Loaded, other_loaded: Loaded, feeds: dict[str, np.ndarray],
+                    comparisons: list[OutputComparison]
+                    ) -> tuple[list[Any], list[Any], dict[str, Any]]:
+    """Each family's weights compared, and its bounds where outputs differ. A family's
+    weights are those of the model holding its nodes: the original (a conversion from
+    them), else the checked model (a conversion into them, as `pack` makes), whose nodes
+    are then compared with the original's in their place."""
+    sides = ((loaded, loaded.proto), (other_loaded, other_loaded.proto))
+    weights: list[Any] = []
+    bounds: list[Any] = []
+    exposed: dict[str, Any] = {}
+    for support in registry.check_supports():
+        if support.holds_weights is None:
+            continue
+        mine, theirs = sides if support.holds_weights(other_loaded.proto) or not \
+            support.holds_weights(loaded.proto) else sides[::-1]
+        if support.weights is not None:
+            weights += support.weights(mine[0].ir_model(), theirs[0].ir_model())
+        if support.bounds is not None and bounded.needs_bounds(comparisons):
+            got = support.bounds(mine[1], theirs[1], mine[0].ir_model(),
+                                 theirs[0].ir_model(), feeds, mine[0].external_dir,
+                                 theirs[0].external_dir)
+            exposed.update(getattr(got, "exposed", {}))
+            bounds += got
+    return weights, bounds, exposed
+
+
+def _checked_structure(loaded: Loaded, other_loaded: Loaded) -> selfcheck.Structure:
+    """The checked model must be valid too: a runtime may run a model the standard
+    forbids (onnxruntime ran a DequantizeLinear-13 with a float16 scale). A failure the
+    original has too is shown and not counted."""
+    model = loaded.ir_model()
+    structure = _structure(loaded, model, selfcheck.quant_sites(model))
+    if not structure.valid:
+        theirs = other_loaded.ir_model()
+        original = _structure(other_loaded, theirs, selfcheck.quant_sites(theirs))
+        if not original.valid:
+            structure = replace(structure, inherited=original.first_problem())
+    return structure
 
 
 def _structure(loaded: Loaded, model: ir.Model, sites: list) -> selfcheck.Structure:

@@ -91,6 +91,42 @@ def downgrade(model_or_path: ModelArg, opset: int, out: str | os.PathLike | None
                     Writing(external_data, shard_size, progress, while_writing))
 
 
+def _output(model_or_path: ModelArg, out, in_place: bool, writing: Writing):
+    """Where the conversion is written (None: nowhere), once the request is sound."""
+    is_path = not isinstance(model_or_path, ir.Model)
+    if writing.shard_size is not None and writing.shard_size <= 0:
+        raise UsageError(f"--shard-size must be positive, got {writing.shard_size}")
+    if in_place:
+        if not is_path:
+            raise UsageError("in_place needs a path")
+        if out is not None and Path(out).resolve() != Path(model_or_path).resolve():
+            raise UsageError("give either an output or in_place, not both")
+        out = model_or_path
+    if out is not None and is_path:
+        from dqtool import storage
+
+        storage.no_overwrite_of_input(model_or_path, out, in_place)
+    return out
+
+
+def _start_writing(model: ir.Model, out, options: Options, opset: int, input_external: bool,
+                   writing: Writing):
+    """The save started ahead of the conversion, or None. The input's data file starts
+    copying to the output, overlapping the conversion; not when sharding (the copy is one
+    data file), nor when a family's nodes, which the conversion rewrites, hold most of the
+    bytes (the copy would be dropped): then the data file is written as the conversion
+    makes the new weights."""
+    from dqtool import storage
+
+    if writing.shard_size is not None:
+        return None
+    if not _rewrites_most(model, options, opset):
+        return storage.start_prefill(model, out)
+    if input_external and writing.external_data is not False:
+        return storage.start_eager(model, out, writing.progress)
+    return None
+
+
 def _convert(model_or_path: ModelArg, opset: int, out, direction: Literal["upgrade", "downgrade"],
              options: Options, check: bool, in_place: bool,
              registry: Registry | None = None, writing: Writing = Writing()
@@ -104,16 +140,7 @@ def _convert(model_or_path: ModelArg, opset: int, out, direction: Literal["upgra
         from dqtool.checking.models import MAX_IN_PROTO
 
     is_path = not isinstance(model_or_path, ir.Model)
-    if writing.shard_size is not None and writing.shard_size <= 0:
-        raise UsageError(f"--shard-size must be positive, got {writing.shard_size}")
-    if in_place:
-        if not is_path:
-            raise UsageError("in_place needs a path")
-        if out is not None and Path(out).resolve() != Path(model_or_path).resolve():
-            raise UsageError("give either an output or in_place, not both")
-        out = model_or_path
-    if out is not None and is_path:
-        storage.no_overwrite_of_input(model_or_path, out, in_place)
+    out = _output(model_or_path, out, in_place, writing)
     model, path = model_or_path, None
     if is_path:  # loaded here, once
         model, path = storage.load(model_or_path), model_or_path
@@ -127,17 +154,8 @@ def _convert(model_or_path: ModelArg, opset: int, out, direction: Literal["upgra
                          "and an output path (both models are then checked from their files)")
     if check:
         original = conversion.loaded(path if from_files else model)
-    # The input's data file starts copying to the output now, overlapping the conversion.
-    # (Not when sharding: the copy is one data file.)
-    # (Nor when a family's nodes, which the conversion rewrites, hold most of the bytes:
-    # the copy would be dropped.)
-    # (When they do, the data file is written as the conversion makes the new weights.)
-    prefill: data_writer.DataFileCopy | data_writer.EarlyWriter | None = None
-    if out is not None and not check and writing.shard_size is None:
-        if not _rewrites_most(model, options, opset):
-            prefill = storage.start_prefill(model, out)
-        elif input_external and writing.external_data is not False:
-            prefill = storage.start_eager(model, out, writing.progress)
+    prefill = None if out is None or check else _start_writing(
+        model, out, options, opset, input_external, writing)
     try:
         # A model loaded here has no other reference: converted in place, dropped on refusal.
         with data_writer.writing_early(prefill if isinstance(prefill, data_writer.EarlyWriter)
@@ -168,9 +186,9 @@ def _convert(model_or_path: ModelArg, opset: int, out, direction: Literal["upgra
     if out is not None:  # (the save takes the prefill over, and cleans up after itself)
         tell = writing.while_writing
         written = storage.save(report.model, out, external=external,
-                          shard_size=writing.shard_size, callback=writing.progress,
-                          verify=run_check if from_files else None, prefill=prefill,
-                          while_writing=None if tell is None else lambda: tell(report))
+                               shard_size=writing.shard_size, callback=writing.progress,
+                               verify=run_check if from_files else None, prefill=prefill,
+                               while_writing=None if tell is None else lambda: tell(report))
         report.files = [str(p) for p in written]
         report.external_data = len(written) > 1  # none when every tensor stayed inline
     return report

@@ -62,10 +62,7 @@ def fold(
     is 1 when a selected constant node had to be refused.
     """
     started = time.perf_counter()
-    if dtype not in _DTYPE_NAMES:
-        raise UsageError(f"--dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
-    if shard_size is not None and shard_size <= 0:
-        raise UsageError(f"--shard-size must be positive, got {shard_size}")
+    _refuse_bad_options(dtype, shard_size)
     selection = Selection.from_options(op_types=op_types, include=include, exclude=exclude,
                                        x_types=x_types, min_elements=min_elements)
     src: Path | None = None
@@ -102,16 +99,29 @@ def fold(
         fused=unfused, fused_left=fused_left,
     )
     if target is not None:
-        external = True if shard_size is not None else (external_data or None)
-        if external is None and used_external:
-            external = True
-        report.external_data = storage.external_choice(model, external)
-        written = storage.save(model, target, external=external, shard_size=shard_size,
-                          callback=progress)
-        report.files = [str(f) for f in written]
-        report.external_data = len(written) > 1  # none when every tensor stayed inline
+        _save(report, model, target, external_data, used_external, shard_size, progress)
     report.seconds = time.perf_counter() - started
     return report
+
+
+def _refuse_bad_options(dtype: str, shard_size: int | None) -> None:
+    if dtype not in _DTYPE_NAMES:
+        raise UsageError(f"--dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
+    if shard_size is not None and shard_size <= 0:
+        raise UsageError(f"--shard-size must be positive, got {shard_size}")
+
+
+def _save(report: FoldReport, model: ir.Model, target: Path, external_data: bool | None,
+          used_external: bool, shard_size: int | None, progress: Callable | None) -> None:
+    """Write the folded model, with external data as asked, or as the input had it."""
+    external = True if shard_size is not None else (external_data or None)
+    if external is None and used_external:
+        external = True
+    report.external_data = storage.external_choice(model, external)
+    written = storage.save(model, target, external=external, shard_size=shard_size,
+                           callback=progress)
+    report.files = [str(f) for f in written]
+    report.external_data = len(written) > 1  # none when every tensor stayed inline
 
 
 def _prepare(model: ir.Model, selection: Selection, store: str | None

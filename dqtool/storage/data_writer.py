@@ -396,50 +396,9 @@ def externalized(model: ir.Model, folder: Path, data_name: str,
            and v.const_value.dtype != ir.DataType.STRING]
     originals = {id(v): v.const_value for v in values}
     try:
-        # Small tensors stay in the protobuf. Those read from a file or computed on demand
-        # are materialized now, before the writer starts: a lazy tensor may read the same
-        # input tensor as one the writer computes, and onnx_ir's loading of an external
-        # tensor is not thread-safe ("The array should be loaded only once"). (Writers
-        # started early, ``EarlyWriter``, only write tensors that stream themselves; those read
-        # their inputs through ``fused.arrays``, never through onnx_ir's loading.)
-        for v in values:
-            t = v.const_value
-            if t.nbytes <= SIZE_THRESHOLD and isinstance(t, (ir.ExternalTensor,
-                                                             ir.LazyTensor)):
-                v.const_value = ir.Tensor(t.numpy(), name=t.name, doc_string=t.doc_string)
-        paths = Resolver()
-        eager = prefill if isinstance(prefill, EarlyWriter) else None
-        if eager is not None:
-            prefill = None
-            if not eager.placed.keys() <= {id(v.const_value) for v in big}:
-                eager.finish(cancel=True)  # one written early was dropped: start over
-                eager = None
-        if prefill is not None:
-            kept = sum(_length(v.const_value) for v in big
-                       if _reusable(v.const_value, prefill, paths))
-            if (prefill.size - kept) * PREFILL_MAX_UNUSED > prefill.size:
-                prefill.finish(cancel=True)
-                prefill = None
-        # With a prefill, unchanged tensors stay where the copy puts them (their input
-        # offsets) and the others follow the copied bytes; with tensors written early,
-        # the others follow them; else all are packed in order.
-        offset = _align(prefill.size) if prefill is not None else \
-            eager.end if eager is not None else 0
-        plan = []
-        for v in big:
-            t = v.const_value
-            length = _length(t)
-            if eager is not None and id(t) in eager.placed:
-                place = eager.placed[id(t)][0]  # written (or being written) there
-            elif _reusable(t, prefill, paths):
-                place = t.offset or 0  # the copy already holds its bytes there
-            else:
-                place = offset
-                plan.append((t, offset, length))
-                offset = _align(offset + length)
-            v.const_value = PlacedTensor(
-                t, data_name, place, length, t.dtype, shape=t.shape, name=t.name,
-                doc_string=t.doc_string, base_dir=folder)
+        _materialize_small(values)
+        prefill, eager = _still_worth_it(prefill, big, Resolver())
+        plan = _place(big, folder, data_name, prefill, eager)
         from dqtool.kernel.parallel import num_threads
 
         if eager is not None:  # its threads write the rest too
@@ -466,3 +425,61 @@ def externalized(model: ir.Model, folder: Path, data_name: str,
     finally:
         for v in values:
             v.const_value = originals[id(v)]
+
+
+def _materialize_small(values: list[ir.Value]) -> None:
+    """Small tensors stay in the protobuf. Those read from a file or computed on demand
+    are materialized now, before the writer starts: a lazy tensor may read the same input
+    tensor as one the writer computes, and onnx_ir's loading of an external tensor is not
+    thread-safe ("The array should be loaded only once"). (Writers started early,
+    ``EarlyWriter``, only write tensors that stream themselves; those read their inputs
+    through ``fused.arrays``, never through onnx_ir's loading.)"""
+    for v in values:
+        t = v.const_value
+        if t.nbytes <= SIZE_THRESHOLD and isinstance(t, (ir.ExternalTensor, ir.LazyTensor)):
+            v.const_value = ir.Tensor(t.numpy(), name=t.name, doc_string=t.doc_string)
+
+
+def _still_worth_it(prefill: DataFileCopy | EarlyWriter | None, big: list[ir.Value],
+                    paths: Resolver) -> tuple[DataFileCopy | None, EarlyWriter | None]:
+    """The copy of the input's data file, kept only while little of it would be left
+    unused; the writers started early, kept only while every tensor they wrote is saved."""
+    eager = prefill if isinstance(prefill, EarlyWriter) else None
+    copy = prefill if isinstance(prefill, DataFileCopy) else None
+    if eager is not None and not eager.placed.keys() <= {id(v.const_value) for v in big}:
+        eager.finish(cancel=True)  # one written early was dropped: start over
+        eager = None
+    if copy is not None:
+        kept = sum(_length(v.const_value) for v in big
+                   if _reusable(v.const_value, copy, paths))
+        if (copy.size - kept) * PREFILL_MAX_UNUSED > copy.size:
+            copy.finish(cancel=True)
+            copy = None
+    return copy, eager
+
+
+def _place(big: list[ir.Value], folder: Path, data_name: str, prefill: DataFileCopy | None,
+           eager: EarlyWriter | None) -> list[tuple[ir.TensorProtocol, int, int]]:
+    """Point each large initializer at its place in the data file; the tensors still to
+    write, with their offsets. With a copy of the input's data file, unchanged tensors stay
+    where the copy puts them (their input offsets) and the others follow the copied bytes;
+    with tensors written early, the others follow them; else all are packed in order."""
+    paths = Resolver()
+    offset = _align(prefill.size) if prefill is not None else \
+        eager.end if eager is not None else 0
+    plan = []
+    for v in big:
+        t = v.const_value
+        length = _length(t)
+        if eager is not None and id(t) in eager.placed:
+            place = eager.placed[id(t)][0]  # written (or being written) there
+        elif _reusable(t, prefill, paths):
+            place = t.offset or 0  # the copy already holds its bytes there
+        else:
+            place = offset
+            plan.append((t, offset, length))
+            offset = _align(offset + length)
+        v.const_value = PlacedTensor(
+            t, data_name, place, length, t.dtype, shape=t.shape, name=t.name,
+            doc_string=t.doc_string, base_dir=folder)
+    return plan
