@@ -122,7 +122,7 @@ def test_a_reservation_changes_no_byte(tmp_path, monkeypatch, answer: str) -> No
     if answer == "unsupported":
         monkeypatch.setattr(data_file, "reserve", lambda fd, offset, length: errno.EOPNOTSUPP)
     storage.save(_model([_streamed(n, a) for n, a in _tensors(2)]), tmp_path / "m.onnx",
-            external=True)
+                 external=True)
     back = storage.load(tmp_path / "m.onnx")
     for name, a in _tensors(2):
         assert np.array_equal(back.graph.initializers[name].const_value.numpy(), a)
@@ -175,7 +175,7 @@ def test_a_tensor_written_early_but_not_saved_starts_the_file_over(tmp_path) -> 
         _streamed("dropped", np.arange(9000, dtype=np.uint8) % 251)
     storage.save(_model(kept), tmp_path / "a" / "m.onnx", external=True, prefill=eager)
     storage.save(_model([_streamed(n, a) for n, a in data]), tmp_path / "b" / "m.onnx",
-            external=True)
+                 external=True)
     assert (tmp_path / "a" / "m.onnx.data").read_bytes() == \
         (tmp_path / "b" / "m.onnx.data").read_bytes()
 

@@ -139,7 +139,7 @@ def test_an_inline_save_writes_through_pieces(tmp_path, monkeypatch) -> None:
     class Noting(write_pieces.Pieces):
         def write(self, data) -> int:
             return write_pieces.write_in_pieces(lambda p: sizes.append(len(p)) or
-                                          self.file.write(p), data)
+                                                self.file.write(p), data)
 
     monkeypatch.setattr(inline_write, "Pieces", Noting)
     w = np.random.default_rng(0).standard_normal((300, 100)).astype(np.float32)

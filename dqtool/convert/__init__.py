@@ -159,7 +159,7 @@ def _convert(model_or_path: ModelArg, opset: int, out, direction: Literal["upgra
     try:
         # A model loaded here has no other reference: converted in place, dropped on refusal.
         with data_writer.writing_early(prefill if isinstance(prefill, data_writer.EarlyWriter)
-                                         else None):
+                                       else None):
             report = pipeline.run(model, opset, direction, options, registry, path=path,
                                   copy=not is_path)
     except BaseException:

@@ -150,5 +150,5 @@ def _run(model_or_path: ModelArg, out, direction: Direction, the_pass: Any, keep
     if out is not None:
         external = True if shard_size is not None else external_data
         report.files = [str(p) for p in storage.save(model, out, external=external,
-                                                shard_size=shard_size, callback=progress)]
+                                                     shard_size=shard_size, callback=progress)]
     return report
