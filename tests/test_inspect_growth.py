@@ -15,10 +15,8 @@ import sys
 from collections.abc import Callable
 from types import SimpleNamespace
 
-import numpy as np
 import onnx_ir as ir
 import pytest
-from onnx import TensorProto, helper, numpy_helper
 from rich.console import Console
 from rich.table import Table
 
@@ -26,40 +24,15 @@ from dqtool.cli.inspect_cmd import render
 from dqtool.cli.tables import Column, FastTable, plain_lines
 from dqtool.inspection import inspect
 from dqtool.printable import safe_console, shown
+from tools import many_nodes
 
 
 def _chain(n: int) -> ir.Model:
-    """QuantizeLinear and DequantizeLinear alternating, ``n`` nodes."""
-    inits = [numpy_helper.from_array(np.array(0.02, np.float32), "s"),
-             numpy_helper.from_array(np.array(3, np.uint8), "z")]
-    nodes, prev = [], "X"
-    for i in range(n):
-        op = "QuantizeLinear" if i % 2 == 0 else "DequantizeLinear"
-        nodes.append(helper.make_node(op, [prev, "s", "z"], [f"v{i}"], name=f"n{i}"))
-        prev = f"v{i}"
-    g = helper.make_graph(nodes, "chain",
-                          [helper.make_tensor_value_info("X", TensorProto.FLOAT, [4, 8])],
-                          [helper.make_tensor_value_info(prev, TensorProto.FLOAT, None)], inits)
-    return ir.from_proto(helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)]))
+    return ir.from_proto(many_nodes.chain(n))
 
 
 def _flat(n: int) -> ir.Model:
-    """``n`` DequantizeLinear side by side, each with initializers of its own; half read by
-    a Relu, half graph outputs."""
-    inits, nodes, outs = [], [], []
-    for i in range(n):
-        inits += [numpy_helper.from_array(np.ones((2, 4), np.int8), f"w{i}"),
-                  numpy_helper.from_array(np.array(0.5, np.float32), f"s{i}"),
-                  numpy_helper.from_array(np.array(1, np.int8), f"z{i}")]
-        nodes.append(helper.make_node("DequantizeLinear", [f"w{i}", f"s{i}", f"z{i}"],
-                                      [f"y{i}"], name=f"dq{i}"))
-        out = f"y{i}"
-        if i % 2:
-            nodes.append(helper.make_node("Relu", [out], [f"r{i}"], name=f"relu{i}"))
-            out = f"r{i}"
-        outs.append(helper.make_tensor_value_info(out, TensorProto.FLOAT, [2, 4]))
-    g = helper.make_graph(nodes, "flat", [], outs, inits)
-    return ir.from_proto(helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)]))
+    return ir.from_proto(many_nodes.flat(n))
 
 
 def _python_calls(func: Callable[[], object]) -> int:
