@@ -167,10 +167,6 @@ def _reports(model: ir.Model) -> tuple[list[NodeReport], list[list[Any]]]:
     return nodes, own
 
 
-def node_reports(model: ir.Model) -> list[NodeReport]:
-    return _reports(model)[0]
-
-
 def _opsets(model: ir.Model) -> dict[str, int]:
     return {graph.domain_name(d): v for d, v in sorted(model.opset_imports.items())}
 
