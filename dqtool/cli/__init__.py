@@ -177,12 +177,12 @@ def entry() -> None:
     """The ``dqtool`` command: ``main``, then out without the interpreter's teardown.
 
     Why: a command is done once ``main`` returns (every file written, committed and closed;
-    output is flushed here), and tearing down its objects (a large model's IR, every module)
-    only costs time: ~55 ms after a 225-node conversion, measured, for a command that takes
-    ~1.2 s. Errors (exceptions other than SystemExit) leave the usual way. Library callers
-    and tests call ``main``, which never ends the process this way. Imports run without the
-    garbage collector (``app.imports_without_gc``), and OpenBLAS's threads sleep as soon
-    as they are idle (``quiet_blas``)."""
+    output is flushed here), and tearing down its objects only costs time
+    (docs/decisions.md, "2026-11-24: a command starts and ends lean"). Errors (exceptions
+    other than SystemExit) leave the usual way. Library callers and tests call ``main``,
+    which never ends the process this way. Imports run without the garbage collector
+    (``app.imports_without_gc``), and OpenBLAS's threads sleep as soon as they are idle
+    (``quiet_blas``)."""
     from dqtool.cli.app import imports_without_gc
 
     quiet_blas()

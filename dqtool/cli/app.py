@@ -92,12 +92,8 @@ def _json_default(o: Any) -> Any:
     return str(o)
 
 
-# The `dqtool` script imports with the cyclic garbage collector off (``imports_without_gc``,
-# from ``cli.entry``): importing numpy, onnx, onnx_ir and dqtool makes hundreds of thousands
-# of objects, none of them garbage, which the collector went over again and again
-# (measured: ~25 ms of a 0.85 s `upgrade` of the 1.8 GB bench model, on the critical path
-# before the first weight is written). A command's body starts by freezing them (never
-# scanned again) and turning the collector back on for the command's own objects.
+# The `dqtool` script imports with the cyclic garbage collector off, then freezes what the
+# imports made (docs/decisions.md, "2026-11-24: a command starts and ends lean").
 _GC_HELD = False
 
 

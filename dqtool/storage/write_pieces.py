@@ -1,23 +1,8 @@
-"""How many bytes one ``write`` into a file's pages takes: ``WRITE_PIECE`` (64 KiB).
-
-Why: Linux gives the page cache folios as large as a write (up to its maximum), and a large
-folio comes from a large free block of memory. On a VM with free page reporting (the one
-measured here: virtio_balloon with REPORTING, ``page_reporting_order`` 9), the guest hands
-its free blocks of 2 MiB and more back to the host, and the first write into each of their
-pages then waits for the host to back it again; smaller free blocks are never handed back.
-Measured here (ext4, 2 cores): 1.9 GB written from one buffer took 0.27-0.31 s at best in
-pieces of 64 KiB, 256 KiB or 1 MiB, but 0.46-0.65 s, 0.96-2.1 s and 0.48-1.8 s in the runs
-that drew such blocks (eight rounds of each, interleaved); an `upgrade` of the 1.8 GB bench
-model, whose bands were written 1 MiB at a time, took 1.6-2.7 s in such minutes against
-0.85-0.88 s with 64 KiB pieces. A copy of the file (``cp``, ``shutil.copyfile``) writes 64
-KiB at a time too: the kernel's splice moves a pipe's worth per write. Smaller pieces cost
-more calls (32 KiB: `upgrade` 9% slower). The data-file writers and a streamed repack's
-bands (``dqtool.native.write_transposed``) write in the same pieces (``pwrite_all``). Measured
-again on
-2026-11-27 (kernel 6.18, whose ext4 makes large folios): 1 MiB pieces wrote 1.9 GB in
-0.20-0.27 s against 0.29-0.38 s, with no slow round in six drawing reclaimed memory, but an
-`upgrade` of the bench model, eight interleaved rounds each, took 1.05 s against 1.09 s
-(noise): kept at 64 KiB.
+"""How many bytes one ``write`` into a file's pages takes: ``WRITE_PIECE`` (64 KiB), as
+``cp`` and ``shutil.copyfile`` write. Larger writes drew large page-cache folios whose
+memory a VM's free page reporting had handed back to the host (docs/decisions.md,
+"2026-11-24: files are written in pieces of 64 KiB"). The data-file writers and a
+streamed repack's bands write in the same pieces (``pwrite_all``).
 """
 
 from __future__ import annotations
