@@ -38,6 +38,8 @@ from dqtool import graph
 from dqtool.checking import compare, float_steps, runners
 from dqtool.checking.models import with_outputs
 from dqtool.families.integer import fused_back, ops
+from dqtool.families.integer.rewrite import Refused
+from dqtool.families.integer.scaled_pattern import scaled_output
 
 
 @dataclass(frozen=True)
@@ -207,9 +209,6 @@ def _original_output(node: ir.Node, opdef: ops.OpDef) -> ir.Value | None:
     ConvInteger) produces in the original."""
     if opdef.kind != "integer":
         return node.outputs[0]
-    from dqtool.families.integer.rewrite import Refused
-    from dqtool.families.integer.to_qdq import scaled_output
-
     try:
         return scaled_output(node)
     except Refused:

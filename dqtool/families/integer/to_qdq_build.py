@@ -1,0 +1,121 @@
+"""The building blocks of the rewrite to QDQ: ``Builder``, which makes the new nodes and
+constants of one rewritten integer operator and puts them in its graph in one step."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx_ir as ir
+
+from dqtool import graph
+from dqtool.families.integer.rewrite import Names, Refused, drop_if_unused, make_constant
+
+FLOAT = ir.DataType.FLOAT
+
+
+class Builder:
+    """New nodes for one rewritten node, inserted before it in its graph."""
+
+    def __init__(self, node: ir.Node, names: Names, opsets: dict[str, int]) -> None:
+        """Nothing is made yet: ``node`` is the integer operator being rewritten."""
+        self.node, self.names, self.opsets = node, names, opsets
+        self.graph = node.graph
+        self.base = node.name or node.op_type
+        self.new: list[ir.Node] = []
+        self.initializers: list[ir.Value] = []  # registered by finish, not before
+
+    def add(self, op: str, inputs: list[ir.Value | None], attrs: list[ir.Attr] | None = None,
+            suffix: str = "", n_out: int = 1, out_type: ir.DataType | None = FLOAT,
+            name: str | None = None, domain: str = "") -> ir.Node:
+        """A new node (not yet in the graph) with fresh names; its first output typed
+        ``out_type``."""
+        n = ir.Node(domain, op, trim(inputs), attrs or [], num_outputs=n_out,
+                    name=name or self.names.fresh(f"{self.base}/{suffix or op}"))
+        for i, o in enumerate(n.outputs):
+            o.name = self.names.fresh(f"{self.base}/{suffix or op}_output_{i}")
+        if out_type is not None:
+            n.outputs[0].dtype = out_type
+        self.new.append(n)
+        return n
+
+    def dequantize(self, value: ir.Value, scale: ir.Value | None, zp: ir.Value | None,
+                   axis: int | None, role: str) -> ir.Value:
+        """The float value of ``value``: a new DequantizeLinear (per-axis along ``axis``
+        unless it is None); ``Refused`` when the model's opset or the parameters cannot
+        express it."""
+        if scale is None:
+            raise Refused(f"input '{role}' has no scale")
+        attrs = []
+        if axis is not None:
+            if (graph.opset_of(self.opsets, "") or 0) < 13:
+                raise Refused(f"'{role}' is per-axis, which DequantizeLinear takes from "
+                              "ai.onnx opset 13; run `dqtool upgrade --opset 13` first")
+            attrs.append(ir.AttrInt64("axis", axis))
+            scale, zp = self._matched(scale, zp, role)
+        return self.add("DequantizeLinear", [value, scale, zp], attrs,
+                        suffix=f"DequantizeLinear_{role}").outputs[0]
+
+    def _matched(self, scale: ir.Value, zp: ir.Value | None, role: str
+                 ) -> tuple[ir.Value, ir.Value | None]:
+        """A per-axis scale and zero point of one length, as DequantizeLinear takes them:
+        the single-element one of the two (a per-column zero point beside one scale, which
+        onnxruntime's MatMulInteger takes) becomes a constant of the other's length, the
+        same value in every place (so the same products)."""
+        if zp is None:
+            return scale, zp
+        ns, nz = (graph.num_elements(graph.shape_of(v)) for v in (scale, zp))
+        if ns is None or nz is None or ns == nz:
+            return scale, zp
+        if 1 not in (ns, nz):
+            raise Refused(f"'{role}' has {ns} scales and {nz} zero points")
+        one, n, what = (scale, nz, "scale") if ns == 1 else (zp, ns, "zero point")
+        arr = graph.constant_array(one)
+        if arr is None:
+            raise Refused(f"'{role}' is per-axis in its {'zero point' if ns == 1 else 'scale'}"
+                          f" but its one {what} is computed at run time: DequantizeLinear "
+                          "takes a scale and a zero point of one shape")
+        wide = self.constant(f"{what.replace(' ', '_')}_per_axis",
+                             np.full((n,), arr.reshape(-1)[0], arr.dtype))
+        return (wide, zp) if ns == 1 else (scale, wide)
+
+    def constant(self, base: str, arr: np.ndarray) -> ir.Value:
+        """A new constant holding ``arr``: an initializer of a graph, a Constant node in a
+        function (``rewrite.make_constant``)."""
+        value, node = make_constant(self.graph, self.names, f"{self.base}/{base}", arr)
+        if node is not None:
+            self.new.append(node)
+        else:
+            self.initializers.append(value)
+        return value
+
+    def commit(self) -> None:
+        """Insert the new nodes and constants (nothing is changed before this)."""
+        for v in self.initializers:
+            self.graph.register_initializer(v)
+        self.graph.insert_before(self.node, self.new)
+        self.new, self.initializers = [], []
+
+    def finish(self, old: list[ir.Value], new: list[ir.Value],
+               detached: list[ir.Value | None] = ()) -> None:
+        """Put the new nodes in, move every use of ``old`` to ``new``, drop the node."""
+        self.commit()
+        for o, n in zip(old, new, strict=True):
+            n.shape = o.shape if o.shape is not None else n.shape
+            if o.type is not None:
+                n.type = o.type
+            was_output = o.is_graph_output()
+            name = o.name
+            o.replace_all_uses_with(n, replace_graph_outputs=True)
+            if was_output:  # keep the model's output names
+                o.name = self.names.fresh(f"{name}_replaced")
+                n.name = name
+        inputs = list(self.node.inputs)
+        self.graph.remove(self.node, safe=True)
+        drop_if_unused([*inputs, *detached])
+
+
+def trim(inputs: list[ir.Value | None]) -> list[ir.Value | None]:
+    """``inputs`` without its trailing absent ones (an ONNX node's optional inputs)."""
+    out = list(inputs)
+    while out and out[-1] is None:
+        out.pop()
+    return out
