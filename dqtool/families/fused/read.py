@@ -227,6 +227,7 @@ def gbq_geometry(data_type: str | None, data_shape: tuple[Dim, ...] | None, bits
 
 
 def read_gather_block_quantized(node: ir.Node, version: int) -> FusedSpec:
+    """Read a GatherBlockQuantized into a ``FusedSpec``, what is wrong in its problems."""
     where = "com.microsoft.GatherBlockQuantized"
     data, indices, scales, zp = (graph.input_value(node, i) for i in range(4))
     problems: list[Problem] = []
@@ -238,6 +239,41 @@ def read_gather_block_quantized(node: ir.Node, version: int) -> FusedSpec:
     d_type, s_type, zp_type = (graph.elem_type(v) for v in (data, scales, zp))
     d_shape = _shape(data)
     rank = len(d_shape) if d_shape is not None else None
+    g_axis, q_axis = _gbq_axes(where, node, rank, problems)
+    problems += _gbq_type_problems(where, (d_type, s_type, zp_type), zp is not None, bits,
+                                   block, rank, (g_axis, q_axis))
+    q_type, logical, per = gbq_geometry(d_type, d_shape, bits, q_axis)
+    expected_scale = _gbq_expected_scale(logical, rank, q_axis, block)
+    if expected_scale is not None:
+        problems += _gbq_shape_problems(where, expected_scale, per, q_axis, _shape(scales),
+                                        _shape(zp) if zp is not None else None)
+    default_zp = None
+    if zp is None and d_type == "uint8" and bits in (2, 4, 8):
+        default_zp = 1 << (bits - 1)
+    return FusedSpec(
+        op="GatherBlockQuantized", domain=DOMAIN, version=version, since_version=1,
+        quant_type=q_type, scale_type=s_type, float_type=s_type,
+        granularity="blocked" if rank else None, bits=4 if d_type in ("int4", "uint4")
+        else (bits if d_type == "uint8" else None),
+        axis=q_axis if rank else None, block_size=block,
+        zero_point="integer" if zp is not None else "none", zero_point_type=zp_type,
+        zero_point_packed=zp is not None and d_type == "uint8" and per > 1,
+        default_zero_point=default_zp,
+        packing=f"uint8, {per} codes per byte low bits first along the last axis"
+        if d_type == "uint8" and per > 1 else "none",
+        x_shape=logical, stored_shape=d_shape, scale_shape=expected_scale or _shape(scales),
+        x_constant=_const(data), scale_constant=_const(scales), zero_point_constant=_const(zp),
+        gather_axis=g_axis if rank else None,
+        attributes=tuple(sorted((name, attr.value) for name, attr in node.attributes.items()
+                                if not attr.is_ref())),
+        problems=tuple(problems),
+    )
+
+
+def _gbq_axes(where: str, node: ir.Node, rank: int | None, problems: list[Problem]
+              ) -> tuple[int, int]:
+    """(gather_axis, quantize_axis), normalized for a known rank; one outside it is added
+    to ``problems``."""
     g_axis = attr_int(node, "gather_axis", 0)
     q_axis = attr_int(node, "quantize_axis", 1)
     if rank is not None:
@@ -246,6 +282,16 @@ def read_gather_block_quantized(node: ir.Node, version: int) -> FusedSpec:
                 problems.append(Problem(P_FUSED_ATTR, f"{where}: {name}={ax} is outside "
                                         f"[-{rank}, {rank - 1}]"))
         g_axis, q_axis = g_axis % rank if rank else g_axis, q_axis % rank if rank else q_axis
+    return g_axis, q_axis
+
+
+def _gbq_type_problems(where: str, elem_types: tuple[str | None, str | None, str | None],
+                       has_zp: bool, bits: int | None, block: int | None, rank: int | None,
+                       axes: tuple[int, int]) -> list[Problem]:
+    """Data, scale and zero-point types against each other, bits, block size and axes."""
+    d_type, s_type, zp_type = elem_types
+    g_axis, q_axis = axes
+    problems = []
     float_data = d_type in GBQ_FLOAT_DATA
     if d_type is not None and d_type not in GBQ_DATA and not float_data:
         problems.append(Problem(P_FUSED_TYPE, f"{where}: data is {d_type}; it takes int4, "
@@ -266,47 +312,36 @@ def read_gather_block_quantized(node: ir.Node, version: int) -> FusedSpec:
     if not (_power_of_two_16(block) or (float_data and block == 0)):
         problems.append(Problem(P_FUSED_ATTR, f"{where}: block_size={block} is not a power "
                                 "of 2 ≥ 16"))
-    if zp is not None:
+    if has_zp:
         if float_data:
             problems.append(Problem(P_FUSED_INPUTS, f"{where}: {d_type} data takes no zero "
                                     "point"))
         elif d_type and zp_type and zp_type != d_type:
             problems.append(Problem(P_FUSED_TYPE, f"{where}: zero points are {zp_type}, data "
                                     f"is {d_type} (they must match)"))
-    q_type, logical, per = gbq_geometry(d_type, d_shape, bits, q_axis)
-    s_shape = _shape(scales)
-    expected_scale: tuple[Dim, ...] | None = None
+    return problems
+
+
+def _gbq_expected_scale(logical: tuple[Dim, ...] | None, rank: int | None, q_axis: int,
+                        block: int | None) -> tuple[Dim, ...] | None:
+    """The scales' shape the logical table needs (blocks along ``q_axis``), when known."""
     if _known(logical) and rank and 0 <= q_axis < rank and block:
-        expected_scale = tuple(ceil_div(d, block) if i == q_axis else d
-                               for i, d in enumerate(logical))
-        if _known(s_shape) and s_shape != expected_scale:
-            problems.append(Problem(P_FUSED_SHAPE, f"{where}: scales are {s_shape}, expected "
-                                    f"{expected_scale}"))
-        z_shape = _shape(zp)
-        if zp is not None and _known(z_shape):
-            want = tuple(ceil_div(d, per) if i == q_axis else d
-                         for i, d in enumerate(expected_scale))
-            if z_shape != want:
-                problems.append(Problem(P_FUSED_SHAPE, f"{where}: zero points are "
-                                        f"{z_shape}, expected {want}"))
-    default_zp = None
-    if zp is None and d_type == "uint8" and bits in (2, 4, 8):
-        default_zp = 1 << (bits - 1)
-    return FusedSpec(
-        op="GatherBlockQuantized", domain=DOMAIN, version=version, since_version=1,
-        quant_type=q_type, scale_type=s_type, float_type=s_type,
-        granularity="blocked" if rank else None, bits=4 if d_type in ("int4", "uint4")
-        else (bits if d_type == "uint8" else None),
-        axis=q_axis if rank else None, block_size=block,
-        zero_point="integer" if zp is not None else "none", zero_point_type=zp_type,
-        zero_point_packed=zp is not None and d_type == "uint8" and per > 1,
-        default_zero_point=default_zp,
-        packing=f"uint8, {per} codes per byte low bits first along the last axis"
-        if d_type == "uint8" and per > 1 else "none",
-        x_shape=logical, stored_shape=d_shape, scale_shape=expected_scale or s_shape,
-        x_constant=_const(data), scale_constant=_const(scales), zero_point_constant=_const(zp),
-        gather_axis=g_axis if rank else None,
-        attributes=tuple(sorted((name, attr.value) for name, attr in node.attributes.items()
-                                if not attr.is_ref())),
-        problems=tuple(problems),
-    )
+        return tuple(ceil_div(d, block) if i == q_axis else d for i, d in enumerate(logical))
+    return None
+
+
+def _gbq_shape_problems(where: str, expected_scale: tuple[Dim, ...], per: int, q_axis: int,
+                        s_shape: tuple[Dim, ...] | None, z_shape: tuple[Dim, ...] | None
+                        ) -> list[Problem]:
+    """Scales and zero points (``z_shape`` None without them) against the table's blocks."""
+    problems = []
+    if _known(s_shape) and s_shape != expected_scale:
+        problems.append(Problem(P_FUSED_SHAPE, f"{where}: scales are {s_shape}, expected "
+                                f"{expected_scale}"))
+    if _known(z_shape):
+        want = tuple(ceil_div(d, per) if i == q_axis else d
+                     for i, d in enumerate(expected_scale))
+        if z_shape != want:
+            problems.append(Problem(P_FUSED_SHAPE, f"{where}: zero points are "
+                                    f"{z_shape}, expected {want}"))
+    return problems
