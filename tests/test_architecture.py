@@ -52,3 +52,30 @@ def test_every_module_has_a_layer():
     top = {f"dqtool.{p.stem}" for p in package.glob("*.py") if p.stem != "__init__"}
     top |= {f"dqtool.{p.parent.name}" for p in package.glob("*/__init__.py")}
     assert top - layered == set()
+
+
+MAX_MODULE_LINES = 500
+MAX_FUNCTION_LINES = 80
+
+
+def _sizes() -> tuple[dict[str, int], dict[str, int]]:
+    import ast
+
+    modules, functions = {}, {}
+    for path in sorted((ROOT / "dqtool").rglob("*.py")):
+        text = path.read_text(encoding="utf-8")
+        where = str(path.relative_to(ROOT))
+        modules[where] = len(text.splitlines())
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                functions[f"{where}:{node.lineno} {node.name}"] = \
+                    node.end_lineno - node.lineno + 1
+    return modules, functions
+
+
+def test_sizes_a_reader_can_hold():
+    """No module over 500 lines, no function over 80 (docs/architecture.md)."""
+    modules, functions = _sizes()
+    assert len(modules) > 100 and len(functions) > 1000  # the scan saw the package
+    assert {m: n for m, n in modules.items() if n > MAX_MODULE_LINES} == {}
+    assert {f: n for f, n in functions.items() if n > MAX_FUNCTION_LINES} == {}
