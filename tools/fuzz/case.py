@@ -11,6 +11,7 @@ import json
 import os
 import socket
 import stat
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -109,3 +110,13 @@ def restore_permissions(root: Path) -> None:
             p = Path(dirpath) / d
             if not p.is_symlink():
                 os.chmod(p, 0o755)
+
+
+def shuffled(rng: object, combinations: Callable[[], list[tuple]],
+             make: Callable[..., Case]) -> Iterator[Case]:
+    """Every combination, in an order ``rng`` shuffles anew at each pass, for ever."""
+    while True:
+        order = combinations()
+        rng.shuffle(order)  # type: ignore[attr-defined]
+        for combo in order:
+            yield make(*combo)

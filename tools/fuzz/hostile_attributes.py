@@ -23,7 +23,7 @@ import onnx
 from onnx import TensorProto, helper
 
 from tools.fuzz import commands
-from tools.fuzz.case import Case
+from tools.fuzz.case import Case, shuffled
 from tools.fuzz.mutate_structure import _base_weight
 
 REPO = Path(__file__).resolve().parents[2]
@@ -167,8 +167,4 @@ def combinations() -> list[tuple[str, str, int]]:
 
 
 def cases(rng: random.Random) -> Iterator[Case]:
-    while True:
-        order = combinations()
-        rng.shuffle(order)
-        for combo in order:
-            yield make(*combo)
+    return shuffled(rng, combinations, make)

@@ -10,7 +10,7 @@ from pathlib import Path
 import onnx
 
 from tools.fuzz import commands
-from tools.fuzz.case import SENTINEL, Case
+from tools.fuzz.case import SENTINEL, Case, shuffled
 
 REPO = Path(__file__).resolve().parents[2]
 BASE = REPO / "models" / "external_data" / "model.onnx"
@@ -123,8 +123,5 @@ def kinds() -> list[str]:
 
 def cases(rng: random.Random) -> Iterator[Case]:
     n_commands = len(commands.for_model(MODEL))
-    while True:
-        order = [(k, i, c) for k in kinds() for i in range(n_commands) for c in (False, True)]
-        rng.shuffle(order)
-        for kind, index, constant in order:
-            yield make(kind, index, constant)
+    return shuffled(rng, lambda: [(k, i, c) for k in kinds() for i in range(n_commands)
+                                  for c in (False, True)], make)

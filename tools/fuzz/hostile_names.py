@@ -18,7 +18,7 @@ from pathlib import Path
 import onnx
 
 from tools.fuzz import commands
-from tools.fuzz.case import Case
+from tools.fuzz.case import Case, shuffled
 from tools.fuzz.hostile_data import BASE
 from tools.fuzz.mutate_structure import _base_weight
 
@@ -137,8 +137,4 @@ def combinations() -> list[tuple[str, str, str, int]]:
 
 
 def cases(rng: random.Random) -> Iterator[Case]:
-    while True:
-        order = combinations()
-        rng.shuffle(order)
-        for combo in order:
-            yield make(*combo)
+    return shuffled(rng, combinations, make)

@@ -8,7 +8,7 @@ import random
 from collections.abc import Iterator
 from pathlib import Path
 
-from tools.fuzz.case import SENTINEL, Case
+from tools.fuzz.case import SENTINEL, Case, shuffled
 
 REPO = Path(__file__).resolve().parents[2]
 INLINE = REPO / "models" / "ort_qdq_per_channel.onnx"
@@ -81,8 +81,5 @@ def kinds() -> list[str]:
 
 
 def cases(rng: random.Random) -> Iterator[Case]:
-    while True:
-        order = [(k, v, e) for k in kinds() for v in range(len(VERBS)) for e in (False, True)]
-        rng.shuffle(order)
-        for kind, verb, external in order:
-            yield make(kind, verb, external)
+    return shuffled(rng, lambda: [(k, v, e) for k in kinds() for v in range(len(VERBS))
+                                  for e in (False, True)], make)

@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from tools.fuzz import commands
-from tools.fuzz.case import Case
+from tools.fuzz.case import Case, shuffled
 from tools.fuzz.hostile_data import BASE, MODEL, with_entries
 
 DATA = (BASE.parent / "model.onnx.data").read_bytes()
@@ -88,8 +88,5 @@ def kinds() -> list[str]:
 
 def cases(rng: random.Random) -> Iterator[Case]:
     n_commands = len(commands.for_model(MODEL))
-    while True:
-        order = [(k, i, c) for k in kinds() for i in range(n_commands) for c in (False, True)]
-        rng.shuffle(order)
-        for kind, index, constant in order:
-            yield make(kind, index, constant)
+    return shuffled(rng, lambda: [(k, i, c) for k in kinds() for i in range(n_commands)
+                                  for c in (False, True)], make)

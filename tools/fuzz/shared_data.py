@@ -16,7 +16,7 @@ from pathlib import Path
 
 import onnx
 
-from tools.fuzz.case import Case
+from tools.fuzz.case import Case, shuffled
 from tools.fuzz.hostile_data import BASE
 
 REPO = Path(__file__).resolve().parents[2]
@@ -86,8 +86,5 @@ def kinds() -> list[str]:
 
 
 def cases(rng: random.Random) -> Iterator[Case]:
-    while True:
-        order = [(k, v, e) for k in kinds() for v in range(len(VERBS)) for e in (False, True)]
-        rng.shuffle(order)
-        for kind, verb, external in order:
-            yield make(kind, verb, external)
+    return shuffled(rng, lambda: [(k, v, e) for k in kinds() for v in range(len(VERBS))
+                                  for e in (False, True)], make)
