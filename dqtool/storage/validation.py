@@ -19,6 +19,8 @@ import onnx_ir as ir
 from google.protobuf.descriptor import FieldDescriptor
 
 from dqtool.errors import InputError
+from dqtool.storage import validation_nodes
+from dqtool.storage.invalid import Invalid
 
 MAX_OPSET = onnx.defs.onnx_opset_version()
 
@@ -38,16 +40,9 @@ def validate(path: Path, proto: onnx.ModelProto,
         _value_types(proto)
         _graphs(proto)
         _functions(proto)
-        # Imported here: it reads this module's ``Invalid`` (and the family registry).
-        from dqtool.storage import validation_nodes
-
         validation_nodes.check(proto)
     except Invalid as e:
         raise InputError(f"{path}: {e}") from None
-
-
-class Invalid(Exception):
-    """A broken rule, before the file name is put in front."""
 
 
 # -- text ------------------------------------------------------------------------------------

@@ -25,7 +25,7 @@ from functools import cache
 import onnx
 
 from dqtool import registry
-from dqtool.storage.validation import Invalid
+from dqtool.storage.invalid import Invalid
 
 _ONNX_DOMAINS = ("", "ai.onnx")
 
