@@ -24,7 +24,7 @@ _API = {
     "dequantize_ms": "dqtool.kernel",
     "quantize_ms": "dqtool.kernel",
     "unpack_opmx_int4": "dqtool.kernel",
-    "reference_evaluator": "dqtool.reference_evaluator",
+    "reference_evaluator": "dqtool.evaluator",
     "QuantSpec": "dqtool.spec",
     "read_node": "dqtool.codecs",
     "load": "dqtool.storage",

@@ -79,3 +79,20 @@ def test_sizes_a_reader_can_hold():
     assert len(modules) > 100 and len(functions) > 1000  # the scan saw the package
     assert {m: n for m, n in modules.items() if n > MAX_MODULE_LINES} == {}
     assert {f: n for f, n in functions.items() if n > MAX_FUNCTION_LINES} == {}
+
+
+def test_no_public_name_is_shadowed_by_a_module():
+    """A lazily imported public name (``dqtool.load``, ``dqtool.reference_evaluator``) is
+    no submodule's name: importing the module would set the package attribute to it, and
+    ``dqtool.reference_evaluator(model)`` would then call a module."""
+    import importlib.util
+
+    import dqtool
+
+    clashes = [name for name in dir(dqtool) if not name.startswith("_")
+               and importlib.util.find_spec(f"dqtool.{name}") is not None
+               and name in dqtool._API]
+    assert clashes == []
+    import dqtool.evaluator
+
+    assert callable(dqtool.reference_evaluator)

@@ -96,7 +96,7 @@ def _evaluate(value: ir.Value) -> np.ndarray | None:
         nodes.append(p)
         todo.extend(i for i in p.inputs if i is not None)
     order = [n for n in value.graph if n in nodes] if value.graph is not None else nodes
-    from dqtool.reference_evaluator import reference_evaluator
+    from dqtool.evaluator import reference_evaluator
 
     protos = [ir.serde.serialize_node(n) for n in order]
     # with their bytes: a tensor in external data would be a file reference onnx's
