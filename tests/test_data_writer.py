@@ -131,19 +131,21 @@ def test_a_reservation_changes_no_byte(tmp_path, monkeypatch, answer: str) -> No
 def _early(tmp_path, out_name: str = "m.onnx"):
     """An ``EarlyWriter`` for a save to ``tmp_path / out_name`` (as ``storage.start_eager``
     makes it)."""
-    from dqtool.storage import data_writer
+    return storage.start_eager(_model([]), tmp_path / out_name)
 
-    model = _model([])
-    return storage.start_eager(model, tmp_path / out_name), data_writer
+
+def _submitted(eager, tensor):
+    """``tensor``, handed to the early writer as a conversion's builder hands it."""
+    eager.submit(tensor)
+    return tensor
 
 
 def test_tensors_written_early_come_first_and_read_back(tmp_path) -> None:
-    # Streamed tensors made while a save writes early go to the data file at once, in the
-    # order they are made; the save puts the others after them.
-    eager, data_writer = _early(tmp_path)
+    # Streamed tensors handed to a save that writes early go to the data file at once, in
+    # the order they are made; the save puts the others after them.
+    eager = _early(tmp_path)
     data = _tensors(3)
-    with data_writer.writing_early(eager):
-        early = [_streamed(n, a, band=777) for n, a in data[:4]]
+    early = [_submitted(eager, _streamed(n, a, band=777)) for n, a in data[:4]]
     late = [ir.Tensor(a, name=n) for n, a in data[4:]]
     assert next(iter(eager.placed.values()))[0] == 0 and eager.end > 0
     model = _model([*late, *early])  # the model's own order differs
@@ -168,11 +170,10 @@ def test_a_tensor_written_early_but_not_saved_starts_the_file_over(tmp_path) -> 
     # the save writes the file again, compactly (the same file as with no early writes).
     (tmp_path / "a").mkdir()
     (tmp_path / "b").mkdir()
-    eager, data_writer = _early(tmp_path / "a")
+    eager = _early(tmp_path / "a")
     data = _tensors(4)
-    with data_writer.writing_early(eager):
-        kept = [_streamed(n, a) for n, a in data]
-        _streamed("dropped", np.arange(9000, dtype=np.uint8) % 251)
+    kept = [_submitted(eager, _streamed(n, a)) for n, a in data]
+    _submitted(eager, _streamed("dropped", np.arange(9000, dtype=np.uint8) % 251))
     storage.save(_model(kept), tmp_path / "a" / "m.onnx", external=True, prefill=eager)
     storage.save(_model([_streamed(n, a) for n, a in data]), tmp_path / "b" / "m.onnx",
                  external=True)
@@ -181,28 +182,27 @@ def test_a_tensor_written_early_but_not_saved_starts_the_file_over(tmp_path) -> 
 
 
 def test_an_error_while_writing_early_stops_the_save(tmp_path) -> None:
-    eager, data_writer = _early(tmp_path)
-    with data_writer.writing_early(eager):
-        tensors = [_streamed(n, a, fail=(n == "w2")) for n, a in _tensors()]
+    eager = _early(tmp_path)
+    tensors = [_submitted(eager, _streamed(n, a, fail=(n == "w2"))) for n, a in _tensors()]
     with pytest.raises(OSError, match="the disk is full"):
         storage.save(_model(tensors), tmp_path / "m.onnx", external=True, prefill=eager)
     assert list(tmp_path.iterdir()) == []  # no model, no data file, no temporary folder
 
 
 def test_writing_early_discarded_leaves_nothing(tmp_path) -> None:
-    eager, data_writer = _early(tmp_path)
-    with data_writer.writing_early(eager):
-        [_streamed(n, a) for n, a in _tensors()]
+    eager = _early(tmp_path)
+    for n, a in _tensors():
+        _submitted(eager, _streamed(n, a))
     storage.discard_prefill(eager)
     assert list(tmp_path.iterdir()) == []
 
 
-def test_nothing_is_written_early_outside_a_save_that_asks(tmp_path) -> None:
-    eager, data_writer = _early(tmp_path)
-    _streamed("w", np.zeros(5000, np.uint8))  # not within writing_early
-    with data_writer.writing_early(eager):
-        pass
-    assert eager.placed == {}
+def test_nothing_is_written_early_but_what_the_conversion_hands_over(tmp_path) -> None:
+    eager = _early(tmp_path)
+    _streamed("w", np.zeros(5000, np.uint8))  # made, never submitted: a streamed tensor
+    assert eager.placed == {}  # does not hand itself to any writer
+    _submitted(eager, _streamed("v", np.zeros(5000, np.uint8)))
+    assert len(eager.placed) == 1
     storage.discard_prefill(eager)
 
 
@@ -257,7 +257,7 @@ def test_writers_leave_the_interpreters_settings_alone(tmp_path, fail: bool) -> 
     sys.setswitchinterval(0.004)
     try:
         (tmp_path / "early").mkdir()
-        eager, _ = _early(tmp_path / "early")
+        eager = _early(tmp_path / "early")
         weight = Streamed(lambda: ir.Tensor(data, name="w"), write, ir.DataType.UINT8,
                           ir.Shape(data.shape), "w")
         if fail:

@@ -158,10 +158,9 @@ def _convert(model_or_path: ModelArg, opset: int, out, direction: Literal["upgra
         model, out, options, opset, input_external, writing)
     try:
         # A model loaded here has no other reference: converted in place, dropped on refusal.
-        with data_writer.writing_early(prefill if isinstance(prefill, data_writer.EarlyWriter)
-                                       else None):
-            report = pipeline.run(model, opset, direction, options, registry, path=path,
-                                  copy=not is_path)
+        early = prefill if isinstance(prefill, data_writer.EarlyWriter) else None
+        report = pipeline.run(model, opset, direction, options, registry, path=path,
+                              copy=not is_path, early=early)
     except BaseException:
         storage.discard_prefill(prefill)
         raise

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 import onnx_ir as ir
@@ -19,6 +20,9 @@ import onnx_ir as ir
 from dqtool import cleanup, graph, types
 from dqtool.convert.report import ConvertReport
 from dqtool.storage import tensor_reads
+
+if TYPE_CHECKING:
+    from dqtool.storage.data_writer import EarlyWriter
 
 
 @dataclass(frozen=True)
@@ -42,6 +46,9 @@ class Context:
     # What an adapter keeps from one node to the next of this conversion, under a key of
     # its own (the fused family: weights already dequantized, to share).
     memo: dict = field(default_factory=dict)
+    # The save's writer when it writes the data file while the model is converted
+    # (``storage.start_eager``): adapters hand it the tensors that stream themselves.
+    early: EarlyWriter | None = None
     # ``fresh(base)``: a value name not used anywhere in the model.
     fresh: cleanup.ModelNames = field(init=False)
 

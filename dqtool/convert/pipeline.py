@@ -10,7 +10,7 @@ import functools
 import itertools
 import os
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import onnx_ir as ir
 
@@ -22,17 +22,21 @@ from dqtool.convert.report import ConversionRefused, ConvertReport, NodeChange, 
 from dqtool.errors import InputError, UsageError
 from dqtool.spec import op_id
 
+if TYPE_CHECKING:
+    from dqtool.storage.data_writer import EarlyWriter
+
 
 def run(model_or_path: ir.Model | str | os.PathLike, opset: int,
         direction: Literal["upgrade", "downgrade"], options: Options,
         registry: Registry | None = None, *, path: str | os.PathLike | None = None,
-        copy: bool = True) -> ConvertReport:
+        copy: bool = True, early: EarlyWriter | None = None) -> ConvertReport:
     """Convert in memory; raises ``ConversionRefused`` (with the report) if any node is
     refused. All or nothing: a model object is converted as a copy (``report.model``; its
     tensors are the input's, not copied), so the caller's model is never changed, refused
     or not. ``copy=False`` converts it in place, for a caller that owns the only reference
     and drops it on refusal. ``path`` names the file it was loaded from, if any (the
-    report's source, and the value_info it declared)."""
+    report's source, and the value_info it declared). ``early``: the save's writer when it
+    writes the data file during the conversion (``storage.start_eager``)."""
     if isinstance(model_or_path, ir.Model):
         model, source = model_or_path, "<model>" if path is None else str(path)
     else:
@@ -49,7 +53,7 @@ def run(model_or_path: ir.Model | str | os.PathLike, opset: int,
                            from_ir_version=model.ir_version)
     if copy:
         model = working_copy(model)
-    ctx = Context(model, opset, options, report)
+    ctx = Context(model, opset, options, report, early=early)
     reg = registry or default_registry()
     sites = list(graph.walk(model))
     # Constant nodes last: a rewrite of their readers may leave them unused (a function's

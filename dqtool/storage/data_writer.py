@@ -10,7 +10,6 @@ tensor streams itself, as fold's lazily computed tensors do).
 from __future__ import annotations
 
 import contextlib
-import contextvars
 import errno
 import os
 import threading
@@ -273,8 +272,9 @@ class EarlyWriter:
 
     A conversion that rewrites most of a model's bytes (a fused weight repacked band by
     band) builds each new weight as a tensor that streams itself (``Streamed``); the
-    weight's bytes depend on its input alone. Each such tensor made while ``writing_early``
-    is in effect is handed (``submit``) to writer threads at once, at the next place in the
+    weight's bytes depend on its input alone. The conversion holds this writer (an explicit
+    argument, down to the builder that makes the tensors) and hands it each such tensor as
+    it is made (``submit``): writer threads write it at once, at the next place in the
     data file, and written while the conversion goes on with the next node, the save
     prepares and the model is serialized: the start-up's single-threaded tail overlaps
     the writes (measured on a 1.8 GB model: ~0.04 s of ~1 s). The save then places the
@@ -319,28 +319,6 @@ class EarlyWriter:
 
     def finish(self, cancel: bool = False) -> None:
         self.writer.finish(cancel)
-
-
-_EAGER: contextvars.ContextVar[EarlyWriter | None] = contextvars.ContextVar("dqtool_eager",
-                                                                     default=None)
-
-
-@contextmanager
-def writing_early(eager: EarlyWriter | None) -> Iterator[None]:
-    """While open, tensors ``submit``-ted (on this thread) go to ``eager``'s writers."""
-    token = _EAGER.set(eager)
-    try:
-        yield
-    finally:
-        _EAGER.reset(token)
-
-
-def submit(tensor: ir.TensorProtocol) -> None:
-    """Write ``tensor`` now if a save is writing early (``writing_early``); else nothing.
-    Called for each tensor that streams itself, as it is made."""
-    eager = _EAGER.get()
-    if eager is not None:
-        eager.submit(tensor)
 
 
 class PlacedTensor(ir.ExternalTensor):

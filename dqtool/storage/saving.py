@@ -228,9 +228,9 @@ def start_prefill(model: ir.Model, out: str | os.PathLike) -> data_writer.DataFi
 def start_eager(model: ir.Model, out: str | os.PathLike, callback: Callable | None = None
                 ) -> data_writer.EarlyWriter:
     """Start the writers of ``save(model, out)``'s data file before the model is converted
-    (see ``data_writer.EarlyWriter``). The caller converts the model inside
-    ``data_writer.writing_early(eager)`` and passes the result to ``save`` as its
-    ``prefill``, or calls ``discard_prefill`` if it will not save. ``callback``: the
+    (see ``data_writer.EarlyWriter``). The caller hands it to the conversion (which
+    submits each tensor that streams itself as it is made) and passes the result to
+    ``save`` as its ``prefill``, or calls ``discard_prefill`` if it will not save. ``callback``: the
     save's progress callback (called from the first tensor on)."""
     out = output_path(out)
     parent = _output_folder(model, out)

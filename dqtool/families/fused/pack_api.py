@@ -37,7 +37,6 @@ def pack(model_or_path: ir.Model | str | os.PathLike, out: str | os.PathLike | N
     is called with the report while the data is written (``report.written`` not yet
     set). ``report.model`` is the result."""
     from dqtool import storage
-    from dqtool.storage import data_writer as external_data_writer
 
     if accuracy_level not in (None, 0, 1, 2, 3, 4):
         raise UsageError(f"--accuracy-level must be 0..4, got {accuracy_level}")
@@ -63,8 +62,8 @@ def pack(model_or_path: ir.Model | str | os.PathLike, out: str | os.PathLike | N
         and shard_size is None and external_data is not False \
         and storage.uses_external_data(model) else None
     try:
-        with external_data_writer.writing_early(eager):
-            report = FusedPackPass(accuracy_level, zero_points, gather, fuse_bias)(model)
+        report = FusedPackPass(accuracy_level, zero_points, gather, fuse_bias,
+                               early=eager)(model)
         model.ir_version = storage.lowest_ir_version(model)
         report.model = model
         if out is not None:  # a model object too (it was never written: nothing said so)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 import onnx_ir as ir
@@ -15,6 +16,9 @@ from dqtool.families.fused import arrays
 from dqtool.families.fused.surgery import Builder
 from dqtool.families.fused.upgrade_notes import BITS_KEY, NAMES_KEY
 from dqtool.spec import QuantSpec
+
+if TYPE_CHECKING:
+    from dqtool.storage.data_writer import EarlyWriter
 
 BITS = {"uint2": 2, "int2": 2, "uint4": 4, "int4": 4, "uint8": 8, "int8": 8}
 
@@ -37,6 +41,8 @@ class PackContext:
     made: dict[int, list[ir.Value]] = field(default_factory=dict)
     # (packed node, the names upgrade noted, the names of the constants made for it)
     named: list[tuple[ir.Node, dict, set[str]]] = field(default_factory=list)
+    # the save's writer when it writes the data file while the pass packs (``pack -o``)
+    early: EarlyWriter | None = None
 
     def note_names(self, node: ir.Node, dq: ir.Node, b: Builder,
                    mm: ir.Node | None = None) -> None:

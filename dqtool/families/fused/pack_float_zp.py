@@ -119,7 +119,7 @@ def pack_float_zp_chain(ctx: PackContext, dq: ir.Node, spec: QuantSpec, reshape:
         raise NoMatch("")
     bias, badd = bias_of(ctx, mm, n, c.out_type)
     b = Builder(mm if badd is None else badd, ctx.fresh, ctx.in_function,
-                home=graph.input_value(dq, 0))
+                home=graph.input_value(dq, 0), early=ctx.early)
     b.base = mm.name or dq.name or "matmul"
     s_type = types.by_name(c.out_type)
     scale = graph.input_value(dq, 1)

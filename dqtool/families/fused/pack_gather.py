@@ -77,7 +77,8 @@ def pack_gather(ctx: PackContext, dq: ir.Node, spec: QuantSpec, gather: ir.Node
     (how, the values it no longer uses), or raises NoMatch."""
     t = _table(dq, spec, gather)
     q = spec.quant_type
-    b = Builder(gather, ctx.fresh, ctx.in_function, home=graph.input_value(dq, 0))
+    b = Builder(gather, ctx.fresh, ctx.in_function, home=graph.input_value(dq, 0),
+                early=ctx.early)
     b.base = gather.name or dq.name or "gather"
     s_shape = t.scale_shape
     s_type = types.by_name(spec.scale_type).ir_type

@@ -103,7 +103,7 @@ def pack_matmul(ctx: PackContext, dq: ir.Node, spec: QuantSpec, mm: ir.Node
     omit_zp = ctx.zero_points == "auto" and _all_default(zp_codes, bits)
     bias, add = bias_of(ctx, mm, n, spec.scale_type)
     b = Builder(mm if add is None else add, ctx.fresh, ctx.in_function,
-                home=graph.input_value(dq, 0))
+                home=graph.input_value(dq, 0), early=ctx.early)
     b.base = mm.name or dq.name or "matmul"
     made = ctx.made.get(id(dq))  # B, scales, zero points packed for another MatMul
     if made is not None:

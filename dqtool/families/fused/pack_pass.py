@@ -26,6 +26,7 @@ DequantizeLinear with several uses, blocks along N, scale type differing from A'
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import onnx_ir as ir
 
@@ -37,6 +38,9 @@ from dqtool.families.fused.pack_gather import pack_gather
 from dqtool.families.fused.pack_matmul import check_a, pack_matmul
 from dqtool.families.fused.pack_names import restore_names
 from dqtool.spec import QuantSpec
+
+if TYPE_CHECKING:
+    from dqtool.storage.data_writer import EarlyWriter
 
 
 @dataclass
@@ -79,8 +83,11 @@ class FusedPackPass:
     """Rewrites the patterns in the module docstring; ``report`` lists what it did."""
 
     def __init__(self, accuracy_level: int | None = None, zero_points: str = "auto",
-                 gather: bool = True, fuse_bias: bool = False) -> None:
-        """Take pack's options (``zero_points``: "auto" or "packed")."""
+                 gather: bool = True, fuse_bias: bool = False,
+                 early: EarlyWriter | None = None) -> None:
+        """Take pack's options (``zero_points``: "auto" or "packed"); ``early``: the
+        save's writer when it writes the data file while the pass packs."""
+        self.early = early
         if zero_points not in ("auto", "packed"):
             raise ValueError(f"zero_points must be auto or packed, got {zero_points!r}")
         self.accuracy_level = accuracy_level
@@ -92,7 +99,7 @@ class FusedPackPass:
     def __call__(self, model: ir.Model) -> PackReport:
         """Pack every DequantizeLinear of ``model`` that fits a pattern, in place."""
         self.ctx = PackContext(ModelNames(model), self.accuracy_level, self.zero_points,
-                               self.fuse_bias)
+                               self.fuse_bias, early=self.early)
         replaced: list[ir.Value] = []
         for site in list(graph.walk(model)):
             node = site.node

@@ -8,12 +8,16 @@ import threading
 import weakref
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
+from typing import TYPE_CHECKING
 
 import numpy as np
 import onnx_ir as ir
 
 from dqtool import types
 from dqtool.storage.write_pieces import write_tensor
+
+if TYPE_CHECKING:
+    from dqtool.storage.data_writer import EarlyWriter
 
 
 class _Lazy(ir.LazyTensor):
@@ -35,9 +39,6 @@ class Streamed(_Lazy):
                  dtype: ir.DataType, shape: ir.Shape, name: str) -> None:
         super().__init__(make, dtype=dtype, shape=shape, name=name)
         self._write = write
-        from dqtool.storage import data_writer
-
-        data_writer.submit(self)  # written at once where a save writes early
 
     def tofile(self, file) -> None:
         written = self._write(file)
@@ -118,10 +119,14 @@ class Builder:
     """Builds the nodes that replace ``node``; ``fresh`` names values uniquely."""
 
     def __init__(self, node: ir.Node, fresh: Callable[[str], str],
-                 in_function: bool = False, home: ir.Value | None = None) -> None:
+                 in_function: bool = False, home: ir.Value | None = None,
+                 early: EarlyWriter | None = None) -> None:
         """``home``: the stored weight the new constants stand for; they go where it is
         stored (an If's or a Loop's outer graph: the new weight stays in the scope the
-        original was in, and a round trip gives it back there), else in ``node``'s graph."""
+        original was in, and a round trip gives it back there), else in ``node``'s graph.
+        ``early``: the save's writer, when it writes the data file while the model is
+        converted: each streamed constant is handed to it as it is made."""
+        self.early = early
         self.node = node
         self.graph = node.graph
         self.home = home.graph if home is not None and home.is_initializer() and \
@@ -163,6 +168,8 @@ class Builder:
         shape = tuple(int(d) for d in shape)
         lazy = Streamed(_tensor_of(make, dtype, shape, name), write, dtype, ir.Shape(shape),
                         name)
+        if self.early is not None:
+            self.early.submit(lazy)  # written at once, while the conversion goes on
         return self.value_of(lazy, name, dtype, shape)
 
     def existing(self, tensor: ir.TensorProtocol, role: str) -> ir.Value:

@@ -26,6 +26,8 @@ out per-axis below 21).
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 import onnx_ir as ir
 
@@ -41,6 +43,9 @@ from dqtool.families.fused.onnx_codes import constant_tensor
 from dqtool.families.fused.spec import FusedSpec
 from dqtool.families.fused.surgery import Builder
 from dqtool.families.fused.upgrade_notes import BITS_KEY, note_original
+
+if TYPE_CHECKING:
+    from dqtool.storage.data_writer import EarlyWriter
 
 _NEEDS = {"uint2": 25, "int2": 25, "uint4": 21, "int4": 21}
 
@@ -126,17 +131,19 @@ def _widen(b: Builder, note: bool) -> bool:
 
 
 def rewrite(node: ir.Node, opsets: dict[str, int], target: int, fresh,
-            in_function: bool = False, unpacked: bool = False, shared: dict | None = None
+            in_function: bool = False, unpacked: bool = False, shared: dict | None = None,
+            early: EarlyWriter | None = None
             ) -> tuple[list[ir.Value], str, str, list[ir.Node]]:
     """Rewrite ``node`` in place; returns (values it no longer uses, how, why, new nodes).
     Raises ``Refusal`` (nothing changed) when it has no exact ai.onnx form at ``target``.
     ``unpacked``: see ``matmul_nbits``. ``shared``: the caller's memo of the weights made so
     far in this conversion: a MatMulNBits with the same weight as one before multiplies by
-    its dequantized weight (a weight two nodes shared was stored twice)."""
+    its dequantized weight (a weight two nodes shared was stored twice). ``early``: the
+    save's writer of the data file, when it writes while the model is converted."""
     spec = read.read(node, opsets)
     check(spec, target)
     b = Builder(node, fresh, in_function,
-                home=graph.input_value(node, 1 if spec.op == "MatMulNBits" else 0))
+                home=graph.input_value(node, 1 if spec.op == "MatMulNBits" else 0), early=early)
     old_inputs = [v for v in node.inputs if v is not None]
     if spec.op == "MatMulNBits":
         key = None if shared is None else shared_weight_key(node, spec, target, unpacked)
@@ -180,7 +187,8 @@ def convert(node: ir.Node, step) -> object:
     try:
         old, how, why, new = rewrite(node, {"com.microsoft": 1}, step.target, step.ctx.fresh,
                                      step.in_function,
-                                     shared=step.ctx.memo.setdefault("fused.weights", {}))
+                                     shared=step.ctx.memo.setdefault("fused.weights", {}),
+                                     early=step.ctx.early)
     except Refusal as e:
         return Outcome("kept", "left as com.microsoft", str(e))
     step.ctx.replaced.extend(old)
