@@ -11,8 +11,7 @@ from typing import Any
 
 __version__ = "0.1.0"
 
-# public name -> module that defines it; an operator family's own names
-# (``Family.api``) join these on first need, so ``import dqtool`` loads no family.
+# public name -> module that defines it, imported when the name is first read.
 _API = {
     "DqtoolError": "dqtool.errors",
     "InputError": "dqtool.errors",
@@ -22,6 +21,8 @@ _API = {
     "quantize": "dqtool.kernel",
     "dequantize_opmx": "dqtool.kernel",
     "dequantize_ms": "dqtool.kernel",
+    "dequantize_matmul_nbits": "dqtool.families.fused.kernel",
+    "dequantize_gather_block_quantized": "dqtool.families.fused.kernel",
     "quantize_ms": "dqtool.kernel",
     "unpack_opmx_int4": "dqtool.kernel",
     "reference_evaluator": "dqtool.evaluator",
@@ -32,23 +33,17 @@ _API = {
     "inspect": "dqtool.inspection",
     "upgrade": "dqtool.convert",
     "downgrade": "dqtool.convert",
+    "pack": "dqtool.fused.pack_api",
     "fold": "dqtool.folding",
     "check": "dqtool.checking",
     "lint": "dqtool.linting",
 }
 
 
-
-def _family_api() -> dict[str, str]:
-    registry = importlib.import_module("dqtool.registry")
-    return {name: module for f in registry.all_families() for name, module in f.api.items()}
-
-
 def __getattr__(name: str) -> Any:
     if name == "__all__":
-        return sorted({*_API, *_family_api()})
-    # Other dunders (asked by copy, pickle, doctest) never load the families.
-    module = _API.get(name) or (None if name.startswith("__") else _family_api().get(name))
+        return sorted(_API)
+    module = _API.get(name)
     if module is None:
         raise AttributeError(f"module 'dqtool' has no attribute {name!r}")
     value = getattr(importlib.import_module(module), name)

@@ -503,7 +503,7 @@ def test_an_output_nan_everywhere_in_both_models_is_noted(tmp_path):
 
 def test_integer_verdict_of_outputs_nan_in_both_is_not_beyond_a_step():
     from dqtool.checking import compare
-    from dqtool.families.integer import numerics
+    from dqtool.integer import numerics
 
     nan = np.full((2, 3), np.nan, np.float32)
     v = numerics._verdict("onnxruntime", compare.compare("y", nan, nan.copy()))

@@ -73,7 +73,7 @@ def test_a_wrong_weight_fails_check_against(tmp_path):
     report = dqtool.check(path, against=src)
     assert not report.passed and report.exit_code == 1
     assert any("beyond one step" in n for n in report.notes)
-    from dqtool.families.integer import api
+    from dqtool.integer import api
 
     good = tmp_path / "good.onnx"
     api.to_qdq(src, good)
@@ -90,7 +90,7 @@ def test_unnamed_integer_operators_are_measured_alone(tmp_path):
         n.name = ""
     src = tmp_path / "unnamed.onnx"
     onnx.save(m, src)
-    from dqtool.families.integer import api
+    from dqtool.integer import api
 
     out = tmp_path / "unnamed.qdq.onnx"
     api.to_qdq(src, out)

@@ -115,16 +115,16 @@ def test_these_conversions_do_not_write_the_transposed_weights_early():
     kept as made (upgrade to 21+ without --per-axis); else the input's copy is kept."""
     import onnx_ir as ir
 
+    from dqtool.convert import _rewrites_most, default_registry
     from dqtool.convert.context import Options
-    from dqtool.families import fused
 
     model = ir.serde.deserialize_model(nbits_model(64, 8, 4, 32, nbits_inputs(
         np.random.default_rng(0), 64, 8, 4, 32)))
-    hook = fused.FAMILY.rewrites_most
-    assert hook(model, Options(), 21)
-    assert not hook(model, Options(per_axis=True), 21)
-    assert not hook(model, Options(), 20)
-    assert not hook(model, Options(keep_contrib=True), 21)
+    reg = default_registry()
+    assert _rewrites_most(model, Options(), 21, reg)
+    assert not _rewrites_most(model, Options(per_axis=True), 21, reg)
+    assert not _rewrites_most(model, Options(), 20, reg)
+    assert not _rewrites_most(model, Options(keep_contrib=True), 21, reg)
 
 
 def test_pack_of_per_axis_rows_says_how_to_get_a_packable_form(tmp_path):

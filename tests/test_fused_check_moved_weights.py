@@ -12,7 +12,7 @@ from helpers.fused import nbits_inputs, nbits_model
 from onnx import helper, numpy_helper
 
 import dqtool
-from dqtool.families.fused.pack_api import pack
+from dqtool.fused.pack_api import pack
 
 K, N = 64, 32
 

@@ -13,7 +13,8 @@ from helpers import paths
 
 import dqtool
 from dqtool.checking.float_steps import dynamic_step
-from dqtool.families.integer import api, local_error, numerics
+from dqtool.families.integer import local_error
+from dqtool.integer import api, numerics
 
 MODELS = Path(__file__).resolve().parent.parent / "models"
 

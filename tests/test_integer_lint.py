@@ -130,7 +130,7 @@ def test_a_fused_block_has_no_fix_where_its_float_twin_is_missing_too(tmp_path):
     assert msg.endswith("fix: none for onnx-opset-21: the QDQ form (`dqtool qdq`) still "
                         "needs com.microsoft Attention, which it lacks too")
     assert _dq109(path, "onnxruntime") == {}
-    from dqtool.families.integer import api
+    from dqtool.integer import api
 
     report = api.to_qdq(ir.from_onnx_text(text))
     assert [n.op_type for n in report.model.graph] == ["DequantizeLinear", "DequantizeLinear",

@@ -15,7 +15,8 @@ from helpers.integer import run_ort
 from onnx import numpy_helper
 
 import dqtool
-from dqtool.families.integer import api, ops
+from dqtool.families.integer import ops
+from dqtool.integer import api
 
 MODELS = Path(__file__).resolve().parent.parent / "models"
 QOP = ["ort_qop_per_tensor.onnx", "ort_qop_per_channel.onnx", "ort_qop_matmul.onnx"]

@@ -11,7 +11,8 @@ import pytest
 from helpers.integer import one_node, run_ort
 from onnx import TensorProto as TP
 
-from dqtool.families.integer import api, pool
+from dqtool.families.integer import pool
+from dqtool.integer import api
 
 MS = "com.microsoft"
 # (x_scale, x_zp, y_scale, y_zp): round ratios put many means on a tie (x.5)

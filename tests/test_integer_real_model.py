@@ -17,7 +17,7 @@ import pytest
 from helpers.integer import run_ort
 
 import dqtool
-from dqtool.families.integer import api
+from dqtool.integer import api
 
 
 @pytest.fixture(scope="module")

@@ -12,7 +12,7 @@ from click.testing import CliRunner
 from helpers.integer import run_ort
 
 from dqtool.cli import cli
-from dqtool.families.integer import api
+from dqtool.integer import api
 
 QCONV = """<ir_version: 8, opset_import: ["" : 13, "com.microsoft" : 1]>
 g (uint8[1,3,6,6] x) => (uint8[1,4,1,1] p) <

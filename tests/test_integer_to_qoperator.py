@@ -11,7 +11,7 @@ from click.testing import CliRunner
 from test_integer_to_qdq import DYNAMIC, QCONV
 
 from dqtool.cli import cli
-from dqtool.families.integer import api
+from dqtool.integer import api
 
 QMLP = """<ir_version: 8, opset_import: ["" : 13, "com.microsoft" : 1]>
 g (uint8[2,4] a) => (uint8[2,3] y) <

@@ -16,7 +16,7 @@ import onnx_ir as ir
 import pytest
 from helpers.integer import run_ort
 
-from dqtool.families.integer import api, numerics
+from dqtool.integer import api, numerics
 
 # A quantized embedding Gather feeding MatMulInteger, as onnxruntime's dynamic quantizer
 # writes a transformer's Q/K/V projections: both scales are constants.

@@ -349,7 +349,8 @@ def run_case(case: Case, tmp: Path) -> dict[str, Any]:
 
     from dqtool import inspection
     from dqtool.checking import check as dq_check
-    from dqtool.families.integer import api, numerics, ops
+    from dqtool.families.integer import ops
+    from dqtool.integer import api, numerics
     from dqtool.linting import lint
 
     problems: list[str] = []
@@ -439,7 +440,7 @@ def _exact_form(src: Path, tmp: Path, case: Case, present: Counter, doc: dict[st
                 problems: list[str], feeds: dict[str, np.ndarray]) -> None:
     """``qdq --exact-dynamic``: every converted operator bit-identical on the original's
     inputs (the models here stay far below the 2**24 bound), and back again."""
-    from dqtool.families.integer import api, numerics
+    from dqtool.integer import api, numerics
 
     path = tmp / f"{case.name}.exact.onnx"
     api.to_qdq(str(src), str(path), keep_unconvertible=True, exact_dynamic=True)

@@ -119,18 +119,19 @@ def _against(loaded: Loaded, other_loaded: Loaded, feeds: dict[str, np.ndarray],
             comparisons, weights, bounds, notes, exposed,
             drift_cause=lambda: runners.roundings_skipped_cause(
                 [(name, proto, loaded.external_dir),
-                 (other_name, other, other_loaded.external_dir)]))
+                 (other_name, other, other_loaded.external_dir)]),
+            kind="/".join(dict.fromkeys(s.kind for s in registry.check_supports() if s.kind)))
     comparisons = faithful.apply(comparisons, per_op, notes)
     found = path_deviations.applicable(proto, other)
     if found:
         comparisons = path_deviations.keep_out(comparisons, found, notes)
         notes += path_deviations.own_distance(other, feeds)
-    fused = next((r for support in registry.check_supports() if support.fused_run
-                  for r in [support.fused_run(proto, other, feeds)] if r is not None),
-                 None)
+    optimized = next((r for support in registry.check_supports() if support.optimized_run
+                      for r in [support.optimized_run(proto, other, feeds)] if r is not None),
+                     None)
     return CheckReport(input=name, against=other_name, comparisons=tuple(comparisons),
                        notes=tuple(notes), weights=tuple(weights), bounds=tuple(bounds),
-                       per_op=tuple(per_op), fused=fused,
+                       per_op=tuple(per_op), optimized_run=optimized,
                        structure=_checked_structure(loaded, other_loaded), **common)
 
 
@@ -141,6 +142,13 @@ def _family_weights(loaded: Loaded, other_loaded: Loaded, feeds: dict[str, np.nd
     weights are those of the model holding its nodes: the original (a conversion from
     them), else the checked model (a conversion into them, as `pack` makes), whose nodes
     are then compared with the original's in their place."""
+    models: dict[int, Any] = {}
+
+    def ir_model(side: Loaded) -> Any:  # deserialized once, whichever family asks
+        if id(side) not in models:
+            models[id(side)] = side.ir_model()
+        return models[id(side)]
+
     sides = ((loaded, loaded.proto), (other_loaded, other_loaded.proto))
     weights: list[Any] = []
     bounds: list[Any] = []
@@ -151,10 +159,10 @@ def _family_weights(loaded: Loaded, other_loaded: Loaded, feeds: dict[str, np.nd
         mine, theirs = sides if support.holds_weights(other_loaded.proto) or not \
             support.holds_weights(loaded.proto) else sides[::-1]
         if support.weights is not None:
-            weights += support.weights(mine[0].ir_model(), theirs[0].ir_model())
+            weights += support.weights(ir_model(mine[0]), ir_model(theirs[0]))
         if support.bounds is not None and bounded.needs_bounds(comparisons):
-            got = support.bounds(mine[1], theirs[1], mine[0].ir_model(),
-                                 theirs[0].ir_model(), feeds, mine[0].external_dir,
+            got = support.bounds(mine[1], theirs[1], ir_model(mine[0]),
+                                 ir_model(theirs[0]), feeds, mine[0].external_dir,
                                  theirs[0].external_dir)
             exposed.update(getattr(got, "exposed", {}))
             bounds += got

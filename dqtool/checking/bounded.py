@@ -1,14 +1,15 @@
-"""``check --against`` for operators that hold their weights (MatMulNBits): when is an
-onnxruntime output difference the runtime's own rounding, and not the conversion's?
+"""``check --against`` for operators that hold their weights (a family's ``CheckSupport``
+with ``weights`` and ``bounds``: a fused MatMul): when is an onnxruntime output difference
+the runtime's own rounding, and not the conversion's?
 
 The exactness proof is (1) every such weight bit-identical between the two models and (2)
 the reference runtime's outputs identical (within rtol/atol, by default bit for bit).
-onnxruntime's fused kernels sum in their own order, so its outputs may still differ; such
-a difference is tolerated, and said so, only when (3) every one of those nodes, run on
-onnxruntime in both models, differs by no more than the family's proven bound on that
-order's rounding (``CheckSupport.bounds``); a node that cannot be run on its own (inside a
-subgraph or a function) only when the reference runtime agreed. Anything else is judged
-by rtol/atol alone, as for any model.
+onnxruntime's kernels for such operators sum in their own order, so its outputs may still
+differ; such a difference is tolerated, and said so, only when (3) every one of those
+nodes, run on onnxruntime in both models, differs by no more than the family's proven
+bound on that order's rounding (``CheckSupport.bounds``); a node that cannot be run on its
+own (inside a subgraph or a function) only when the reference runtime agreed. Anything
+else is judged by rtol/atol alone, as for any model.
 """
 
 from __future__ import annotations
@@ -51,12 +52,15 @@ def needs_bounds(comparisons: Sequence[RuntimeComparison]) -> bool:
 def apply(comparisons: Sequence[RuntimeComparison], weights: Sequence[Any],
           bounds: Sequence[Any], notes: list[str],
           exposed: Mapping[str, float] | None = None,
-          drift_cause: Callable[[], str] | None = None) -> tuple[RuntimeComparison, ...]:
+          drift_cause: Callable[[], str] | None = None, kind: str = ""
+          ) -> tuple[RuntimeComparison, ...]:
     """The comparisons with onnxruntime's outputs tolerated where (1)–(3) hold; ``notes``
     gets the reason either way. ``exposed``: each output's difference in the runs behind
     the bounds (``Bounds.exposed``); an output that differs otherwise in the run compared
     was not what the bounds describe, unless ``drift_cause()`` names why (onnxruntime's
-    own graph skips roundings the model asks for, which exposing the values restores)."""
+    own graph skips roundings the model asks for, which exposing the values restores).
+    ``kind``: what the notes call the nodes (``CheckSupport.kind``)."""
+    kind = f"{kind} " if kind else ""
     if not bounds:
         return tuple(comparisons)
     ref = next((c for c in comparisons if c.runtime == REFERENCE), None)
@@ -78,27 +82,27 @@ def apply(comparisons: Sequence[RuntimeComparison], weights: Sequence[Any],
     if drift:
         why_not = drift
     elif not weights or bad_weights:
-        why_not = ("not every fused weight is bit-identical" if weights else
-                   "no fused weight was compared")
+        why_not = (f"not every {kind}weight is bit-identical" if weights else
+                   f"no {kind}weight was compared")
     elif beyond:
-        why_not = (f"{len(beyond)} fused node(s) differ beyond their rounding bound "
+        why_not = (f"{len(beyond)} {kind}node(s) differ beyond their rounding bound "
                    f"({', '.join(b.node for b in beyond[:3])})")
     elif ref is not None and ref.skipped is None and not ref.passed:
         why_not = "the reference runtime's outputs differ too"
     elif open_nodes:
-        why_not = (f"{len(open_nodes)} fused node(s) could not be bounded ("
+        why_not = (f"{len(open_nodes)} {kind}node(s) could not be bounded ("
                    + "; ".join(b.describe() for b in open_nodes[:2]) + ")")
     elif unbounded and not ref_ok:
-        why_not = (f"{len(unbounded)} fused node(s) could not be bounded and the reference "
+        why_not = (f"{len(unbounded)} {kind}node(s) could not be bounded and the reference "
                    "runtime did not confirm the outputs")
     if why_not is not None:
         notes.append(f"onnxruntime's output differences are judged by --rtol/--atol only: "
                      f"{why_not}")
         return tuple(comparisons)
-    reason = (f"{len(weights)} fused weight(s) bit-identical; "
+    reason = (f"{len(weights)} {kind}weight(s) bit-identical; "
               + ("the reference runtime agrees; " if ref_ok else
                  "the reference runtime did not compare; ")
-              + f"{len(bounds) - len(unbounded)} fused node(s) within their "
+              + f"{len(bounds) - len(unbounded)} {kind}node(s) within their "
               "rounding bound on onnxruntime")
     if unbounded:
         reason += f" ({len(unbounded)} not bounded)"

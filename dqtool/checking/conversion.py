@@ -210,7 +210,7 @@ def compare(original_model: models.Loaded | onnx.ModelProto,
     if not checker_passed and not _checker(original_model)[1]:
         checker, checker_passed = "skipped: the original fails onnx.checker too", True
     plan = _plan(original_model, converted_model)
-    fused, tolerated = _fused_weights(plan)
+    held, tolerated, kind = _held_weights(plan)
     verdicts: list[RuntimeVerdict] = []
     too_big = models.reference_too_big(plan.original.proto)
     for name, open_session, model_a, model_b in plan.runs:
@@ -221,17 +221,17 @@ def compare(original_model: models.Loaded | onnx.ModelProto,
                                                                        "tolerated")
                                for v in verdicts)
         verdicts.append(_on(name, open_session, model_a, model_b, plan, feeds,
-                            reference_agrees, fused, tolerated))
+                            reference_agrees, held, tolerated, kind))
     return ConversionCheck(tuple(verdicts), checker, checker_passed, seed, tuple(plan.notes))
 
 
 def _beyond_bounds(plan: _Plan, feeds: dict[str, np.ndarray],
                    got_a: dict[str, np.ndarray], got_b: dict[str, np.ndarray]) -> str:
-    """Why onnxruntime's final differences are not its rounding: the original's fused
-    nodes beyond the family's rounding bound (``CheckSupport.bounds``) or not bounded at
-    all (outside a subgraph or function, which no run can expose), or final outputs that
-    differ otherwise when the nodes' values are exposed (the runs behind the bounds) for
-    no reason onnxruntime's own graph gives (``runners.roundings_skipped_cause``: then
+    """Why onnxruntime's final differences are not its rounding: the original's
+    weight-holding nodes beyond the family's rounding bound (``CheckSupport.bounds``) or
+    not bounded at all (outside a subgraph or function, which no run can expose), or final
+    outputs that differ otherwise when the nodes' values are exposed (the runs behind the
+    bounds) for no reason onnxruntime's own graph gives (``runners.roundings_skipped_cause``: then
     the notes say so); "" when none."""
     from dqtool import registry
     from dqtool.checking.compare import max_abs_difference
@@ -265,29 +265,31 @@ def _beyond_bounds(plan: _Plan, feeds: dict[str, np.ndarray],
     return "; ".join(bad[:3])
 
 
-def _fused_weights(plan: _Plan) -> tuple[str | None, str]:
-    """For an original whose families hold weights inside operators (MatMulNBits): ""
+def _held_weights(plan: _Plan) -> tuple[str | None, str, str]:
+    """For an original whose families hold weights inside operators (a fused MatMul): ""
     when every such weight is bit-identical in the converted model (then the notes say
-    so), else what differs; None without such nodes. Second: why outputs may still differ."""
+    so), else what differs; None without such nodes. Second: why outputs may still differ;
+    third: what the families call such nodes (``CheckSupport.kind``)."""
     from dqtool import registry
 
     supports = [s for s in registry.check_supports() if s.weights is not None
                 and s.holds_weights is not None and s.holds_weights(plan.original.proto)]
     if not supports:
-        return None, ""
+        return None, "", ""
+    kind = "/".join(dict.fromkeys(s.kind for s in supports if s.kind))
     for s in supports:
         weights = s.weights(plan.converted.ir_model(), plan.original.ir_model())
         bad = [w for w in weights if not w.same]
         if bad:
-            return "; ".join(f"{w.node}: {w.status} ({w.detail})" for w in bad), ""
+            return "; ".join(f"{w.node}: {w.status} ({w.detail})" for w in bad), "", kind
         plan.notes.append(f"{len(weights)} {s.weights_label} bit-identical in the converted "
                           "model")
-    return "", "; ".join(s.tolerated for s in supports if s.tolerated)
+    return "", "; ".join(s.tolerated for s in supports if s.tolerated), kind
 
 
 def _on(name: str, open_session: Open, model_a: onnx.ModelProto, model_b: onnx.ModelProto,
         plan: _Plan, feeds: dict[str, np.ndarray], reference_agrees: bool,
-        fused: str | None = None, tolerated: str = "") -> RuntimeVerdict:
+        held: str | None = None, tolerated: str = "", kind: str = "") -> RuntimeVerdict:
     # One session at a time: a large model's weights are held once, not twice.
     try:
         got_a = open_session(model_a, plan.original.external_dir)(feeds, None)
@@ -307,20 +309,21 @@ def _on(name: str, open_session: Open, model_a: onnx.ModelProto, model_b: onnx.M
     qdq_diff = _first_difference(plan.qdq_names, got_a, got_b)
     if qdq_diff:
         return RuntimeVerdict(name, "different", f"DIFFERENT Q/DQ result: {qdq_diff}")
-    if fused:
-        return RuntimeVerdict(name, "different", f"DIFFERENT fused weight: {fused}")
-    if final_diff and fused == "" and name == ORT:
-        # The fused weights are bit-identical; onnxruntime's fused operator (and its
-        # MatMul) round in their own ways, so outputs may differ: by design, not the
-        # conversion's, when every fused node is within its proven rounding bound. The
-        # reference evaluator runs the fused operator as its ai.onnx decomposition, so
-        # there a difference is the conversion's.
+    kind = f"{kind} " if kind else ""
+    if held:
+        return RuntimeVerdict(name, "different", f"DIFFERENT {kind}weight: {held}")
+    if final_diff and held == "" and name == ORT:
+        # The weights held inside operators are bit-identical; onnxruntime's operator (a
+        # fused MatMul, and its MatMul) rounds in its own ways, so outputs may differ: by
+        # design, not the conversion's, when every such node is within its proven rounding
+        # bound. The reference evaluator runs the operator as its ai.onnx decomposition,
+        # so there a difference is the conversion's.
         beyond = _beyond_bounds(plan, feeds, got_a, got_b)
         if beyond:
             return RuntimeVerdict(name, "different", f"DIFFERENT: final {final_diff}; "
                                   f"beyond the rounding bound: {beyond}")
-        return RuntimeVerdict(name, "tolerated", f"fused weights identical; final "
-                              f"{final_diff} ({tolerated}; every fused node within its "
+        return RuntimeVerdict(name, "tolerated", f"{kind}weights identical; final "
+                              f"{final_diff} ({tolerated}; every {kind}node within its "
                               "rounding bound)")
     if final_diff and not (plan.qdq_names and plan.all_qdq_compared):
         # No complete set of Q/DQ results vouches for the inputs of the ops that differ.

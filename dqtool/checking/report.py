@@ -33,7 +33,8 @@ class CheckReport:
     per_op: tuple = ()
     # --against, for a conversion onnxruntime fuses back: the checked model with every
     # optimization against the original ({"identical", "mismatched", "error"}); reported
-    fused: dict[str, Any] | None = None
+    # (JSON key "fused": onnxruntime's graph fusions)
+    optimized_run: dict[str, Any] | None = None
 
     @property
     def mode(self) -> str:
@@ -85,5 +86,5 @@ class CheckReport:
             doc["weights"] = [w.to_json() for w in self.weights]
             doc["bounds"] = [b.to_json() for b in self.bounds]
             doc["per_op"] = [e.to_json() for e in self.per_op]
-            doc["fused"] = self.fused
+            doc["fused"] = self.optimized_run
         return doc

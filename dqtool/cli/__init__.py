@@ -11,7 +11,6 @@ from __future__ import annotations
 import importlib
 import os
 import sys
-from collections.abc import Iterator, Mapping
 
 from dqtool.deferred_imports import defer_sympy
 
@@ -21,65 +20,28 @@ import click  # noqa: E402
 
 from dqtool.cli.app import App, quiet_libraries  # noqa: E402
 
-# command -> (module, attribute, one-line help shown in `dqtool --help`); an operator
-# family's own commands (``Family.cli_commands``) join these when the table is listed.
-_SHARED: dict[str, tuple[str, str, str]] = {
+# command -> (module, attribute, one-line help shown in `dqtool --help`), in the order
+# listed; a command's module is imported only when it runs.
+COMMANDS: dict[str, tuple[str, str, str]] = {
     "inspect": ("dqtool.cli.inspect_cmd", "inspect_cmd",
                 "What dequantization a model holds, and what is wrong with it."),
     "upgrade": ("dqtool.cli.convert_cmd", "upgrade_cmd",
                 "Move a model up to an opset, converting every Q/DQ exactly."),
     "downgrade": ("dqtool.cli.convert_cmd", "downgrade_cmd",
                   "Lower a model to an opset by exact rewrites, or refuse with the reason."),
+    "pack": ("dqtool.cli.pack_cmd", "pack_cmd",
+             "DequantizeLinear → MatMul / Gather into MatMulNBits / GatherBlockQuantized."),
     "fold": ("dqtool.cli.fold_cmd", "fold_cmd",
              "Fold constant dequantization into float initializers."),
     "check": ("dqtool.cli.check_cmd", "check_cmd",
               "Validate a model or a conversion against onnxruntime and the kernel."),
     "lint": ("dqtool.cli.lint_cmd", "lint_cmd",
              "Lint models against a target (an opset, onnxruntime, DirectML, ...)."),
+    "qdq": ("dqtool.cli.integer_cmd", "qdq_cmd",
+            "Rewrite integer operators (QLinear*, MatMulInteger, dynamic) into QDQ."),
+    "qoperator": ("dqtool.cli.integer_cmd", "qoperator_cmd",
+                  "Fuse QDQ patterns into integer operators (QLinearConv, ...)."),
 }
-
-
-class _Commands(Mapping[str, tuple[str, str, str]]):
-    """The shared commands plus every family's, merged on first need: a shared command
-    (``fold --help``) is found without loading the families."""
-
-    def __init__(self) -> None:
-        self._all: dict[str, tuple[str, str, str]] | None = None
-        self._generation = -1  # of the family registry the table was merged at
-
-    def _merged(self) -> dict[str, tuple[str, str, str]]:
-        registry = importlib.import_module("dqtool.registry")
-        if self._all is None or self._generation != registry.generation():
-            merged = dict(_SHARED)
-            for c in registry.cli_commands():
-                if c.name in merged:
-                    raise ValueError(f"command {c.name} defined twice")
-                entry = (c.module, c.attr, c.help)
-                if c.after in merged:
-                    items = list(merged.items())
-                    at = list(merged).index(c.after) + 1
-                    merged = dict([*items[:at], (c.name, entry), *items[at:]])
-                else:
-                    merged[c.name] = entry
-            self._all, self._generation = merged, registry.generation()
-        return self._all
-
-    def __getitem__(self, name: str) -> tuple[str, str, str]:
-        if name in _SHARED:
-            return _SHARED[name]
-        return self._merged()[name]
-
-    def __contains__(self, name: object) -> bool:
-        return name in _SHARED or name in self._merged()
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._merged())
-
-    def __len__(self) -> int:
-        return len(self._merged())
-
-
-COMMANDS = _Commands()
 
 
 def _unavailable(name: str, reason: str) -> click.Command:

@@ -6,16 +6,13 @@ Exit 0 converted and written; 1 some node refused (nothing written) or --check f
 
 from __future__ import annotations
 
-import importlib
 from pathlib import Path
 from typing import Any
 
 import click
 
-from dqtool import registry
 from dqtool.cli.app import App, user_errors
 from dqtool.cli.options import parse_size, progress_bar, writer_options
-from dqtool.registry import ConvertStep
 
 
 def render(app: App, report, as_json: bool, head: str | None = None) -> None:
@@ -100,7 +97,7 @@ def _run(app: App, direction: str, model: str, opset: int, out: str | None, as_j
         app.abort("give either --output or --in-place, not both", 2)
     # A large input starts copying to the output's folder now, while the imports below
     # run; the save keeps what is still in place (see dqtool/storage/early_copy.py).
-    if not external_data and shard_size is None and not _steps(direction, kwargs):
+    if not external_data and shard_size is None and not kwargs.get("to_qdq"):
         early_copy.start(model, model if in_place else out)
     try:
         _convert(app, direction, model, opset, out, as_json, in_place, external_data,
@@ -116,17 +113,15 @@ def _convert(app: App, direction: str, model: str, opset: int, out: str | None,
 
     if out is None and not in_place:
         out = str(convert.default_output(model, opset))
-    steps = _steps(direction, kwargs)
-    for step in registry.convert_steps(direction):
-        kwargs.pop(step.dest, None)
-    first = bool(steps)  # a family rewrites its nodes first, in memory
+    first = bool(kwargs.pop("to_qdq", False))  # integer operators into QDQ, in memory
     kwargs.update(in_place=in_place and not first, external_data=external_data or None,
                   shard_size=parse_size(shard_size))
     fn = convert.upgrade if direction == "upgrade" else convert.downgrade
     source: Any = model
-    for step in steps:  # then the opset conversion
-        run = getattr(importlib.import_module(step.module), step.attr)
-        source = run(app, source, out, in_place, as_json)
+    if first:  # then the opset conversion
+        from dqtool.cli.integer_cmd import upgrade_to_qdq
+
+        source = upgrade_to_qdq(app, model, out, in_place, as_json)
         out = model if in_place else out
     heads: list[str] = []  # the summary, rendered while the data is written
     try:
@@ -142,21 +137,6 @@ def _convert(app: App, direction: str, model: str, opset: int, out: str | None,
     for w in report.warnings:
         app.warn(w)
     render(app, report, as_json, heads[-1] if heads else None)
-
-
-def _steps(direction: str, kwargs: dict[str, Any]) -> list[ConvertStep]:
-    """The family steps whose flags were given."""
-    return [s for s in registry.convert_steps(direction) if kwargs.get(s.dest)]
-
-
-def _family_flags(command: str):
-    """The flags families add to ``command`` (``Family.convert_steps``)."""
-    def decorate(f):
-        for step in reversed(registry.convert_steps(command)):
-            f = click.option(step.flag, step.dest, is_flag=True, help=step.help)(f)
-        return f
-
-    return decorate
 
 
 _common = [
@@ -180,7 +160,9 @@ def _with_common(f):
 
 @click.command("upgrade")
 @_with_common
-@_family_flags("upgrade")
+@click.option("--to-qdq", "to_qdq", is_flag=True, help="First rewrite integer operators "
+              "(QLinear*, MatMulInteger, dynamic quantization) into QDQ, as `dqtool qdq` "
+              "does (faithful, not exact).")
 @click.pass_obj
 @user_errors
 def upgrade_cmd(app: App, model: str, opset: int, per_axis: bool, check: bool,
@@ -199,7 +181,6 @@ def upgrade_cmd(app: App, model: str, opset: int, per_axis: bool, check: bool,
 
 @click.command("downgrade")
 @_with_common
-@_family_flags("downgrade")
 @click.option("--allow-decompose", is_flag=True, help="Rewrite a DequantizeLinear no "
               "version at N expresses as Cast/Sub/Mul (exact, but no longer QDQ).")
 @click.pass_obj

@@ -8,6 +8,7 @@ import click
 
 from dqtool.cli.app import App, user_errors
 from dqtool.cli.tables import Column, FastTable, plain_lines
+from dqtool.registry import InspectTable
 
 _SHORT = {"com.microsoft": "ms"}
 
@@ -109,8 +110,22 @@ def render(app: App, report) -> None:
                      else ""))
     app.out.print(f"lowest ai.onnx opset expressing every node: {_lowest(sm)}")
     for support in supports:
-        if support.render is not None:
-            support.render(app, report)
+        section = support.table(report) if support.table is not None else None
+        if section is not None:
+            _render_section(app, section)
+
+
+def _render_section(app: App, section: InspectTable) -> None:
+    """A family's own section: its table, then its lines as they are."""
+    columns = [Column(section.columns[0], min_width=14, ratio=1),
+               *(Column(c, no_wrap=c == "!") for c in section.columns[1:])]
+    # FastTable: rich's own layout of every cell costs ~1 ms a row (docs/benchmarks.md,
+    # 2026-11-28).
+    app.out.print(FastTable(section.title, columns, section.rows))
+    if section.problems:
+        app.out.print(plain_lines(section.problems), soft_wrap=True)
+    for line in section.lines:
+        app.out.print(line)
 
 
 def _lowest(sm: dict) -> str:

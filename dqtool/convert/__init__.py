@@ -27,11 +27,13 @@ from dqtool.convert.report import CheckFailed, ConversionRefused, ConvertReport
 from dqtool.errors import InputError, UsageError
 
 
-def _rewrites_most(model: ir.Model, options: Options, target: int) -> bool:
-    from dqtool import registry
+def _rewrites_most(model: ir.Model, options: Options, target: int, reg: Registry) -> bool:
+    """Whether the adapters replace more than half of the model's tensor bytes (reading no
+    tensor data)."""
+    from dqtool import graph, storage
 
-    return any(f.rewrites_most(model, options, target) for f in registry.all_families()
-               if f.rewrites_most is not None)
+    replaced = sum(reg.replaced_bytes(s.node, options, target) for s in graph.walk(model))
+    return replaced > storage.tensor_bytes(model) // 2
 
 
 __all__ = ["CheckFailed", "ConversionRefused", "ConvertReport", "Registry", "default_output",
@@ -110,7 +112,7 @@ def _output(model_or_path: ModelArg, out, in_place: bool, writing: Writing):
 
 
 def _start_writing(model: ir.Model, out, options: Options, opset: int, input_external: bool,
-                   writing: Writing):
+                   writing: Writing, reg: Registry):
     """The save started ahead of the conversion, or None. The input's data file starts
     copying to the output, overlapping the conversion; not when sharding (the copy is one
     data file), nor when a family's nodes, which the conversion rewrites, hold most of the
@@ -120,7 +122,7 @@ def _start_writing(model: ir.Model, out, options: Options, opset: int, input_ext
 
     if writing.shard_size is not None:
         return None
-    if not _rewrites_most(model, options, opset):
+    if not _rewrites_most(model, options, opset, reg):
         return storage.start_prefill(model, out)
     if input_external and writing.external_data is not False:
         return storage.start_eager(model, out, writing.progress)
@@ -154,8 +156,9 @@ def _convert(model_or_path: ModelArg, opset: int, out, direction: Literal["upgra
                          "and an output path (both models are then checked from their files)")
     if check:
         original = conversion.loaded(path if from_files else model)
+    registry = registry or default_registry()
     prefill = None if out is None or check else _start_writing(
-        model, out, options, opset, input_external, writing)
+        model, out, options, opset, input_external, writing, registry)
     try:
         # A model loaded here has no other reference: converted in place, dropped on refusal.
         early = prefill if isinstance(prefill, data_writer.EarlyWriter) else None

@@ -29,10 +29,12 @@ if TYPE_CHECKING:
 class Options:
     per_axis: bool = False
     allow_decompose: bool = False
-    keep_contrib: bool = False  # leave MatMulNBits / GatherBlockQuantized as they are
+    # leave the working operators of other domains (those whose "onnx" rewrite is
+    # registered ``optional``: MatMulNBits, GatherBlockQuantized) as they are
+    keep_contrib: bool = False
 
 
-@dataclass
+@dataclass(eq=False)  # identity: adapters may key their own state by it
 class Context:
     model: ir.Model
     target: int  # the ai.onnx opset N being converted to
@@ -43,9 +45,6 @@ class Context:
     # Nodes whose version step allows other types than the model records for them:
     # (node, op, from, to, the values without a recorded type); warned of by groups.
     untyped: list[tuple[str, str, int, int, tuple[str, ...]]] = field(default_factory=list)
-    # What an adapter keeps from one node to the next of this conversion, under a key of
-    # its own (the fused family: weights already dequantized, to share).
-    memo: dict = field(default_factory=dict)
     # The save's writer when it writes the data file while the model is converted
     # (``storage.start_eager``): adapters hand it the tensors that stream themselves.
     early: EarlyWriter | None = None

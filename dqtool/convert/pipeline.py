@@ -81,7 +81,7 @@ def run(model_or_path: ir.Model | str | os.PathLike, opset: int,
         raise InputError(f"{source}: {e}") from None
     _set_opsets(model, opset)
     if opset < 21:
-        _drop_fused_notes(model)
+        _drop_notes(model)
     model.ir_version = storage.lowest_ir_version(model)
     report.to_ir_version = model.ir_version
     if declared is not None:
@@ -203,6 +203,8 @@ def _from_foreign(node: ir.Node, step: Step, domain: str, version: int,
     adapter = reg.find(domain, node.op_type, version, "onnx")
     if adapter is None:
         return Outcome.unchanged()
+    if step.ctx.options.keep_contrib and reg.optional(node.domain, node.op_type):
+        return Outcome("kept", f"left as {domain}", "--keep-contrib")
     dst = generic.since_at(node.op_type, step.target)
     if dst is None and generic.since_versions(node.op_type):
         return Outcome("kept", f"left as {domain}", f"{node.op_type} does not exist at opset "
@@ -267,11 +269,12 @@ def default_output(path: str | os.PathLike, opset: int) -> Path:
     return p.with_name(f"{p.stem}.opset{opset}{p.suffix or '.onnx'}")
 
 
-def _drop_fused_notes(model: ir.Model) -> None:
-    """The notes ``upgrade`` left for ``pack`` (``dqtool.fused.*`` node metadata) go below
-    opset 21: node metadata needs IR version 10, which a model lowered for an older
-    runtime must not keep for them (a downgrade of an upgraded model stayed IR 10)."""
+def _drop_notes(model: ir.Model) -> None:
+    """The notes adapters leave on nodes for a later rewrite (node metadata under
+    ``dqtool.``) go below opset 21: node metadata needs IR version 10, which a model lowered
+    for an older runtime must not keep for them (a downgrade of an upgraded model stayed
+    IR 10)."""
     for site in graph.walk(model):
         props = site.node.metadata_props
-        for key in [k for k in props if k.startswith("dqtool.fused.")]:
+        for key in [k for k in props if k.startswith("dqtool.")]:
             del props[key]

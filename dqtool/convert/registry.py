@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Literal
 import onnx_ir as ir
 
 if TYPE_CHECKING:
-    from dqtool.convert.context import Step
+    from dqtool.convert.context import Options, Step
 
 Direction = Literal["up", "down", "onnx"]
 
@@ -60,6 +60,10 @@ class Outcome:
 
 Adapter = Callable[[ir.Node, "Step"], Outcome]
 Key = tuple[str, str, int, Direction]
+# (node, options, target opset) → bytes of the node's constant inputs its adapter replaces
+# with tensors it makes (0 when it keeps them): what a copy of the input's data file, made
+# ahead of the conversion, would waste.
+Replaces = Callable[[ir.Node, "Options", int], int]
 
 
 class Registry:
@@ -67,14 +71,22 @@ class Registry:
         self._table: dict[Key, Adapter] = {}
         self._widening: set[Key] = set()
         self._stepped: set[tuple[str, str]] = set()  # (domain, op) with "up"/"down" steps
+        self._optional: set[tuple[str, str]] = set()
+        self._replaces: dict[tuple[str, str], Replaces] = {}
 
     def register(self, domain: str, op: str, versions: int | Iterable[int],
-                 direction: Direction, *, widening: bool = False
-                 ) -> Callable[[Adapter], Adapter]:
+                 direction: Direction, *, widening: bool = False, optional: bool = False,
+                 replaces: Replaces | None = None) -> Callable[[Adapter], Adapter]:
         """Decorator: register ``func`` for every version given. ``widening`` says that the
         step only widens what is allowed (every later version accepts what an earlier one
-        did), so the driver may skip it for a node valid at its source."""
+        did), so the driver may skip it for a node valid at its source. ``optional``: an
+        "onnx" rewrite of a working operator, which ``keep_contrib`` declines (the node
+        stays in its domain). ``replaces``: see ``Replaces``."""
         vs = [versions] if isinstance(versions, int) else list(versions)
+        if optional:
+            self._optional.add((domain, op))
+        if replaces is not None:
+            self._replaces[(domain, op)] = replaces
 
         def deco(func: Adapter) -> Adapter:
             for v in vs:
@@ -103,6 +115,18 @@ class Registry:
     def steps(self, domain: str, op: str) -> bool:
         """Whether ``op`` has version-step adapters ("up"/"down") here."""
         return (domain, op) in self._stepped
+
+    def optional(self, domain: str, op: str) -> bool:
+        """Whether the "onnx" rewrite of ``op`` is one ``keep_contrib`` declines."""
+        return (domain, op) in self._optional
+
+    def replaced_bytes(self, node: ir.Node, options: Options, target: int) -> int:
+        """Bytes of ``node``'s constant inputs its adapter replaces (see ``Replaces``)."""
+        key = (node.domain, node.op_type)
+        fn = self._replaces.get(key)
+        if fn is None or (options.keep_contrib and key in self._optional):
+            return 0
+        return fn(node, options, target)
 
     def widening(self, domain: str, op: str, version: int, direction: Direction) -> bool:
         return (domain, op, version, direction) in self._widening

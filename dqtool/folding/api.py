@@ -79,9 +79,9 @@ def fold(
     # Families that fold by rewriting first (MatMulNBits / GatherBlockQuantized into
     # DequantizeLinear + MatMul / Gather, exactly), then the pass folds the result.
     # Those nodes answer to --op-types by their own op type too (fused.fold.why_not).
+    preparing = [f for f, _ in registry.fold_prepares()]
     own_types = {s.node.op_type for s in graph.walk(model)
-                 if (f := registry.owner(s.node.domain, s.node.op_type)) is not None
-                 and f.fold_prepare is not None}
+                 if registry.owner(s.node.domain, s.node.op_type) in preparing}
     unfused, fused_left, made, prefolded = _prepare(model, selection, _DTYPE_NAMES[dtype])
     if made:
         selection = replace(selection, made=frozenset(made))
@@ -131,13 +131,12 @@ def _prepare(model: ir.Model, selection: Selection, store: str | None
     made: list[str] = []
     folded: list[FoldedNode] = []
     dtype = None if store in (None, "keep") else types.by_name(store).dtype
-    for family in registry.all_families():
-        if family.fold_prepare is not None:
-            d, lf, m, f = family.fold_prepare(model, selection, dtype)
-            done += d
-            left += lf
-            made += m
-            folded += f
+    for _, prepare in registry.fold_prepares():
+        prepared = prepare(model, selection, dtype)
+        done += prepared.rewritten
+        left += prepared.left
+        made += prepared.made
+        folded += prepared.folded
     return done, left, made, folded
 
 

@@ -59,7 +59,7 @@ def plan(node: ir.Node, spec: QuantSpec, opsets: dict[str, int],
         return f"output type {spec.float_type} is unknown or not a float type"
     store_dtype = out_dtype if store in (None, "keep") else types.by_name(store).dtype
     support = registry.fold_support(spec.domain, node.op_type)
-    if support is None:
+    if support is None or support.step is None:
         return f"no registered family folds {spec.domain}:{node.op_type}"
     # The spec's output type is the one in force (output_dtype, else the scale's type).
     steps = [_bound(support, support.step(node, spec, out_dtype))]
@@ -73,7 +73,7 @@ def plan(node: ir.Node, spec: QuantSpec, opsets: dict[str, int],
         if q_spec.errors:
             return f"its QuantizeLinear '{q_node.name}': {q_spec.errors[0].message}"
         q_support = registry.fold_support(q_spec.domain, q_node.op_type)
-        if q_support is None:
+        if q_support is None or q_support.step is None:
             return f"no registered family folds {q_spec.domain}:{q_node.op_type}"
         steps.insert(0, _bound(q_support, q_support.step(q_node, q_spec,
                                                           _np_dtype(q_spec.quant_type))))

@@ -25,13 +25,14 @@ from typing import Any
 
 from dqtool.registry.family import (
     CheckSupport,
-    Command,
     ConverterTable,
-    ConvertStep,
     Family,
     FoldKernel,
+    FoldPrepare,
+    FoldPrepared,
     FoldSupport,
     InspectSupport,
+    InspectTable,
     Kernel,
     Key,
 )
@@ -39,19 +40,21 @@ from dqtool.spec import Codec
 
 __all__ = [
     "BUILTIN",
-    "Command",
     "Family",
     "FoldKernel",
+    "FoldPrepare",
+    "FoldPrepared",
     "FoldSupport",
     "InspectSupport",
+    "InspectTable",
     "Kernel",
     "Key",
     "all_families",
-    "cli_commands",
     "codecs",
     "evaluator_ops",
     "fill_converters",
     "fold_kernel",
+    "fold_prepares",
     "fold_support",
     "generation",
     "inspect_supports",
@@ -182,6 +185,12 @@ def fold_support(domain: str, op_type: str) -> FoldSupport | None:
     return None if family is None else _fold_of(family)
 
 
+def fold_prepares() -> list[tuple[Family, FoldPrepare]]:
+    """The families that fold by rewriting their nodes first, with that rewrite."""
+    return [(f, support.prepare) for f in all_families()
+            if (support := _fold_of(f)) is not None and support.prepare is not None]
+
+
 def is_fold_root(domain: str, op_type: str) -> bool:
     """Whether the fold pass starts from this operator (its output becomes a constant)."""
     support = fold_support(domain, op_type)
@@ -216,11 +225,6 @@ def lint_fact(domain: str, target: str) -> str | None:
     return None
 
 
-def cli_commands() -> list[Command]:
-    """The ``dqtool`` commands every family adds."""
-    return [c for f in all_families() for c in f.cli_commands]
-
-
 _INSPECT: dict[str, InspectSupport] = {}
 
 
@@ -249,11 +253,6 @@ def check_supports() -> list[CheckSupport]:
             _CHECK[family.name] = family.check()
         out.append(_CHECK[family.name])
     return out
-
-
-def convert_steps(command: str) -> list[ConvertStep]:
-    """The flags families add to ``command`` (``upgrade`` / ``downgrade``)."""
-    return [s for f in all_families() for s in f.convert_steps if command in s.commands]
 
 
 def lint_modules() -> list[str]:

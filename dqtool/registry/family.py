@@ -22,20 +22,13 @@ Each capability is optional (``None``: the family does not offer it):
 - ``fold``: a ``FoldSupport``: which operators the fold pass starts from, the kernel call
   that computes a node's value from its constant inputs, and (for an operator that is not a
   plain dequantization, e.g. a fused MatMul) the float operator that replaces the node once
-  its weight is a float constant.
-- ``fold_prepare``: ``(model, selection, store) → (names rewritten, [(name, why) left],
-  output names of the DequantizeLinear nodes made, [FoldedNode] of nodes it folded
-  itself)`` (``store``: the NumPy type of ``--dtype``, None to keep), called by ``fold``
-  before the fold pass to
-  rewrite the family's nodes into forms the pass folds (a fused MatMul into
-  DequantizeLinear + MatMul), for a family that folds that way rather than through
-  ``fold``. ``selection`` is the fold's ``dqtool.folding.selection.Selection``: a node it
-  leaves must not be rewritten; the nodes made are then folded whatever their names.
+  its weight is a float constant, or the rewrite that turns the family's nodes into forms
+  the pass folds first (``prepare``).
 - ``converters``: a callable that registers adapters into a conversion registry
   (``dqtool.convert.registry.Registry``), keyed by (domain, op, version, direction):
   ``"up"``/``"down"`` move an ai.onnx op one since-version; ``"onnx"`` turns the family's
-  node into ai.onnx (the reverse, ``pack``, is a pass of its own). The driver dispatches
-  every node whose (domain, op) is owned by a registered family.
+  node into ai.onnx (the reverse, ``pack``, is an application: see below). The driver
+  dispatches every node whose (domain, op) is owned by a registered family.
 - ``prunable``: the family's domains whose opset import dqtool may drop once a fold or a
   conversion has removed every node of them (a function's own domain is never listed).
 - ``lint_facts``: what the lint targets need to know about the family's nodes, per target
@@ -44,24 +37,12 @@ Each capability is optional (``None``: the family does not offer it):
   (e.g. ``{"onnxruntime": "onnxruntime has no {domain} domain"}``), or ``"native"`` when the
   family *is* the target's own form (its codec's rules judge it). A target not named has no
   fact: it judges the node by its ``QuantSpec``.
-- ``cli_commands``: the ``dqtool`` commands the family adds, as ``Command`` entries (name,
-  module, attribute, one-line help, and the shared command it is listed after). The CLI
-  reads only these strings and imports the module when the command runs, so start-up
-  (``dqtool --version``, ``fold --help``) never loads a family's code.
 - ``inspect``: ``() → InspectSupport``: how ``dqtool.inspect`` reports the family's nodes
   (see ``InspectSupport``): a report per node, the family's summary fields, and the lines
   ``dqtool inspect`` prints for them.
 - ``check``: ``() → CheckSupport``: what ``dqtool check`` (and ``--check``) adds for the
   family's nodes: its weights compared between a model and its conversion, and its own
   numeric self-check (see ``CheckSupport``).
-- ``api``: names the family adds to the ``dqtool`` package (public name → the module
-  defining it), imported when first read (``dqtool.pack``).
-- ``rewrites_most``: ``(model, conversion options, target opset) → bool``: whether a
-  conversion with these options rewrites the family's nodes and they hold most of the model's tensor
-  bytes (reading no tensor data); the driver then skips copying the input's data file
-  ahead of the conversion, since the copy would be dropped.
-- ``convert_steps``: ``ConvertStep`` entries: a flag of ``dqtool upgrade`` (or downgrade)
-  that first rewrites the family's nodes in memory (``--to-qdq``), then converts.
 - ``attribute_types``: op type → {attribute name: ONNX attribute type name (``"INT"``,
   ``"FLOATS"``, ...)} for the family's operators onnx has no schema for (com.microsoft,
   opmx). Validation refuses a model that gives one of them another type, when it is
@@ -72,6 +53,11 @@ Each capability is optional (``None``: the family does not offer it):
   loads its registries. Such a module may also define ``target_findings(ctx, target)``,
   the ``--target`` findings for the family's nodes that are not Q/DQ (lint's target run
   calls it for every target).
+
+What is built on a family's operators rather than needed to understand them, the
+commands ``pack`` (``dqtool/fused``) and ``qdq`` / ``qoperator`` (``dqtool/integer``), is
+no capability: those applications sit above the families, and ``dqtool.cli`` lists their
+commands with the others.
 
 Family modules must not import other dqtool modules at their top level: the registry is
 read by low layers (codecs, kernel's evaluator), so each capability imports what it needs
@@ -114,7 +100,8 @@ class ConverterTable(Protocol):
     ``Registry``): ``register(domain, op, versions, direction)`` decorates an adapter."""
 
     def register(self, domain: str, op: str, versions: int | Iterable[int],
-                 direction: str, *, widening: bool = False
+                 direction: str, *, widening: bool = False, optional: bool = False,
+                 replaces: Callable[[ir.Node, Any, int], int] | None = None
                  ) -> Callable[[Callable[..., Any]], Callable[..., Any]]: ...
 
 
@@ -145,6 +132,29 @@ class Kernel:
 
 
 @dataclass(frozen=True)
+class FoldPrepared:
+    """What a family's ``FoldSupport.prepare`` did before the fold pass: the nodes it
+    rewrote (names), those it left (name, why), the outputs of the DequantizeLinear nodes it
+    made (the pass folds them whatever the selection says) and the nodes it folded itself
+    (``dqtool.folding.report.FoldedNode``)."""
+
+    rewritten: list[str] = field(default_factory=list)
+    left: list[tuple[str, str]] = field(default_factory=list)
+    made: list[str] = field(default_factory=list)
+    folded: list[Any] = field(default_factory=list)
+
+
+class FoldPrepare(Protocol):
+    """``(model, selection, store) → FoldPrepared``: rewrites the family's nodes that the
+    fold's ``selection`` (``dqtool.folding.selection.Selection``) picks into forms the fold
+    pass folds (a fused MatMul into DequantizeLinear + MatMul); ``store``: the NumPy type of
+    ``--dtype``, None to keep."""
+
+    def __call__(self, model: ir.Model, selection: Any, store: np.dtype | None
+                 ) -> FoldPrepared: ...
+
+
+@dataclass(frozen=True)
 class FoldSupport:
     """How the fold pass folds the family's nodes.
 
@@ -152,7 +162,7 @@ class FoldSupport:
     - ``kernels``: kernel name → kernel; ``folding.kernel_call.KernelCall.kind`` names one of them.
     - ``step``: ``(node, spec, output dtype or None) → Step``, the kernel call that computes
       ``node``'s output from its constant inputs (also used for a producer of the root's x,
-      e.g. the QuantizeLinear of a Q→DQ pair).
+      e.g. the QuantizeLinear of a Q→DQ pair); None for a family with no roots.
     - ``replace``: for an operator whose output is not the dequantized weight (a fused
       MatMul): ``(node, folded weight) → the float nodes`` that replace ``node``, reading
       the folded weight; None when the folded constant replaces the node's output itself.
@@ -162,27 +172,32 @@ class FoldSupport:
       sources: opmx int4 holds four rows per element); None: the same shape.
     - ``weight_input``: which input of the node holds the quantized source (0 for a
       DequantizeLinear's x; a fused MatMul's packed weight is its input 1).
+    - ``prepare``: for a family that folds by rewriting its nodes first (``FoldPrepare``),
+      called before the pass; its nodes then answer to ``--op-types`` by their own op type
+      too.
     """
 
-    roots: frozenset[str]
-    kernels: Mapping[str, FoldKernel]
-    step: Callable[[ir.Node, QuantSpec, np.dtype | None], FoldCall]
+    roots: frozenset[str] = frozenset()
+    kernels: Mapping[str, FoldKernel] = field(default_factory=dict)
+    step: Callable[[ir.Node, QuantSpec, np.dtype | None], FoldCall] | None = None
     replace: Callable[[ir.Node, ir.Value], Sequence[ir.Node]] | None = None
     shape: Callable[[tuple[int, ...], QuantSpec], tuple[int, ...]] | None = None
     weight_input: int = 0
+    prepare: FoldPrepare | None = None
 
 
 @dataclass(frozen=True)
-class Command:
-    """One ``dqtool`` command a family adds: ``module:attr`` is its ``click.Command``,
-    imported only when the command runs; ``help`` is the line ``dqtool --help`` shows;
-    ``after`` names the command it is listed after ("" puts it last)."""
+class InspectTable:
+    """A family's own section of ``dqtool inspect``'s text, as data the command line lays
+    out: a table titled ``title`` with one row per node (its first column names the node; a
+    column ``!`` flags errors and warnings), then ``problems`` and ``lines`` printed as they
+    are."""
 
-    name: str
-    module: str
-    attr: str
-    help: str
-    after: str = ""
+    title: str
+    columns: tuple[str, ...]
+    rows: list[list[str]]
+    problems: list[str] = field(default_factory=list)
+    lines: list[str] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -199,7 +214,8 @@ class InspectSupport:
     - ``summary``: ``(reports) → fields`` added to the report's summary (after the shared
       ones), for the family's reports only.
     - ``summary_lines``: ``(summary) → lines`` printed under the Q/DQ counts of the table.
-    - ``render``: ``(app, report)`` prints the family's own section after the summary.
+    - ``table``: ``(report) → InspectTable or None``: the family's own section of the
+      text, printed after the summary (None: nothing to show).
     - ``short_ops``: a shorter op name for the table (``GatherBlockQuantized`` → ``GatherBQ``).
     """
 
@@ -207,28 +223,8 @@ class InspectSupport:
     section: str = ""
     summary: Callable[[Sequence[Any]], dict[str, Any]] | None = None
     summary_lines: Callable[[Mapping[str, Any]], list[str]] | None = None
-    render: Callable[[Any, Any], None] | None = None
+    table: Callable[[Any], InspectTable | None] | None = None
     short_ops: Mapping[str, str] = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
-class ConvertStep:
-    """A flag (``flag``, ``help``) the family adds to ``commands`` (``upgrade``,
-    ``downgrade``). When given, ``module:attr`` rewrites the family's nodes first, printing
-    its own report and aborting on refusal: ``(app, model, out, in_place, as_json) →
-    ir.Model`` (the model: its path, or the previous step's result); the opset conversion
-    then runs on the model it returns."""
-
-    flag: str
-    help: str
-    module: str
-    attr: str
-    commands: tuple[str, ...] = ("upgrade",)
-
-    @property
-    def dest(self) -> str:
-        """The keyword click passes the flag's value as (``--to-qdq`` → ``to_qdq``)."""
-        return self.flag.lstrip("-").replace("-", "_")
 
 
 @dataclass(frozen=True)
@@ -244,6 +240,7 @@ class CheckSupport:
       ``node``, ``op``, ``status`` — "bit-identical" or not — ``detail``, and ``same``:
       whether the checked model computes the weight as the original does, bit-identical
       or by the very same node).
+    - ``kind``: what check's notes and verdicts call those nodes ("fused").
     - ``weights_label``: how a conversion check's note names them ("fused weight(s) ...").
     - ``tolerated``: why final outputs may still differ when every weight is bit-identical
       (the operator sums in its own order); a conversion check then tolerates them.
@@ -261,12 +258,13 @@ class CheckSupport:
       check, each of the original's family nodes that the checked model rewrote, its
       rewritten form run alone on the original's inputs (entries with ``to_json`` and
       ``describe``); reported beside the outputs, not judged.
-    - ``fused_run``: ``(checked proto, original proto, feeds) → dict | None``: for a
+    - ``optimized_run``: ``(checked proto, original proto, feeds) → dict | None``: for a
       conversion into a form onnxruntime fuses back, the checked model run with every
       optimization against the original (``identical``, ``mismatched``, ``error``).
     """
 
     holds_weights: Callable[[Any], bool] | None = None
+    kind: str = ""
     weights: Callable[[ir.Model, ir.Model], Sequence[Any]] | None = None
     weights_label: str = ""
     tolerated: str = ""
@@ -274,7 +272,7 @@ class CheckSupport:
     numeric: Callable[..., list[Any]] | None = None
     bounds: Callable[..., list[Any]] | None = None
     per_op: Callable[..., Sequence[Any]] | None = None
-    fused_run: Callable[..., dict[str, Any] | None] | None = None
+    optimized_run: Callable[..., dict[str, Any] | None] | None = None
 
 
 @dataclass(frozen=True)
@@ -286,19 +284,12 @@ class Family:
     codecs: Callable[[], Iterable[Codec]] | None = None
     evaluator_ops: Callable[[], Sequence[type[Any]]] | None = None
     fold: Callable[[], FoldSupport] | None = None
-    fold_prepare: Callable[[ir.Model, Any, np.dtype | None],
-                           tuple[list[str], list[tuple[str, str]], list[str], list[Any]]
-                           ] | None = None
     converters: Callable[[ConverterTable], None] | None = None
     prunable: frozenset[str] = frozenset()
     lint_facts: Mapping[str, str] = field(default_factory=dict)
     lint_modules: tuple[str, ...] = ()
-    cli_commands: tuple[Command, ...] = ()
     inspect: Callable[[], InspectSupport] | None = None
     check: Callable[[], CheckSupport] | None = None
-    api: Mapping[str, str] = field(default_factory=dict)
-    rewrites_most: Callable[[ir.Model, Any, int], bool] | None = None
-    convert_steps: tuple[ConvertStep, ...] = ()
     attribute_types: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
 
     @property

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from dqtool.registry.family import CheckSupport, Command, Family, InspectSupport
+from dqtool.registry.family import CheckSupport, Family, FoldSupport, InspectSupport
 
 if TYPE_CHECKING:
     import onnx_ir as ir
@@ -31,18 +31,28 @@ def _evaluator_ops() -> list[type[Any]]:
     return list(evaluator_ops.OPS)
 
 
-def _fold_prepare(model: ir.Model, selection: Any, store: Any = None
-                  ) -> tuple[list[str], list[tuple[str, str]], list[str], list[Any]]:
+def _fold() -> FoldSupport:
     from dqtool.families.fused import fold
 
-    return fold.unfuse(model, selection, store)
+    return FoldSupport(prepare=fold.unfuse)
 
 
 def _converters(reg: Registry) -> None:
     from dqtool.families.fused import to_onnx
 
     for op in OPS:
-        reg.register(DOMAIN, op, 1, "onnx")(to_onnx.convert)
+        reg.register(DOMAIN, op, 1, "onnx", optional=True, replaces=_replaces)(to_onnx.convert)
+
+
+def _replaces(node: ir.Node, options: Any, target: int) -> int:
+    from dqtool.families.fused import facts
+
+    # With --per-axis, or below opset 21 (no blocked DequantizeLinear), a blocked weight
+    # is laid out as per-axis rows: B's own bytes, which the save copies from the input's
+    # data file (its copy made ahead, then, is kept).
+    if options.per_axis or target < 21:
+        return 0
+    return facts.weight_bytes(node)
 
 
 def _inspect() -> InspectSupport:
@@ -58,6 +68,7 @@ def _check() -> CheckSupport:
         bounds=bound.node_bounds,
         numeric=selfcheck.numeric,
         holds_weights=_holds_fused,
+        kind="fused",
         weights=weights.compare_weights,
         weights_label="fused weight(s) (MatMulNBits / GatherBlockQuantized)",
         tolerated="onnxruntime's MatMulNBits sums in its own order and, for float16, with "
@@ -83,35 +94,16 @@ def _holds_fused(proto: Any) -> bool:
     return graph_has(proto.graph.node) or any(graph_has(f.node) for f in proto.functions)
 
 
-def _rewrites_most(model: ir.Model, options: Any, target: int) -> bool:
-    from dqtool.families.fused import facts
-
-    # With --per-axis, or below opset 21 (no blocked DequantizeLinear), a blocked weight
-    # is laid out as per-axis rows: B's own bytes, which the save copies from the input's
-    # data file (its copy made ahead, then, is kept); weights written as they were made
-    # would be dropped.
-    if options.keep_contrib or options.per_axis or target < 21:
-        return False
-    return facts.mostly_rewritten(model)
-
-
 FAMILY = Family(
     name="fused",
     keys=tuple((DOMAIN, op, 1) for op in OPS),
     evaluator_ops=_evaluator_ops,
-    fold_prepare=_fold_prepare,
+    fold=_fold,
     converters=_converters,
     prunable=frozenset({DOMAIN}),
     lint_modules=("dqtool.families.fused.lint",),
     inspect=_inspect,
     check=_check,
-    api={"dequantize_matmul_nbits": "dqtool.families.fused.kernel",
-         "dequantize_gather_block_quantized": "dqtool.families.fused.kernel",
-         "pack": "dqtool.families.fused.pack_api"},
-    rewrites_most=_rewrites_most,
-    cli_commands=(Command("pack", "dqtool.families.fused.cli", "pack_cmd",
-                          "DequantizeLinear → MatMul / Gather into MatMulNBits / "
-                          "GatherBlockQuantized.", after="downgrade"),),
     # onnxruntime's schemas (onnxruntime/core/graph/contrib_ops/contrib_defs.cc)
     attribute_types={
         "MatMulNBits": dict.fromkeys(("K", "N", "bits", "block_size", "accuracy_level",

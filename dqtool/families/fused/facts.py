@@ -63,16 +63,10 @@ def json_extras(spec: FusedSpec) -> dict[str, Any]:
     }
 
 
-def mostly_rewritten(model) -> bool:
-    """Whether the constant weights of fused nodes (which ``upgrade`` rewrites) hold more
-    than half of the model's tensor bytes; reads no tensor data."""
-    from dqtool import graph, storage
-    from dqtool.families.fused import read
-
-    fused = 0
-    for site in graph.walk(model):
-        if read.is_fused(site.node) and site.node.inputs:
-            first = site.node.inputs[1 if site.node.op_type == "MatMulNBits" else 0]
-            tensor = graph.constant_tensor(first)
-            fused += tensor.nbytes if tensor is not None else 0
-    return fused > storage.tensor_bytes(model) // 2
+def weight_bytes(node) -> int:
+    """The bytes of a fused node's constant weight (its codes), 0 if it has none; reads no
+    tensor data."""
+    if not node.inputs:
+        return 0
+    tensor = graph.constant_tensor(node.inputs[1 if node.op_type == "MatMulNBits" else 0])
+    return tensor.nbytes if tensor is not None else 0

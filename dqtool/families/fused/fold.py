@@ -26,6 +26,7 @@ from dqtool.cleanup import ModelNames
 from dqtool.families.fused import arrays, kernel, read, to_onnx
 from dqtool.families.fused.surgery import Builder
 from dqtool.folding.report import FoldedNode, rounding
+from dqtool.registry.family import FoldPrepared
 from dqtool.spec import op_id
 
 # The float op each fused op becomes once folded: what ``--op-types`` matches it by.
@@ -46,10 +47,11 @@ def why_not(selection: Any, node: ir.Node, spec: object) -> str | None:
 
 
 def unfuse(model: ir.Model, selection: Any = None, store: np.dtype | None = None
-           ) -> tuple[list[str], list[tuple[str, str]], list[str], list[FoldedNode]]:
+           ) -> FoldPrepared:
     """Rewrite every fused node with a constant weight that ``selection`` picks; returns
-    (names rewritten, (name, reason) of those left, output names of the DequantizeLinear
-    nodes made, which the fold must fold, the nodes folded here). ``store``: the type of
+    the names rewritten, (name, reason) of those left, the output names of the
+    DequantizeLinear nodes made, which the fold must fold, and the nodes folded here (a
+    ``FoldPrepared``). ``store``: the type of
     ``--dtype`` (None: keep). A MatMulNBits with float zero points is rewritten into its
     ai.onnx form (a DequantizeLinear of ``q·s`` and an Add chain of the offsets, computed
     in float32), whose DequantizeLinear the fold streams; only a ``--dtype`` narrower than
@@ -102,7 +104,7 @@ def unfuse(model: ir.Model, selection: Any = None, store: np.dtype | None = None
     if not any(graph.domain_name(s.node.domain) == "com.microsoft" for s in graph.walk(model)):
         for holder in (model, *model.functions.values()):
             holder.opset_imports.pop("com.microsoft", None)
-    return done, left, made, folded
+    return FoldPrepared(done, left, made, folded)
 
 
 def _record(name: str, where: str, spec: Any, weight: ir.Value) -> FoldedNode:

@@ -26,7 +26,8 @@ out per-axis below 21).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import weakref
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import onnx_ir as ir
@@ -178,16 +179,19 @@ def rewrite(node: ir.Node, opsets: dict[str, int], target: int, fresh,
     return old_inputs, how, why, b.nodes
 
 
+# The weights each conversion has made so far (``rewrite``'s ``shared``), by its Context:
+# freed with the conversion.
+_MADE: weakref.WeakKeyDictionary[Any, dict] = weakref.WeakKeyDictionary()
+
+
 def convert(node: ir.Node, step) -> object:
     """The family's "onnx" adapter: rewrite the node (then its new DequantizeLinear follows
     the usual lowerings: ``--per-axis``, blocked → per-axis rows below opset 21), or keep
     it with the reason."""
-    if step.ctx.options.keep_contrib:
-        return Outcome("kept", "left as com.microsoft", "--keep-contrib")
     try:
         old, how, why, new = rewrite(node, {"com.microsoft": 1}, step.target, step.ctx.fresh,
                                      step.in_function,
-                                     shared=step.ctx.memo.setdefault("fused.weights", {}),
+                                     shared=_MADE.setdefault(step.ctx, {}),
                                      early=step.ctx.early)
     except Refusal as e:
         return Outcome("kept", "left as com.microsoft", str(e))

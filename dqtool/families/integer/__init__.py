@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from dqtool.families.integer import ops
-from dqtool.registry.family import CheckSupport, Command, ConvertStep, Family, InspectSupport
+from dqtool.registry.family import CheckSupport, Family, InspectSupport
 
 
 def _evaluator_ops() -> list[type[Any]]:
@@ -32,7 +32,7 @@ def _check() -> CheckSupport:
     from dqtool.families.integer import local_error, selfcheck
 
     return CheckSupport(numeric=selfcheck.numeric, per_op=local_error.for_check,
-                        fused_run=local_error.fused_for_check)
+                        optimized_run=local_error.fused_for_check)
 
 
 FAMILY = Family(
@@ -45,16 +45,6 @@ FAMILY = Family(
     prunable=frozenset({ops.MS}),
     lint_modules=("dqtool.families.integer.lint", "dqtool.families.integer.lint_saturation"),
     inspect=_inspect,
-    convert_steps=(ConvertStep(
-        "--to-qdq", "First rewrite integer operators (QLinear*, MatMulInteger, dynamic "
-        "quantization) into QDQ, as `dqtool qdq` does (faithful, not exact).",
-        "dqtool.families.integer.cli", "upgrade_to_qdq"),),
     check=_check,
     attribute_types=ops.ATTRIBUTE_TYPES,
-    cli_commands=(
-        Command("qdq", "dqtool.families.integer.cli", "qdq_cmd",
-                "Rewrite integer operators (QLinear*, MatMulInteger, dynamic) into QDQ."),
-        Command("qoperator", "dqtool.families.integer.cli", "qoperator_cmd",
-                "Fuse QDQ patterns into integer operators (QLinearConv, ...)."),
-    ),
 )

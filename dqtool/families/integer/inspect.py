@@ -8,7 +8,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from dqtool.registry.family import InspectSupport
+from dqtool.registry.family import InspectSupport, InspectTable
 
 if TYPE_CHECKING:
     import onnx_ir as ir
@@ -83,29 +83,23 @@ def _row(n: IntegerNodeReport) -> list[str]:
             "yes" if s.qdq_form else "no", flags]
 
 
-def render(app, report) -> None:
-    """The integer operators, one row each, then their counts (nothing when there are none)."""
-    from dqtool.cli.tables import Column, FastTable, plain_lines
-
+def table(report) -> InspectTable | None:
+    """The integer operators, one row each, then their counts (None when there are none)."""
     nodes = report.sections.get("integer_nodes", ())
     if not nodes:
-        return
-    columns = [Column("node", min_width=14, ratio=1),
-               *(Column(c) for c in ("op", "kind", "inputs", "output", "bias", "qdq")),
-               Column("!", no_wrap=True)]
-    # FastTable: rich's own layout of every cell costs ~1 ms a row (docs/benchmarks.md,
-    # 2026-11-28).
-    app.out.print(FastTable(f"{len(nodes)} integer operators", columns,
-                            [_row(n) for n in nodes]))
-    problems = [f"  {p.severity} {p.code} {n.name or '<unnamed>'}: {p.message}"
-                for n in nodes for p in n.spec.problems]
-    if problems:
-        app.out.print(plain_lines(problems), soft_wrap=True)
+        return None
     sm = report.summary
-    app.out.print(f"{sm['integer_nodes']} integer operators: "
-                  + ", ".join(f"{k} ×{v}" for k, v in sm["integer_by_op"].items()))
+    lines = [f"{sm['integer_nodes']} integer operators: "
+             + ", ".join(f"{k} ×{v}" for k, v in sm["integer_by_op"].items())]
     if sm["integer_without_qdq_form"]:
-        app.out.print(f"without a QDQ form: {len(sm['integer_without_qdq_form'])}")
+        lines.append(f"without a QDQ form: {len(sm['integer_without_qdq_form'])}")
+    return InspectTable(
+        f"{len(nodes)} integer operators",
+        ("node", "op", "kind", "inputs", "output", "bias", "qdq", "!"),
+        [_row(n) for n in nodes],
+        problems=[f"  {p.severity} {p.code} {n.name or '<unnamed>'}: {p.message}"
+                  for n in nodes for p in n.spec.problems],
+        lines=lines)
 
 
-SUPPORT = InspectSupport(node=node, section="integer_nodes", summary=summary, render=render)
+SUPPORT = InspectSupport(node=node, section="integer_nodes", summary=summary, table=table)

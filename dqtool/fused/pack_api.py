@@ -11,7 +11,7 @@ from typing import Any
 import onnx_ir as ir
 
 from dqtool.errors import UsageError
-from dqtool.families.fused.pack_pass import FusedPackPass, PackReport
+from dqtool.fused.pack_pass import FusedPackPass, PackReport
 
 
 def default_output(src: str | os.PathLike) -> Path:

@@ -12,7 +12,7 @@ import onnx_ir as ir
 from dqtool import graph, types
 from dqtool.families.integer import describe, ops, pool
 from dqtool.families.integer.rewrite import Names, Refused
-from dqtool.families.integer.to_qdq_build import FLOAT, Builder
+from dqtool.integer.to_qdq_build import FLOAT, Builder
 
 
 def rewrite_qlinear(node: ir.Node, opdef: ops.OpDef, opsets: dict[str, int],

@@ -14,8 +14,8 @@ import onnx_ir as ir
 from dqtool import graph
 from dqtool.families.integer.describe import value_type
 from dqtool.families.integer.rewrite import Names
-from dqtool.families.integer.to_qoperator_emit import Emit, name_of, zp_or_zero
-from dqtool.families.integer.to_qoperator_match import MS, QDQ_DOMAINS, Dq, dq, q_after, unit
+from dqtool.integer.to_qoperator_emit import Emit, name_of, zp_or_zero
+from dqtool.integer.to_qoperator_match import MS, QDQ_DOMAINS, Dq, dq, q_after, unit
 
 # The float ops that fuse with a DQ on each input and a Q after, and their QLinear twins.
 ELEMENTWISE = {"Add": "QLinearAdd", "Mul": "QLinearMul", "Sigmoid": "QLinearSigmoid",

@@ -31,7 +31,7 @@ import onnx_ir as ir
 
 from dqtool import graph
 from dqtool.families.integer.rewrite import Change, Names, Outcome
-from dqtool.families.integer.to_qoperator_fuse import (
+from dqtool.integer.to_qoperator_fuse import (
     BLOCKS,
     ELEMENTWISE,
     fuse_block,
@@ -41,7 +41,7 @@ from dqtool.families.integer.to_qoperator_fuse import (
     fuse_gemm,
     fuse_static,
 )
-from dqtool.families.integer.to_qoperator_match import (
+from dqtool.integer.to_qoperator_match import (
     MS,
     Dq,
     dq,

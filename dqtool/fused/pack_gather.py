@@ -9,7 +9,8 @@ import onnx_ir as ir
 
 from dqtool import graph, types
 from dqtool.families.fused import arrays, packing
-from dqtool.families.fused.pack_context import (
+from dqtool.families.fused.surgery import Builder
+from dqtool.fused.pack_context import (
     BITS,
     NoMatch,
     PackContext,
@@ -20,7 +21,6 @@ from dqtool.families.fused.pack_context import (
     pow2_16,
     remove_unused,
 )
-from dqtool.families.fused.surgery import Builder
 from dqtool.spec import QuantSpec
 
 

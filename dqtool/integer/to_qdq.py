@@ -49,8 +49,8 @@ from dqtool.families.integer.rewrite import (
     node_label,
     prune_opset_imports,
 )
-from dqtool.families.integer.to_qdq_integer import rewrite_integer, rewrite_integer_exact
-from dqtool.families.integer.to_qdq_qlinear import rewrite_dynamic, rewrite_qlinear
+from dqtool.integer.to_qdq_integer import rewrite_integer, rewrite_integer_exact
+from dqtool.integer.to_qdq_qlinear import rewrite_dynamic, rewrite_qlinear
 
 
 class IntegerToQdqPass(ir.passes.InPlacePass):

@@ -11,7 +11,15 @@ import onnx_ir as ir
 from dqtool import graph, types
 from dqtool.codecs.base import output_dtype_attr
 from dqtool.families.fused import arrays, packing
-from dqtool.families.fused.pack_context import (
+from dqtool.families.fused.surgery import Builder
+from dqtool.families.fused.upgrade_notes import (
+    ACCURACY_KEY,
+    BIAS_KEY,
+    BLOCK_KEY,
+    TAIL_KEY,
+    tail_place,
+)
+from dqtool.fused.pack_context import (
     BITS,
     NoMatch,
     PackContext,
@@ -22,14 +30,6 @@ from dqtool.families.fused.pack_context import (
     pow2_16,
     remove_unused,
     unsigned_codes,
-)
-from dqtool.families.fused.surgery import Builder
-from dqtool.families.fused.upgrade_notes import (
-    ACCURACY_KEY,
-    BIAS_KEY,
-    BLOCK_KEY,
-    TAIL_KEY,
-    tail_place,
 )
 from dqtool.spec import QuantSpec
 

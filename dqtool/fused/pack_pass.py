@@ -32,11 +32,11 @@ import onnx_ir as ir
 
 from dqtool import codecs, graph
 from dqtool.cleanup import ModelNames
-from dqtool.families.fused.pack_context import NoMatch, PackContext, only_use
-from dqtool.families.fused.pack_float_zp import pack_float_zp_chain
-from dqtool.families.fused.pack_gather import pack_gather
-from dqtool.families.fused.pack_matmul import check_a, pack_matmul
-from dqtool.families.fused.pack_names import restore_names
+from dqtool.fused.pack_context import NoMatch, PackContext, only_use
+from dqtool.fused.pack_float_zp import pack_float_zp_chain
+from dqtool.fused.pack_gather import pack_gather
+from dqtool.fused.pack_matmul import check_a, pack_matmul
+from dqtool.fused.pack_names import restore_names
 from dqtool.spec import QuantSpec
 
 if TYPE_CHECKING:

@@ -36,7 +36,7 @@ def pack_cmd(app: App, model: str, out: str | None, accuracy_level: int | None,
     Weights stay bit-identical (2/4/8-bit, blocked along K or per-axis). Exit 0 written;
     2 bad input.
     """
-    from dqtool.families.fused.pack_api import pack
+    from dqtool.fused.pack_api import pack
 
     if out is not None and in_place:
         app.abort("give either --output or --in-place, not both", 2)

@@ -8,7 +8,7 @@ import onnx_ir as ir
 
 from dqtool import graph, types
 from dqtool.families.integer.rewrite import Names, drop_if_unused, make_constant
-from dqtool.families.integer.to_qoperator_match import Dq
+from dqtool.integer.to_qoperator_match import Dq
 
 
 class Emit:

@@ -13,7 +13,7 @@ from dqtool import graph
 from dqtool.families.integer import ops
 from dqtool.families.integer.rewrite import Names, Refused, drop_if_unused
 from dqtool.families.integer.scaled_pattern import scaled_pattern
-from dqtool.families.integer.to_qdq_build import Builder
+from dqtool.integer.to_qdq_build import Builder
 
 
 def rewrite_integer(node: ir.Node, opdef: ops.OpDef, opsets: dict[str, int],

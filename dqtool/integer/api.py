@@ -23,8 +23,8 @@ from typing import Any, Literal
 import onnx_ir as ir
 
 from dqtool.errors import RefusedError, UsageError
-from dqtool.families.integer.numerics import ConversionCheck
 from dqtool.families.integer.rewrite import Change, Refusal
+from dqtool.integer.numerics import ConversionCheck
 
 Direction = Literal["to-qdq", "to-qoperator"]
 
@@ -97,7 +97,7 @@ def to_qdq(model_or_path: ModelArg, out: str | os.PathLike | None = None, *,
     → QuantizeLinear (``to_qdq.IntegerToQdqPass``). ``exact_dynamic``: MatMulInteger /
     ConvInteger take the exact form (DequantizeLinear with scale 1, the scale product
     applied after the float op), equal to the integer original within 2**24."""
-    from dqtool.families.integer.to_qdq import IntegerToQdqPass
+    from dqtool.integer.to_qdq import IntegerToQdqPass
 
     return _run(model_or_path, out, "to-qdq", IntegerToQdqPass(exact_dynamic),
                 keep_unconvertible, check, in_place, **writing)
@@ -108,7 +108,7 @@ def to_qoperator(model_or_path: ModelArg, out: str | os.PathLike | None = None, 
                  ) -> IntegerReport:
     """The QDQ patterns onnxruntime fuses become integer operators
     (``to_qoperator.QdqToIntegerPass``); other QDQ nodes stay as they are."""
-    from dqtool.families.integer.to_qoperator import QdqToIntegerPass
+    from dqtool.integer.to_qoperator import QdqToIntegerPass
 
     return _run(model_or_path, out, "to-qoperator", QdqToIntegerPass(), True, check, in_place,
                 **writing)
@@ -121,7 +121,7 @@ def _run(model_or_path: ModelArg, out, direction: Direction, the_pass: Any, keep
     (``dqtool.storage.save``'s ``external``, ``shard_size``, ``callback``)."""
     from dqtool import storage
     from dqtool.checking.models import load as load_for_check
-    from dqtool.families.integer import numerics
+    from dqtool.integer import numerics
 
     is_path = not isinstance(model_or_path, ir.Model)
     if in_place:

@@ -43,7 +43,7 @@ def render(app: App, report, as_json: bool) -> None:
 def _run(app: App, direction: str, model: str, out: str | None, keep: bool, check: bool,
          as_json: bool, in_place: bool, external_data: bool, shard_size: str | None,
          progress: bool | None, exact_dynamic: bool = False) -> None:
-    from dqtool.families.integer import api
+    from dqtool.integer import api
 
     if out is not None and in_place:
         app.abort("give either --output or --in-place, not both", 2)
@@ -120,7 +120,7 @@ def qoperator_cmd(app: App, model: str, check: bool, **writing: Any) -> None:
 def upgrade_to_qdq(app: App, model: str, out: str | None, in_place: bool, as_json: bool):
     """``upgrade --to-qdq``: integer operators into QDQ (as ``dqtool qdq``), in memory."""
     from dqtool import storage
-    from dqtool.families.integer import api
+    from dqtool.integer import api
 
     storage.no_overwrite_of_input(model, model if in_place else out, in_place)
     try:

@@ -10,7 +10,8 @@ import onnx_ir as ir
 
 from dqtool import graph, types
 from dqtool.families.fused import arrays, packing
-from dqtool.families.fused.pack_context import (
+from dqtool.families.fused.surgery import Builder
+from dqtool.fused.pack_context import (
     NoMatch,
     PackContext,
     narrower,
@@ -19,8 +20,7 @@ from dqtool.families.fused.pack_context import (
     remove_unused,
     unsigned_codes,
 )
-from dqtool.families.fused.pack_matmul import bias_of, matmul_nbits_node, weight_facts
-from dqtool.families.fused.surgery import Builder
+from dqtool.fused.pack_matmul import bias_of, matmul_nbits_node, weight_facts
 from dqtool.spec import QuantSpec
 
 
