@@ -1,0 +1,223 @@
+"""``rewrite``: every hand-written dequantization into an ai.onnx DequantizeLinear that
+computes the same bits (``forms``), all or nothing, on a copy of the model."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import onnx_ir as ir
+
+from dqtool import graph, storage, types
+from dqtool.errors import UsageError
+from dqtool.handwritten import forms
+from dqtool.handwritten.recognize import Found, found, node_label
+from dqtool.handwritten.report import Outcome, RewriteReport
+
+
+def _ai_onnx(imports: dict[str, int]) -> int | None:
+    return imports.get("", imports.get("ai.onnx"))
+
+
+def _since(op: str, opset: int) -> int | None:
+    try:
+        return onnx.defs.get_schema(op, opset, "").since_version
+    except onnx.defs.SchemaError:
+        return None
+
+
+def changed_by_raise(model: ir.Model, src: int, dst: int,
+                     written: frozenset[int] = frozenset()) -> list[str]:
+    """The ai.onnx operators of ``model`` whose definition differs between opsets ``src``
+    and ``dst`` (the nodes whose ``id`` is in ``written`` aside: made for ``dst``):
+    raising the import alone would change (or break) their meaning."""
+    seen: dict[str, str] = {}
+    for site in graph.walk(model):
+        n = site.node
+        if id(n) not in written and n.domain in graph.DEFAULT_DOMAINS and n.op_type not in seen:
+            a, b = _since(n.op_type, src), _since(n.op_type, dst)
+            if a != b:
+                seen[n.op_type] = f"{n.op_type} ({a}→{b})"
+    return sorted(seen.values())
+
+
+class _Names:
+    """Fresh value names, unique in the model."""
+
+    def __init__(self, model: ir.Model) -> None:
+        self.used = {v.name for g in model.graphs() for v in
+                     [*g.inputs, *g.outputs, *g.initializers.values()]}
+        for root in [model.graph, *model.functions.values()]:
+            for node in ir.traversal.RecursiveGraphIterator(root):
+                self.used.update(v.name for v in node.outputs)
+
+    def __call__(self, base: str) -> str:
+        name, i = base, 1
+        while name in self.used:
+            name, i = f"{base}_{i}", i + 1
+        self.used.add(name)
+        return name
+
+
+def _constant(m: Found, arr: np.ndarray, name: str, before: list[ir.Node]) -> ir.Value:
+    """``arr`` as an initializer of the Mul's graph, or a Constant node in a function
+    (which has no initializers)."""
+    t = types.from_dtype(arr.dtype)
+    tensor = ir.Tensor(arr, dtype=t.ir_type, name=name)
+    site = m.match.site
+    if site.function is None and m.match.mul.graph is not None \
+            and isinstance(m.match.mul.graph, ir.Graph):
+        v = ir.Value(name=name, shape=ir.Shape(arr.shape), type=ir.TensorType(t.ir_type),
+                     const_value=tensor)
+        m.match.mul.graph.register_initializer(v)
+        return v
+    node = ir.Node("", "Constant", [], attributes=[ir.AttrTensor("value", tensor)],
+                   outputs=[ir.Value(name=name, shape=ir.Shape(arr.shape),
+                                     type=ir.TensorType(t.ir_type))])
+    before.append(node)
+    return node.outputs[0]
+
+
+def _codes_value(f: Found, form: forms.Form, x: np.ndarray, name: str,
+                 before: list[ir.Node]) -> ir.Value:
+    """The stored codes themselves where they already are the DequantizeLinear's (same
+    type and shape: no copy, external data stays where it is), else a new constant."""
+    src = f.match.codes.source
+    if not f.match.codes.nodes and graph.elem_type(src) == form.codes_type \
+            and graph.shape_of(src) == form.layout.shape:
+        return src
+    return _constant(f, x, name, before)
+
+
+def _dq_nodes(f: Found, form: forms.Form, names: _Names) -> tuple[list[ir.Node], ir.Value]:
+    out_name = f.record.output
+    x, scale, zp = forms.operands(f.match, form)
+    nodes: list[ir.Node] = []
+    inputs = [_codes_value(f, form, x, names(f"{out_name}_codes"), nodes),
+              _constant(f, scale, names(f"{out_name}_scale"), nodes)]
+    if zp is not None:
+        inputs.append(_constant(f, zp, names(f"{out_name}_zero_point"), nodes))
+    attrs = []
+    if form.layout.granularity != "per-tensor":
+        attrs.append(ir.AttrInt64("axis", int(form.layout.axis or 0)))
+    if form.layout.granularity == "blocked":
+        attrs.append(ir.AttrInt64("block_size", int(form.layout.block_size or 0)))
+    if form.wide_output:
+        attrs.append(ir.AttrInt64("output_dtype", int(ir.DataType.FLOAT)))
+    dq_out = ir.Value(name=names(f"{out_name}_dequantized"))
+    nodes.append(ir.Node("", "DequantizeLinear", inputs, attributes=attrs, outputs=[dq_out],
+                         name=names(f"{out_name}_DequantizeLinear")))
+    if not form.wide_output:
+        return nodes, dq_out
+    to = types.by_name(form.float_type).ir_type
+    cast_out = ir.Value(name=names(f"{out_name}_cast"))
+    nodes.append(ir.Node("", "Cast", [dq_out], attributes=[ir.AttrInt64("to", int(to))],
+                         outputs=[cast_out], name=names(f"{out_name}_Cast")))
+    return nodes, cast_out
+
+
+def _remove_dead(nodes: tuple[ir.Node, ...]) -> None:
+    """Remove the pattern's nodes (last first) and the constants only they read."""
+    inputs: list[ir.Value] = []
+    for node in reversed(nodes):
+        if node.graph is None or any(o.uses() or o.is_graph_output() for o in node.outputs):
+            continue
+        inputs.extend(v for v in node.inputs if v is not None)
+        node.graph.remove(node, safe=True)
+    for v in inputs:
+        if v.uses() or v.is_graph_output() or v.is_graph_input():
+            continue
+        if v.is_initializer() and v.graph is not None:
+            v.graph.initializers.pop(v.name or "", None)
+            continue
+        p = v.producer()
+        if p is not None and p.op_type == "Constant" and p.graph is not None \
+                and not any(o.uses() for o in p.outputs):
+            p.graph.remove(p, safe=True)
+
+
+def _apply(f: Found, form: forms.Form, names: _Names) -> list[ir.Node]:
+    m = f.match
+    last = m.after if form.absorbs_after and m.after is not None else m.mul
+    old = last.outputs[0]
+    new_nodes, new = _dq_nodes(f, form, names)
+    owner = last.graph
+    assert owner is not None
+    owner.insert_before(last, new_nodes)
+    new.shape, new.type = old.shape, old.type
+    ir.convenience.replace_all_uses_with(old, new, replace_graph_outputs=True)
+    name = old.name
+    old.name = names(f"{name}_handwritten")
+    new.name = name
+    chain = m.nodes if form.absorbs_after or m.after is None else m.nodes[:-1]
+    _remove_dead(chain)
+    return new_nodes
+
+
+def _plan(items: list[Found], target: int, report: RewriteReport) -> list[Found]:
+    todo = []
+    for f in items:
+        r, form = f.record, f.decision.form
+        if not r.rewritable:
+            report.left.append(Outcome(r, "; ".join(r.reasons)))
+        elif form is None:
+            report.refused.append(Outcome(r, "; ".join(r.reasons)))
+        elif form.min_opset > target:
+            report.refused.append(Outcome(r, f"{form.describe()} needs opset "
+                                          f"{form.min_opset}; the target is {target}"))
+        else:
+            todo.append(f)
+    return todo
+
+
+def rewrite(model: ir.Model, opset: int | None = None) -> RewriteReport:
+    """Every hand-written dequantization of ``model`` rewritten into ai.onnx
+    DequantizeLinear, bit-identical on onnxruntime (ORT_DISABLE_ALL) and on the reference
+    evaluator; ``report.model`` is the result, a copy (the model handed in is not touched).
+
+    ``opset``: the ai.onnx opset of the result (default: the model's). A higher one is
+    reached by raising the import only where no remaining operator's definition changes
+    between the two (else refused: run ``upgrade`` first); a lower one is ``downgrade``'s
+    job (UsageError). All or nothing: any refusal leaves ``report.model`` None.
+    """
+    src = _ai_onnx(model.opset_imports)
+    target = opset if opset is not None else src
+    if target is None:
+        raise UsageError("the model imports no ai.onnx opset; name one")
+    if src is not None and target < src:
+        raise UsageError(f"opset {target} is below the model's {src}: lower it with "
+                         "`dqtool downgrade` first")
+    report = RewriteReport(src, target)
+    work = model.clone()
+    work.meta.update(model.meta)
+    todo = _plan(found(work), target, report)
+    if report.refused:
+        return report
+    names = _Names(work)
+    written: set[int] = set()
+    for f in todo:
+        assert f.decision.form is not None
+        written.update(id(n) for n in _apply(f, f.decision.form, names))
+        report.changed.append(Outcome(f.record, f"{' → '.join(f.record.ops)} → "
+                                      f"{f.decision.form.describe()}"))
+    if src is not None and target > src:
+        moved = changed_by_raise(work, src, target, frozenset(written))
+        if moved:
+            why = (f"raising ai.onnx {src} → {target} changes {', '.join(moved)}: run "
+                   f"`dqtool upgrade --opset {target}` first")
+            report.refused = [Outcome(o.record, why) for o in report.changed]
+            report.changed = []
+            return report
+        _raise(work, target)
+    work.ir_version = max(work.ir_version or 0, storage.lowest_ir_version(work))
+    report.model = work
+    return report
+
+
+def _raise(model: ir.Model, target: int) -> None:
+    for imports in [model.opset_imports, *(fn.opset_imports for fn in model.functions.values())]:
+        key = "ai.onnx" if "ai.onnx" in imports and "" not in imports else ""
+        if key in imports or imports is model.opset_imports:
+            imports[key] = target
+
+
+__all__ = ["node_label", "rewrite"]
