@@ -11,7 +11,10 @@ blocks, packed int4 unpacked with BitShift/BitwiseAnd (``docs/handwritten.md``).
 
 from __future__ import annotations
 
+from dqtool.handwritten.fold import Folded, fold_values
 from dqtool.handwritten.recognize import find
 from dqtool.handwritten.records import Handwritten
+from dqtool.handwritten.report import RewriteReport
+from dqtool.handwritten.rewrite import rewrite
 
-__all__ = ["Handwritten", "find"]
+__all__ = ["Folded", "Handwritten", "RewriteReport", "find", "fold_values", "rewrite"]

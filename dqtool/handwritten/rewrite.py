@@ -10,7 +10,7 @@ import onnx_ir as ir
 from dqtool import graph, storage, types
 from dqtool.errors import UsageError
 from dqtool.handwritten import forms
-from dqtool.handwritten.recognize import Found, found, node_label
+from dqtool.handwritten.recognize import Found, found
 from dqtool.handwritten.report import Outcome, RewriteReport
 
 
@@ -220,4 +220,3 @@ def _raise(model: ir.Model, target: int) -> None:
             imports[key] = target
 
 
-__all__ = ["node_label", "rewrite"]
