@@ -189,8 +189,6 @@ def test_lower_opset_is_a_usage_error() -> None:
 
 
 def test_subgraph_and_function_rewritten() -> None:
-    from test_handwritten_recognize import test_subgraphs_and_functions  # noqa: F401
-
     inner = helper.make_graph([H("Cast", ["x"], ["c"], to=TP.FLOAT), H("Mul", ["c", "s"], ["o"])],
                               "then", [], [helper.make_tensor_value_info("o", TP.FLOAT, None)])
     other = helper.make_graph([H("Cast", ["x"], ["o2"], to=TP.FLOAT)], "else", [],
