@@ -215,3 +215,16 @@ def test_subgraph_and_function_rewritten() -> None:
         inputs = {"cond": np.array(cond)}
         assert same_bits(run_ort(out, inputs), run_ort(m, inputs))
         assert same_bits(run_ref(out, inputs), run_ref(m, inputs))
+
+
+def test_bfloat16_on_the_reference_evaluator() -> None:
+    """onnxruntime runs neither a bfloat16 Mul nor a bfloat16 DequantizeLinear on CPU
+    (test_handwritten_measured): the reference evaluator is the runtime to match."""
+    import ml_dtypes
+
+    sb = S12.astype(ml_dtypes.bfloat16).reshape(1, 12)
+    original = cast_mul(U8, sb, ft="bfloat16", zp=np.asarray(100, ml_dtypes.bfloat16),
+                        opset=23)
+    report = rewrite(ir.from_proto(original))
+    assert report.ok and "Cast to bfloat16" in report.changed[0].how
+    assert same_bits(run_ref(report.model, {}), run_ref(original, {}))
