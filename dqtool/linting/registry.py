@@ -46,6 +46,7 @@ def load() -> dict[str, Rule]:
     rules = importlib.import_module("dqtool.linting.rules")
     modules = [f"{rules.__name__}.{m.name}" for m in pkgutil.iter_modules(rules.__path__)]
     for module in [*sorted(modules), "dqtool.linting.targets.codes",
+                   "dqtool.linting.targets.deploy_codes",
                    *registry.lint_modules()]:
         importlib.import_module(module)
     return RULES

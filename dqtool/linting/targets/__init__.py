@@ -18,7 +18,7 @@ from dqtool.linting.finding import Finding
 from dqtool.linting.targets.base import Profile, Target, best
 
 # Modules of this package that hold no target.
-_NOT_TARGETS = frozenset({"base", "codes"})
+_NOT_TARGETS = frozenset({"base", "codes", "deploy", "deploy_codes", "units"})
 _TABLE: list[Target] = []
 _TABLE_GENERATION = -1  # registry.generation() the table was built at
 
@@ -70,11 +70,17 @@ def run(ctx: ModelContext, profile: Profile) -> Iterator[Finding]:
         hook = getattr(importlib.import_module(module), "target_findings", None)
         if hook is not None:
             yield from hook(ctx, profile.name)
+    sites = getattr(profile, "site_candidates", None)  # a check that reads the node
     for q in ctx.dequantize:
-        worst = best(profile.candidates(q.spec, opset))
+        worst = best(sites(q, opset) if sites is not None else
+                     profile.candidates(q.spec, opset))
         if worst is None:
             continue
         for issue in worst.issues:
             yield ctx.finding(issue.code, "error", f"{profile.name} cannot run it "
                               f"({worst.name}): {issue.reason}", q, target=profile.name,
                               fix=issue.fix)
+    if getattr(profile, "judge", None) is not None:  # a deployment target's node units
+        from dqtool.linting.targets import deploy
+
+        yield from deploy.findings(ctx, profile)  # type: ignore[arg-type]
