@@ -209,3 +209,14 @@ def test_json_and_the_model_untouched() -> None:
     doc = json.loads(json.dumps([r.to_json() for r in records]))
     assert doc[0]["codes_type"] == "uint4" and doc[0]["granularity"] == "per-axis"
     assert set(doc[0]) >= {"reasons", "exact", "min_opset", "zero_point", "scale_constant"}
+
+
+@pytest.mark.parametrize("shift,shape", [(8, [8, 8]), (4, [7, 8])])
+def test_an_integer_computation_that_cannot_run_is_not_read(shift: int, shape: list) -> None:
+    m = nibbles()
+    for t in m.graph.initializer:
+        if t.name == "four":
+            t.CopyFrom(init("four", np.uint8(shift)))
+        if t.name == "shp":
+            t.CopyFrom(init("shp", np.array(shape, np.int64)))
+    assert find(ir.from_proto(m)) == ()

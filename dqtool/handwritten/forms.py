@@ -197,7 +197,12 @@ def _float_zero_point(m: Match, r: _Read, at_sub: tuple[int, ...]) -> None:
 def _read(m: Match, read_codes: bool) -> _Read | None:
     stored = graph.elem_type(m.codes.source)
     assert stored is not None
-    q = m.codes.array() if (m.codes.nodes or read_codes) else None
+    try:
+        q = m.codes.array() if (m.codes.nodes or read_codes) else None
+    except (ValueError, TypeError, IndexError):
+        # an integer computation the model itself could not run (a Reshape to the wrong
+        # size, a shift by the type's width): not read as codes
+        return None
     c_shape = tuple(q.shape) if q is not None else _shape(m.codes.source)
     assert c_shape is not None  # a constant's shape is known
     fr = frames(m, c_shape)
