@@ -243,11 +243,11 @@ def test_in_place(tmp_path):
 
 
 def test_check_on_a_path_loads_the_model_once(tmp_path, monkeypatch):
-    from dqtool import storage
+    from dqtool.storage import driver
 
     loads = []
-    real_load = storage.load
-    monkeypatch.setattr(storage, "load", lambda *a, **k: loads.append(a[0]) or real_load(*a, **k))
+    real_load = driver.load
+    monkeypatch.setattr(driver, "load", lambda *a, **k: loads.append(a[0]) or real_load(*a, **k))
     report = dqtool.upgrade(MODELS / "ort_qdq_contrib.onnx", 21, tmp_path / "out.onnx",
                             check=True)
     assert report.check.ok

@@ -454,8 +454,10 @@ def test_a_conversion_that_fails_after_writing_early_leaves_nothing(tmp_path, mo
     from dqtool import storage
 
     started = []
-    start_eager = storage.start_eager
-    monkeypatch.setattr(storage, "start_eager", lambda *a: started.append(start_eager(*a))
+    from dqtool.storage import driver
+
+    start_eager = driver.start_eager
+    monkeypatch.setattr(driver, "start_eager", lambda *a: started.append(start_eager(*a))
                         or started[-1])
     monkeypatch.setattr(pipeline, "run", fails)
     with pytest.raises(RuntimeError, match="interrupted"):

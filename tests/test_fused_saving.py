@@ -201,8 +201,10 @@ def test_progress_counts_every_tensor_written_early_too(tmp_path, monkeypatch):
 
     src = _nbits_model(tmp_path, [(1024, 512), (512, 1024), (1024, 512)])
     eagers = []
-    start_eager = storage.start_eager
-    monkeypatch.setattr(storage, "start_eager", lambda *a: eagers.append(start_eager(*a))
+    from dqtool.storage import driver
+
+    start_eager = driver.start_eager
+    monkeypatch.setattr(driver, "start_eager", lambda *a: eagers.append(start_eager(*a))
                         or eagers[-1])
     run = pipeline.run
 
@@ -225,8 +227,8 @@ def test_progress_counts_every_tensor_written_early_too(tmp_path, monkeypatch):
 
 
 def test_an_error_after_the_conversion_stops_the_early_writers(tmp_path, monkeypatch):
-    # A conversion that wrote early and then fails before its save (here: deciding how to
-    # save) stops its writers and leaves no temporary folder or file behind.
+    # A conversion that wrote early and then fails before its save (here: at its last step,
+    # the IR version) stops its writers and leaves no temporary folder or file behind.
     import sys
 
     from dqtool.storage import data_writer
@@ -241,10 +243,10 @@ def test_an_error_after_the_conversion_stops_the_early_writers(tmp_path, monkeyp
 
     monkeypatch.setattr(data_writer.EarlyWriter, "__init__", spy)
 
-    def refuse(model, external):
+    def refuse(model):
         raise OSError(errno.EIO, "cannot decide (test)")
 
-    monkeypatch.setattr(storage, "external_choice", refuse)
+    monkeypatch.setattr(storage, "lowest_ir_version", refuse)
     interval = sys.getswitchinterval()
     with pytest.raises(OSError, match="cannot decide"):
         dqtool.upgrade(src, 21, tmp_path / "up.onnx")

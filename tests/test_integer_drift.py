@@ -134,8 +134,8 @@ def test_check_against_reports_the_fused_back_run(tmp_path):
     dyn = MODELS / "ort_dynamic_matmul.onnx"
     api.to_qdq(dyn, tmp_path / "d.onnx")
     api.to_qdq(dyn, tmp_path / "e.onnx", exact_dynamic=True)
-    fused = dqtool.check(tmp_path / "d.onnx", against=dyn).fused
+    fused = dqtool.check(tmp_path / "d.onnx", against=dyn).optimized_run
     assert fused["identical"] is False and fused["mismatched"] > 0
-    assert dqtool.check(tmp_path / "e.onnx", against=dyn).fused["identical"] is True
+    assert dqtool.check(tmp_path / "e.onnx", against=dyn).optimized_run["identical"] is True
     # not a conversion out of integer operators: nothing to report
-    assert dqtool.check(src, against=src).fused is None
+    assert dqtool.check(src, against=src).optimized_run is None

@@ -62,20 +62,30 @@ def fold(
     is 1 when a selected constant node had to be refused.
     """
     started = time.perf_counter()
-    _refuse_bad_options(dtype, shard_size)
+    _refuse_bad_options(dtype)
+    writing = storage.Writing(external_data or None, shard_size, progress)
     selection = Selection.from_options(op_types=op_types, include=include, exclude=exclude,
                                        x_types=x_types, min_elements=min_elements)
-    src: Path | None = None
-    if isinstance(model_or_path, ir.Model):
-        model = model_or_path.clone() if dry_run else model_or_path
-    else:
-        src = Path(model_or_path)
-        model = storage.load(src)
-    target = _output(src, out, dry_run=dry_run, in_place=in_place)
+    req = storage.request(model_or_path, None if dry_run else out,
+                          in_place=in_place and not dry_run,
+                          default=None if dry_run else default_output)
+
+    def transform(model: ir.Model, _early: object) -> tuple[FoldReport, ir.Model]:
+        if req.path is None and dry_run:
+            model = model.clone()
+        return _fold_model(model, req, selection, dtype, dry_run, prepack_guard), model
+
+    report, _, written = storage.Job(transform, writing).run(model_or_path, req)
+    if req.out is not None:
+        report.files = [str(f) for f in written]
+        report.external_data = len(written) > 1  # none when every tensor stayed inline
+    report.seconds = time.perf_counter() - started
+    return report
+
+
+def _fold_model(model: ir.Model, req: storage.Request, selection: Selection, dtype: str,
+                dry_run: bool, prepack_guard: bool) -> FoldReport:
     before = storage.tensor_bytes(model)
-    # Read before the fold replaces them: a model object that used external data keeps
-    # it (a file loaded by dqtool remembers that; an onnx_ir model did not: written inline)
-    used_external = storage.external_choice(model, None)
     # Families that fold by rewriting first (MatMulNBits / GatherBlockQuantized into
     # DequantizeLinear + MatMul / Gather, exactly), then the pass folds the result.
     # Those nodes answer to --op-types by their own op type too (fused.fold.why_not).
@@ -88,8 +98,9 @@ def fold(
     fold_pass = DequantizeFoldPass(selection, _DTYPE_NAMES[dtype], prepack_guard)
     fold_pass(model)
     model.ir_version = storage.lowest_ir_version(model)
-    report = FoldReport(
-        input=None if src is None else str(src), output=None if target is None else str(target),
+    return FoldReport(
+        input=None if req.path is None else str(req.path),
+        output=None if req.out is None else str(req.out),
         dry_run=dry_run, dtype=dtype, folded=prefolded + fold_pass.folded, left=fold_pass.left,
         removed=fold_pass.removed, kept=fold_pass.kept, guarded=fold_pass.guarded,
         fed_op_types=fold_pass.fed_op_types | own_types,
@@ -98,30 +109,11 @@ def fold(
         opset_imports=dict(model.opset_imports), model=None if dry_run else model,
         fused=unfused, fused_left=fused_left,
     )
-    if target is not None:
-        _save(report, model, target, external_data, used_external, shard_size, progress)
-    report.seconds = time.perf_counter() - started
-    return report
 
 
-def _refuse_bad_options(dtype: str, shard_size: int | None) -> None:
+def _refuse_bad_options(dtype: str) -> None:
     if dtype not in _DTYPE_NAMES:
         raise UsageError(f"--dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
-    if shard_size is not None and shard_size <= 0:
-        raise UsageError(f"--shard-size must be positive, got {shard_size}")
-
-
-def _save(report: FoldReport, model: ir.Model, target: Path, external_data: bool | None,
-          used_external: bool, shard_size: int | None, progress: Callable | None) -> None:
-    """Write the folded model, with external data as asked, or as the input had it."""
-    external = True if shard_size is not None else (external_data or None)
-    if external is None and used_external:
-        external = True
-    report.external_data = storage.external_choice(model, external)
-    written = storage.save(model, target, external=external, shard_size=shard_size,
-                           callback=progress)
-    report.files = [str(f) for f in written]
-    report.external_data = len(written) > 1  # none when every tensor stayed inline
 
 
 def _prepare(model: ir.Model, selection: Selection, store: str | None
@@ -138,20 +130,3 @@ def _prepare(model: ir.Model, selection: Selection, store: str | None
         made += prepared.made
         folded += prepared.folded
     return done, left, made, folded
-
-
-def _output(src: Path | None, out, *, dry_run: bool, in_place: bool) -> Path | None:
-    if dry_run:
-        return None
-    if in_place:
-        if src is None:
-            raise UsageError("in_place needs a model path")
-        if out is not None and Path(out).resolve() != src.resolve():
-            raise UsageError("--in-place writes over the input; do not also give -o")
-        return src
-    if out is None:
-        return None if src is None else default_output(src)
-    target = storage.output_path(out)
-    if src is not None:
-        storage.no_overwrite_of_input(src, target, in_place)
-    return target

@@ -42,39 +42,19 @@ def pack(model_or_path: ir.Model | str | os.PathLike, out: str | os.PathLike | N
         raise UsageError(f"--accuracy-level must be 0..4, got {accuracy_level}")
     if zero_points not in ("auto", "packed"):
         raise UsageError(f"--zero-points must be auto or packed, got {zero_points!r}")
-    src = None
-    if isinstance(model_or_path, ir.Model):
-        model = model_or_path
-    else:
-        src = Path(model_or_path)
-        if in_place:
-            out = src
-        out = default_output(src) if out is None else out
-        storage.no_overwrite_of_input(src, out, in_place)
-        model = storage.load(src)
-    if in_place and src is None:
-        raise UsageError("in_place needs a path")
-    # Read before the pass replaces the weights: a model object that used external data
-    # keeps it (an onnx_ir model does not say so once its tensors are new), as fold does.
-    used_external = storage.external_choice(model, None)
-    # The data file is written as the pass makes the packed weights (``EarlyWriter``).
-    eager = storage.start_eager(model, out, progress) if out is not None and src is not None \
-        and shard_size is None and external_data is not False \
-        and storage.uses_external_data(model) else None
-    try:
+    req = storage.request(model_or_path, out, in_place=in_place, default=default_output)
+
+    def transform(model: ir.Model, early: Any) -> tuple[PackReport, ir.Model]:
         report = FusedPackPass(accuracy_level, zero_points, gather, fuse_bias,
-                               early=eager)(model)
+                               early=early)(model)
         model.ir_version = storage.lowest_ir_version(model)
         report.model = model
-        if out is not None:  # a model object too (it was never written: nothing said so)
-            external = True if shard_size is not None else external_data
-            if external is None and used_external:
-                external = True
-            report.written = [str(p) for p in storage.save(
-                model, out, external=external, shard_size=shard_size, callback=progress,
-                prefill=eager,
-                while_writing=None if while_writing is None else lambda: while_writing(report))]
-            eager = None  # the save took it
-    finally:
-        storage.discard_prefill(eager)
+        return report, model
+
+    # The data file is written as the pass makes the packed weights (``EarlyWriter``).
+    job = storage.Job(transform, storage.Writing(external_data, shard_size, progress),
+                      early=lambda model: "write", while_writing=while_writing)
+    report, _, written = job.run(model_or_path, req)
+    if req.out is not None:  # a model object too (it was never written: nothing said so)
+        report.written = [str(p) for p in written]
     return report

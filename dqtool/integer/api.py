@@ -22,7 +22,7 @@ from typing import Any, Literal
 
 import onnx_ir as ir
 
-from dqtool.errors import RefusedError, UsageError
+from dqtool.errors import RefusedError
 from dqtool.families.integer.rewrite import Change, Refusal
 from dqtool.integer.numerics import ConversionCheck
 
@@ -114,41 +114,44 @@ def to_qoperator(model_or_path: ModelArg, out: str | os.PathLike | None = None, 
                 **writing)
 
 
-def _run(model_or_path: ModelArg, out, direction: Direction, the_pass: Any, keep: bool,
+def _run(model_or_path: ModelArg, out, direction: Direction, rewrite: Any, keep: bool,
          check: bool, in_place: bool, external_data: bool | None = None,
          shard_size: int | None = None, progress: Any = None) -> IntegerReport:
     """``external_data``, ``shard_size``, ``progress``: how the output is written
-    (``dqtool.storage.save``'s ``external``, ``shard_size``, ``callback``)."""
+    (``dqtool.storage.Writing``)."""
     from dqtool import storage
     from dqtool.checking.models import load as load_for_check
     from dqtool.integer import numerics
 
-    is_path = not isinstance(model_or_path, ir.Model)
-    if in_place:
-        if not is_path:
-            raise UsageError("in_place needs a path")
-        out = model_or_path
-    if out is not None and is_path:
-        storage.no_overwrite_of_input(model_or_path, out, in_place)
-    # A model object is left as it was: the rewrite works on a copy (``report.model``), so
-    # a refused conversion cannot leave the caller's model half-rewritten.
-    model = storage.load(Path(model_or_path)) if is_path else \
-        ir.serde.deserialize_model(ir.serde.serialize_model(model_or_path))
-    source = str(model_or_path) if is_path else "<model>"
-    original = load_for_check(model).proto if check else None
-    the_pass(model)
-    outcome = the_pass.outcome
-    report = IntegerReport(source, direction, outcome.changes, outcome.refusals, kept=keep)
-    if outcome.refusals and not keep:
-        raise IntegerConversionRefused(report)
-    report.model = model
-    if check and original is not None:
-        report.check = numerics.judge(original, load_for_check(model).proto,
-                                      fused=direction == "to-qdq")
-        if not report.check.ok:
-            raise IntegerCheckFailed(report)
-    if out is not None:
-        external = True if shard_size is not None else external_data
-        report.files = [str(p) for p in storage.save(model, out, external=external,
-                                                     shard_size=shard_size, callback=progress)]
+    req = storage.request(model_or_path, out, in_place=in_place)
+
+    def transform(model: ir.Model, _early: Any) -> tuple[IntegerReport, ir.Model]:
+        # A model object is left as it was: the rewrite works on a copy (``report.model``),
+        # so a refused conversion cannot leave the caller's model half-rewritten.
+        if req.path is None:
+            model = ir.serde.deserialize_model(ir.serde.serialize_model(model))
+        rewrite(model)
+        outcome = rewrite.outcome
+        report = IntegerReport(req.source, direction, outcome.changes, outcome.refusals,
+                               kept=keep)
+        if outcome.refusals and not keep:
+            raise IntegerConversionRefused(report)
+        report.model = model
+        return report, model
+
+    def checker(model: ir.Model) -> storage.Check:
+        original = load_for_check(model).proto
+
+        def verify(made: Any, report: IntegerReport) -> None:
+            report.check = numerics.judge(original, load_for_check(made).proto,
+                                          fused=direction == "to-qdq")
+            if not report.check.ok:
+                raise IntegerCheckFailed(report)
+
+        return storage.Check(verify)
+
+    job = storage.Job(transform, storage.Writing(external_data, shard_size, progress),
+                      check=checker if check else None)
+    report, _, written = job.run(model_or_path, req)
+    report.files = [str(p) for p in written]
     return report

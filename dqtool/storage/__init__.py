@@ -8,9 +8,11 @@ The rest of dqtool reaches files only through this package's interface: ``load``
 ``write_pieces``, ``data_writer`` (external data files), ``tensor_reads`` (a constant's
 values without keeping its file mapped), ``data_readers``, ``leftovers`` and ``commit``
 (what a save may remove, crash recovery, the atomic commit), ``early_copy``, ``loading``,
-``saving``, ``ir_version``.
+``saving``, ``ir_version``, and ``driver``: load → transform → check → save, the one
+way every writing command runs.
 """
 
+from dqtool.storage.driver import Check, Job, Request, Writing, request
 from dqtool.storage.ir_version import lowest_ir_version
 from dqtool.storage.loading import (
     MAX_ONNX_OPSET,
@@ -37,6 +39,10 @@ __all__ = [
     "INLINE_LIMIT",
     "MAX_ONNX_OPSET",
     "SOURCES",
+    "Check",
+    "Job",
+    "Request",
+    "Writing",
     "discard_prefill",
     "external_choice",
     "inline_external",
@@ -46,6 +52,7 @@ __all__ = [
     "output_path",
     "read_all_external",
     "read_proto",
+    "request",
     "save",
     "start_eager",
     "start_prefill",
