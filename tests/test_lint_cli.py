@@ -79,7 +79,7 @@ def test_targets_on_the_command_line():
 
 
 @pytest.mark.parametrize("args", [["lint", "missing.onnx"],
-                                  ["lint", HEALTHY, "--target", "tensorrt"],
+                                  ["lint", HEALTHY, "--target", "coreml"],
                                   ["lint", str(MODELS)]])
 def test_bad_input_exits_2_with_one_line(args):
     result = run(*args)
@@ -159,7 +159,7 @@ def test_selections_that_run_nothing_are_refused():
 @pytest.mark.parametrize("table,needles", [
     ('select = ["DQ0", "DQ99"]', ["pyproject.toml", "select", "DQ99", "DQ001"]),
     ('ignore = ["XX"]', ["pyproject.toml", "ignore", "XX", "DQ001"]),
-    ('target = "tensorrt"', ["pyproject.toml", "target", "tensorrt"]),
+    ('target = "coreml"', ["pyproject.toml", "target", "coreml"]),
 ])
 def test_pyproject_typos_exit_2_naming_the_file(tmp_path, monkeypatch, table, needles):
     (tmp_path / "pyproject.toml").write_text(f"[tool.dqtool.lint]\n{table}\n")

@@ -40,7 +40,7 @@ def test_parse(value, name):
 def test_unknown_and_bad_targets():
     with pytest.raises(UsageError, match=r"known: onnx-opset-N, onnxruntime, "
                        r"onnxruntime-1\.31, onnxruntime-1\.32, directml-fl1\.0"):
-        targets.parse("tensorrt")
+        targets.parse("coreml")
     with pytest.raises(UsageError, match="opset must be 10 to"):
         targets.parse("onnx-opset-9")
     with pytest.raises(UsageError, match="unknown"):

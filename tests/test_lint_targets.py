@@ -182,7 +182,7 @@ def test_unknown_target_is_a_usage_error():
     from dqtool.errors import UsageError
 
     with pytest.raises(UsageError, match="known: onnx-opset-N"):
-        lint("models/qdq_conv_int8.onnx", target="tensorrt")
+        lint("models/qdq_conv_int8.onnx", target="coreml")
 
 
 def test_target_opset_message_reads_as_a_sentence():
