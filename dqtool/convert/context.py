@@ -17,8 +17,9 @@ from typing import TYPE_CHECKING
 import numpy as np
 import onnx_ir as ir
 
-from dqtool import cleanup, graph, types
+from dqtool import graph, types
 from dqtool.convert.report import ConvertReport
+from dqtool.names import Names
 from dqtool.storage import tensor_reads
 
 if TYPE_CHECKING:
@@ -49,10 +50,10 @@ class Context:
     # (``storage.start_eager``): adapters hand it the tensors that stream themselves.
     early: EarlyWriter | None = None
     # ``fresh(base)``: a value name not used anywhere in the model.
-    fresh: cleanup.ModelNames = field(init=False)
+    fresh: Names = field(init=False)
 
     def __post_init__(self) -> None:
-        self.fresh = cleanup.ModelNames(self.model)
+        self.fresh = Names(self.model)
 
 
 @dataclass

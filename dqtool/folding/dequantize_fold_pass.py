@@ -10,6 +10,7 @@ from dqtool.folding.compute import FoldedTensor, Folding
 from dqtool.folding.plan import not_constant_reason, plan
 from dqtool.folding.report import FoldedNode, LeftNode, rounding
 from dqtool.folding.selection import Selection
+from dqtool.names import Names
 
 # Inputs onnxruntime prepacks when they are constant initializers: its GEMM then sums in
 # another order, so a folded weight read directly gives outputs a few ulps off the
@@ -69,7 +70,7 @@ class DequantizeFoldPass(ir.passes.InPlacePass):
 
     def call(self, model: ir.Model) -> ir.passes.PassResult:
         self._model = model
-        self._unique_name = cleanup.UniqueNames()
+        self._names = Names(model)
         self._shared: dict[tuple, ir.Value] = {}  # folded weights by what they fold
         self._tables: list[ir.Value] = []  # quantized tables of nodes moved before a Gather
         domains_before = cleanup.used_domains(model)
@@ -105,7 +106,7 @@ class DequantizeFoldPass(ir.passes.InPlacePass):
                 return False
             # (selected as it was: it feeds the Gather now)
             commute.move_before(node, gather, spec,
-                                lambda base: self._unique_name(node.graph, base))
+                                self._names)
             spec, moved = codecs.read_node(node, site.opsets), True
             self._tables.append(graph.input_value(node, 0))
         why = None if moved else self.selection.why_not(node, spec)
@@ -138,7 +139,7 @@ class DequantizeFoldPass(ir.passes.InPlacePass):
         # The folded value keeps y's name; a fused op's folded weight gets its own (y stays
         # the result of the float op that replaces it).
         fused = support.replace is not None
-        value_name = self._unique_name(owner, f"{node.name or y_name}_weight") if fused \
+        value_name = self._names(f"{node.name or y_name}_weight") if fused \
             else y_name
         # The same constants folded the same way in another graph (the branches of an If,
         # both reading a weight of the main graph): one folded weight, stored where both see
@@ -151,7 +152,7 @@ class DequantizeFoldPass(ir.passes.InPlacePass):
         const_name = value_name
         if folding.store_dtype != folding.out_dtype:
             store = types.from_dtype(folding.store_dtype).name
-            const_name = self._unique_name(owner, f"{value_name}_{store}")
+            const_name = self._names(f"{value_name}_{store}")
         if shared is not None:
             const = shared
         elif in_function:
@@ -189,7 +190,7 @@ class DequantizeFoldPass(ir.passes.InPlacePass):
         if shared is None and not in_function:
             assert isinstance(owner, ir.Graph)
             if home is not None:  # a name free in the graph above too
-                const.name = self._unique_name(home, const_name)
+                const.name = self._names(const_name)
             (home or owner).register_initializer(const)
             if key is not None:
                 self._shared[key] = const
@@ -223,7 +224,7 @@ class DequantizeFoldPass(ir.passes.InPlacePass):
             if id(owner) not in idents:
                 ident = ir.node("Identity", [value], name=f"{name}_noprepack")
                 owner.insert_before(consumer, ident)
-                ident.outputs[0].name = self._unique_name(owner, f"{name}_noprepack")
+                ident.outputs[0].name = self._names(f"{name}_noprepack")
                 ident.outputs[0].type = value.type
                 ident.outputs[0].shape = value.shape
                 idents[id(owner)] = ident.outputs[0]

@@ -5,8 +5,8 @@ from __future__ import annotations
 import onnx_ir as ir
 
 from dqtool import graph
-from dqtool.cleanup import ScopedNames
 from dqtool.families.fused.upgrade_notes import NAME_ROLES
+from dqtool.names import Names
 from dqtool.storage import tensor_reads
 
 
@@ -17,7 +17,7 @@ def restore_names(model: ir.Model, named: list[tuple[ir.Node, dict, set[str]]]) 
     notes = [n for n in named if n[0].graph is not None]
     if not notes:
         return
-    taken = ScopedNames(model)
+    taken = Names(model)
     function_of = {id(site.node): site.function for site in graph.walk(model)}
     node_names: dict[int, set[str]] = {}
     for node, names, created in notes:

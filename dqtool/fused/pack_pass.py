@@ -31,12 +31,12 @@ from typing import TYPE_CHECKING
 import onnx_ir as ir
 
 from dqtool import codecs, graph
-from dqtool.cleanup import ModelNames
 from dqtool.fused.pack_context import NoMatch, PackContext, only_use
 from dqtool.fused.pack_float_zp import pack_float_zp_chain
 from dqtool.fused.pack_gather import pack_gather
 from dqtool.fused.pack_matmul import check_a, pack_matmul
 from dqtool.fused.pack_names import restore_names
+from dqtool.names import Names
 from dqtool.spec import QuantSpec
 
 if TYPE_CHECKING:
@@ -98,7 +98,7 @@ class FusedPackPass:
 
     def __call__(self, model: ir.Model) -> PackReport:
         """Pack every DequantizeLinear of ``model`` that fits a pattern, in place."""
-        self.ctx = PackContext(ModelNames(model), self.accuracy_level, self.zero_points,
+        self.ctx = PackContext(Names(model), self.accuracy_level, self.zero_points,
                                self.fuse_bias, early=self.early)
         replaced: list[ir.Value] = []
         for site in list(graph.walk(model)):

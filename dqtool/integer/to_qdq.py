@@ -69,7 +69,8 @@ class IntegerToQdqPass(ir.passes.InPlacePass):
     def call(self, model: ir.Model) -> ir.passes.PassResult:
         """Rewrites every integer operator of every graph, subgraph and function it can,
         records each refusal, and drops the com.microsoft import when nothing uses it."""
-        names = Names(model)
+        # the integer rewrites name a node and its output alike
+        names = Names(model, avoid_node_names=True)
         for site in list(graph.walk(model)):
             node = site.node
             opdef = ops.lookup(graph.domain_name(node.domain), node.op_type)

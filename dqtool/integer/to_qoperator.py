@@ -65,7 +65,8 @@ class QdqToIntegerPass(ir.passes.InPlacePass):
     def call(self, model: ir.Model) -> ir.passes.PassResult:
         """Fuses every pattern it finds in every graph, subgraph and function, and imports
         com.microsoft when a fused op needs it."""
-        names = Names(model)
+        # the integer rewrites name a node and its output alike
+        names = Names(model, avoid_node_names=True)
         used_ms = False
         for site in list(graph.walk(model)):
             node = site.node

@@ -22,10 +22,10 @@ import numpy as np
 import onnx_ir as ir
 
 from dqtool import cleanup, graph, types
-from dqtool.cleanup import ModelNames
 from dqtool.families.fused import arrays, kernel, read, to_onnx
 from dqtool.families.fused.surgery import Builder
 from dqtool.folding.report import FoldedNode, rounding
+from dqtool.names import Names
 from dqtool.registry.family import FoldPrepared
 from dqtool.spec import op_id
 
@@ -57,7 +57,7 @@ def unfuse(model: ir.Model, selection: Any = None, store: np.dtype | None = None
     in float32), whose DequantizeLinear the fold streams; only a ``--dtype`` narrower than
     float32 folds it here instead, into one weight of that type (rounding ``q·s`` to it
     before the offsets were added put weights near zero off by up to a quarter)."""
-    fresh = ModelNames(model)
+    fresh = Names(model)
     done: list[str] = []
     left: list[tuple[str, str]] = []
     made: list[str] = []

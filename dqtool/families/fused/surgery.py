@@ -141,7 +141,7 @@ class Builder:
 
     def node_name(self, base: str) -> str:
         """``base``, or a variant no node of the model has (when ``fresh`` keeps node
-        names too: ``cleanup.ModelNames``)."""
+        names too: ``dqtool.names.Names``)."""
         unique = getattr(self.fresh, "node", None)
         return unique(base) if unique is not None else base
 

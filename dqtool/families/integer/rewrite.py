@@ -9,8 +9,9 @@ from typing import Any
 import numpy as np
 import onnx_ir as ir
 
-from dqtool import cleanup, graph
+from dqtool import graph
 from dqtool.convert.report import NodeRefusal as Refusal  # one refusal record for every rewrite
+from dqtool.names import Names
 
 
 @dataclass(frozen=True)
@@ -32,20 +33,6 @@ class Outcome:
 
 class Refused(Exception):
     """One node cannot be rewritten; the message is the reason."""
-
-
-class Names(cleanup.ModelNames):
-    """Fresh names across the model (``cleanup.ModelNames``), also clear of node names and
-    of function signatures: a rewrite names new nodes and values with them."""
-
-    def __init__(self, model: ir.Model) -> None:
-        super().__init__(model)
-        self._taken.update(site.node.name or "" for site in graph.walk(model))
-        for f in model.functions.values():
-            self._taken.update(v.name for v in (*f.inputs, *f.outputs) if v.name)
-
-    def fresh(self, base: str) -> str:
-        return self(base)
 
 
 def node_label(node: ir.Node) -> str:
