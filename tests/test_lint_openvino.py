@@ -31,6 +31,8 @@ RULES = [
     ("DQ135", V("MatMul", granularity="blocked", block=2),
      V("MatMul", granularity="blocked", block=8)),
     ("DQ136", V("Conv", weight="uint8", act_zp="nonzero"), V("Conv", act_zp="nonzero")),
+    ("DQ136", V("Conv", act="int8", weight="uint8", act_zp="nonzero"),
+     V("Conv", act="int8", weight="uint8", act_zp="nonzero", axis=1)),
 ]
 
 

@@ -63,8 +63,9 @@ define("DQ135", "openvino-blocked-fc-refused", "error",
        "CPU plugin fails to compile the model)",
        "node 'fc' (MatMul): openvino refuses the model: w_DQ has 4 blocks along N")
 define("DQ136", "openvino-conv-uint8-refused", "error",
-       "OpenVINO: a Conv with a uint8 weight of zero point 0 and a non-zero activation zero "
-       "point (the CPU plugin fails to compile the model)",
+       "OpenVINO: a Conv with a uint8 weight of zero point 0 (per-tensor or per output "
+       "channel) and 8-bit activations of non-zero zero point (the CPU plugin fails to "
+       "compile it)",
        "node 'conv' (Conv): openvino refuses the model: uint8 weight, activation zero point 128")
 define("DQ137", "openvino-domain", "error",
        "OpenVINO: a DequantizeLinear of a domain OpenVINO's ONNX reader has no operator for",

@@ -67,9 +67,12 @@ def _refusals(unit: NodeUnit, w: Operand | None) -> list[Issue]:
                                 "FullyConnected compression fails to compile it)",
                                 "per-channel weights instead of blocks; " + _REQUANTIZE))
     x = unit.operands[0]
+    # Measured: 8-bit activations (16-bit ones run in float), a weight per-tensor or per
+    # output channel (per input channel or blocked, the Conv compiles and runs in float).
+    per_out = s.granularity == "per-tensor" or (s.granularity == "per-axis" and s.axis == 0)
     if unit.op_type == "Conv" and s.quant_type == "uint8" and w.dq is not None \
-            and zero_points(w.dq) == {0.0} and x.dq is not None \
-            and x.spec is not None and x.spec.quant_type == "uint8":
+            and zero_points(w.dq) == {0.0} and x.dq is not None and per_out \
+            and x.spec is not None and x.spec.quant_type in ("uint8", "int8"):
         zps = zero_points(x.dq)
         if zps is not None and zps != {0.0}:
             issues.append(Issue("DQ136", f"a uint8 weight {_name(w)} with zero point 0 and "
