@@ -10,7 +10,7 @@ from typing import Any
 
 import onnx_ir as ir
 
-from dqtool import codecs, graph, registry, storage, versions
+from dqtool import codecs, graph, handwritten, registry, storage, versions
 from dqtool.spec import QuantSpec
 
 
@@ -225,7 +225,11 @@ def inspect(model: str | os.PathLike | ir.Model) -> InspectReport:
         model = storage.load(Path(model))
     nodes, own = _reports(model)
     summary = summarize(model, nodes)
-    sections: dict[str, tuple[Any, ...]] = {}
+    # Dequantization written by hand (Cast → Sub → Mul): its own kind, not a node's.
+    hand = handwritten.find(model)
+    sections: dict[str, tuple[Any, ...]] = {"handwritten": hand}
+    summary["handwritten"] = len(hand)
+    summary["handwritten_exact"] = sum(h.exact and h.rewritable for h in hand)
     for support, reports in zip(registry.inspect_supports(), own, strict=True):
         if support.summary is not None:
             summary.update(support.summary(reports))

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dqtool.cli.convert_cmd import _grouped
+from dqtool.cli.convert_render import _grouped
 
 
 def test_nodes_rewritten_alike_share_a_row_and_are_counted():

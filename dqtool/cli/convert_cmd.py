@@ -12,80 +12,8 @@ from typing import Any
 import click
 
 from dqtool.cli.app import App, user_errors
+from dqtool.cli.convert_render import render, summary
 from dqtool.cli.options import parse_size, progress_bar, writer_options
-
-
-def render(app: App, report, as_json: bool, head: str | None = None) -> None:
-    """The report; ``head``: its summary already rendered (``summary``), printed as is."""
-    if as_json:
-        app.print_json(report.to_json())
-        return
-    if head is None:
-        _render_head(app, report)
-    else:
-        app.out.file.write(head)
-    for path in report.files:
-        app.out.print(f"wrote {path}")
-
-
-def summary(app: App, report) -> str:
-    """The report's table and lines but the files written, rendered as ``render`` prints
-    them. Why apart: a save calls this while its data is still being written (the model's
-    table costs ~20 ms, which then overlap the writes)."""
-    with app.out.capture() as captured:
-        _render_head(app, report)
-    return captured.get()
-
-
-def _render_head(app: App, report) -> None:
-    from rich.table import Table
-
-    rows = _grouped([
-        *((c.node, c.graph, c.op, c.status, f"{c.how}\n  why: {c.why}" if c.why else c.how)
-          for c in report.changes),
-        *((r.node, r.graph, r.op, "REFUSED", r.reason) for r in report.refusals)])
-    head = (f"{report.input}: {report.direction} ai.onnx opset {report.from_opset} → "
-            f"{report.to_opset}")
-    if rows:
-        table = Table(title=head, title_justify="left")
-        for col in ("node", "graph", "op", "status", "how / why"):
-            table.add_column(col, overflow="fold")
-        for row in rows:
-            table.add_row(*row)
-        app.out.print(table)
-    else:
-        app.out.print(f"{head}: no Q/DQ node needed a rewrite")
-    if report.ok:
-        app.out.print(f"IR version {report.from_ir_version} → {report.to_ir_version}; opsets "
-                      + ", ".join(f"{d or 'ai.onnx'} {v}"
-                                  for d, v in report.opset_imports.items()))
-    if report.check:
-        app.out.print("check (bit-identical outputs on random inputs):", markup=False)
-        for line in report.check.describe():
-            app.out.print(f"  {line}", markup=False, overflow="fold")
-
-
-# Names listed in a row that stands for several nodes rewritten alike.
-NAMES_PER_ROW = 3
-
-
-def _grouped(rows: list[tuple[str, ...]]) -> list[tuple[str, ...]]:
-    """One row per distinct (graph, op, status, how): an LLM's 224 MatMulNBits are a few
-    shapes rewritten alike, and a row per node buries the one that differs (and costs
-    rich ~2 ms a row). ``--json`` keeps every node."""
-    groups: dict[tuple[str, ...], list[str]] = {}
-    for node, *rest in rows:
-        groups.setdefault(tuple(rest), []).append(node)
-    out = []
-    for rest, nodes in groups.items():
-        if len(nodes) == 1:
-            out.append((nodes[0], *rest))
-            continue
-        shown = ", ".join(nodes[:NAMES_PER_ROW])
-        more = len(nodes) - NAMES_PER_ROW
-        out.append((f"{shown}{f' and {more} more' if more > 0 else ''} ({len(nodes)} nodes)",
-                    *rest))
-    return out
 
 
 def _run(app: App, direction: str, model: str, opset: int, out: str | None, as_json: bool,
@@ -163,10 +91,13 @@ def _with_common(f):
 @click.option("--to-qdq", "to_qdq", is_flag=True, help="First rewrite integer operators "
               "(QLinear*, MatMulInteger, dynamic quantization) into QDQ, as `dqtool qdq` "
               "does (faithful, not exact).")
+@click.option("--handwritten", is_flag=True, help="Then rewrite dequantization written by "
+              "hand (Cast → Sub → Mul, see `dqtool inspect`) into DequantizeLinear at N, "
+              "exactly; refused with the reason where N has no exact form.")
 @click.pass_obj
 @user_errors
 def upgrade_cmd(app: App, model: str, opset: int, per_axis: bool, check: bool,
-                keep_contrib: bool, **writing: Any) -> None:
+                keep_contrib: bool, handwritten: bool, **writing: Any) -> None:
     """Move MODEL up to ai.onnx opset N, converting every Q/DQ exactly.
 
     com.microsoft and opmx Q/DQ become ai.onnx where N expresses them; invalid Q/DQ that
@@ -176,7 +107,7 @@ def upgrade_cmd(app: App, model: str, opset: int, per_axis: bool, check: bool,
     (nothing written); 2 bad input.
     """
     _run(app, "upgrade", model, opset, per_axis=per_axis, check=check,
-         keep_contrib=keep_contrib, **writing)
+         keep_contrib=keep_contrib, handwritten=handwritten, **writing)
 
 
 @click.command("downgrade")

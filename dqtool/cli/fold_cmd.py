@@ -42,6 +42,12 @@ def render(app: App, report) -> None:
                    f"{_some(report.fused)}")
     for name, why in report.fused_left:
         _line(app, f"left fused {name}: {why}")
+    if report.handwritten:
+        _line(app, f"{len(report.handwritten)} hand-written dequantization(s) (Cast → Sub → Mul) "
+                   f"rewritten exactly into DequantizeLinear before folding: "
+                   f"{_some(report.handwritten)}")
+    for name, why in report.handwritten_left:
+        _line(app, f"left hand-written {name}: {why}")
     _line(app,
         f"{len(report.folded)} {verb}, {len(report.left)} left ({len(report.refused)} "
         f"refused)" + (f", {len(report.fused_left)} fused left" if report.fused_left else "")

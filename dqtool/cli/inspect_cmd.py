@@ -113,6 +113,40 @@ def render(app: App, report) -> None:
         section = support.table(report) if support.table is not None else None
         if section is not None:
             _render_section(app, section)
+    hand = report.sections.get("handwritten", ())
+    if hand:
+        _render_section(app, _handwritten_table(hand, sm))
+
+
+def _handwritten_table(records, sm) -> InspectTable:
+    """Dequantization written by hand, one row each (``dqtool.handwritten``)."""
+    def gran(r) -> str:
+        if r.granularity == "per-axis":
+            return f"per-axis {r.axis}"
+        if r.granularity == "blocked":
+            return f"blocked {r.axis}/{r.block_size}"
+        return r.granularity or "?"
+
+    def form(r) -> str:
+        if not r.rewritable:
+            return "no (run-time parameters)"
+        return f"yes, opset {r.min_opset}" if r.exact else "no"
+
+    rows = [[r.nodes[-1] + ("" if r.graph == "main" else f" [{r.graph}]"),
+             " → ".join(r.ops), r.codes_type + (" (unpacked)" if r.unpacked else ""),
+             f"{r.scale_type or '?'}{'' if r.scale_constant else ' dyn'}", gran(r),
+             r.zero_point if r.zero_point_where is None
+             else f"{r.zero_point} ({r.zero_point_where})", form(r)] for r in records]
+    problems = [f"  {r.nodes[-1]}: no exact DequantizeLinear: {'; '.join(r.reasons)}"
+                for r in records if r.reasons and not (r.exact and r.rewritable)]
+    return InspectTable(
+        f"{len(records)} hand-written dequantizations", ("node", "ops", "codes", "scale",
+                                                          "granularity", "zero point",
+                                                          "DequantizeLinear"),
+        rows, problems=problems,
+        lines=[f"{sm['handwritten']} hand-written dequantizations, {sm['handwritten_exact']} "
+               "with an exact DequantizeLinear form (`dqtool upgrade --handwritten` rewrites "
+               "them; `dqtool fold` folds them)"])
 
 
 def _render_section(app: App, section: InspectTable) -> None:

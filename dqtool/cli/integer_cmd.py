@@ -11,6 +11,7 @@ from typing import Any
 import click
 
 from dqtool.cli.app import App, user_errors
+from dqtool.cli.convert_render import render as render_upgrade
 from dqtool.cli.options import parse_size, progress_bar, writer_options
 
 
@@ -18,6 +19,10 @@ def render(app: App, report, as_json: bool) -> None:
     if as_json:
         app.print_json(report.to_json())
         return
+    if report.upgrade is not None:  # first, as `dqtool upgrade` reports it
+        app.out.print(f"first, an exact upgrade to ai.onnx opset {report.upgrade.to_opset}: "
+                      "a rewritten node needs its DequantizeLinear")
+        render_upgrade(app, report.upgrade, False)
     what = "integer operators → QDQ" if report.direction == "to-qdq" else \
         "QDQ patterns → integer operators"
     app.out.print(f"{report.input}: {what}: {len(report.changes)} rewritten, "

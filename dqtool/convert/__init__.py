@@ -46,17 +46,19 @@ def upgrade(model_or_path: ModelArg, opset: int, out: str | os.PathLike | None =
             per_axis: bool = False, check: bool = False, in_place: bool = False,
             registry: Registry | None = None, external_data: bool | None = None,
             shard_size: int | None = None, progress: Callable | None = None,
-            keep_contrib: bool = False,
+            keep_contrib: bool = False, handwritten: bool = False,
             while_writing: Callable[[ConvertReport], None] | None = None) -> ConvertReport:
     """Move the model's ai.onnx opset up to ``opset``; com.microsoft / opmx Q/DQ become
     ai.onnx where ``opset`` expresses them; invalid Q/DQ that ``opset`` accepts are repaired.
     ``per_axis`` also rewrites every blocked DequantizeLinear to per-axis. com.microsoft
     MatMulNBits / GatherBlockQuantized become DequantizeLinear + MatMul / Gather (exact),
-    unless ``keep_contrib``. ``registry``: the adapters to use (default: every registered
+    unless ``keep_contrib``. ``handwritten`` then rewrites dequantization written by hand
+    (Cast → Sub → Mul) into DequantizeLinear, exactly (``dqtool.handwritten``). ``registry``: the adapters to use (default: every registered
     family's). ``external_data``, ``shard_size``, ``progress``, ``while_writing``: how the
     output is written (``dqtool.storage.Writing``, and ``Job.while_writing``)."""
     return _convert(model_or_path, opset, out, "upgrade",
-                    Options(per_axis=per_axis, keep_contrib=keep_contrib),
+                    Options(per_axis=per_axis, keep_contrib=keep_contrib,
+                            handwritten=handwritten),
                     check, in_place, registry,
                     storage.Writing(external_data, shard_size, progress), while_writing)
 
@@ -120,7 +122,7 @@ def _convert(model_or_path: ModelArg, opset: int, out, direction: Literal["upgra
              options: Options, check: bool, in_place: bool, registry: Registry | None,
              writing: storage.Writing,
              while_writing: Callable[[ConvertReport], None] | None) -> ConvertReport:
-    from dqtool.convert import pipeline
+    from dqtool.convert import handwritten_step, pipeline
 
     req = storage.request(model_or_path, out, in_place=in_place)
     reg = registry or default_registry()
@@ -129,6 +131,8 @@ def _convert(model_or_path: ModelArg, opset: int, out, direction: Literal["upgra
         # A model loaded here has no other reference: converted in place, dropped on refusal.
         report = pipeline.run(model, opset, direction, options, reg, path=req.path,
                               copy=req.path is None, early=early)
+        if options.handwritten:
+            handwritten_step.apply(report, opset)
         assert report.model is not None
         return report, report.model
 

@@ -33,6 +33,8 @@ class Options:
     # leave the working operators of other domains (those whose "onnx" rewrite is
     # registered ``optional``: MatMulNBits, GatherBlockQuantized) as they are
     keep_contrib: bool = False
+    # then rewrite dequantization written by hand (Cast → Sub → Mul) into DequantizeLinear
+    handwritten: bool = False
 
 
 @dataclass(eq=False)  # identity: adapters may key their own state by it

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import onnx_ir as ir
 
-from dqtool import graph, registry, storage, types
+from dqtool import codecs, graph, handwritten, registry, storage, types
 from dqtool.errors import UsageError
 from dqtool.folding.dequantize_fold_pass import DequantizeFoldPass
 from dqtool.folding.report import FoldedNode, FoldReport
@@ -93,6 +93,11 @@ def _fold_model(model: ir.Model, req: storage.Request, selection: Selection, dty
     own_types = {s.node.op_type for s in graph.walk(model)
                  if registry.owner(s.node.domain, s.node.op_type) in preparing}
     unfused, fused_left, made, prefolded = _prepare(model, selection, _DTYPE_NAMES[dtype])
+    # Dequantization written by hand (Cast → Sub → Mul) becomes its exact DequantizeLinear
+    # first, where the selection picks it; the pass folds it like any other.
+    hand, hand_left, hand_made = handwritten.insert_in_place(
+        model, lambda dq: selection.why_not(dq, codecs.read_node(dq, {"": dq.version or 0})))
+    made = made + hand_made
     if made:
         selection = replace(selection, made=frozenset(made))
     fold_pass = DequantizeFoldPass(selection, _DTYPE_NAMES[dtype], prepack_guard)
@@ -107,7 +112,7 @@ def _fold_model(model: ir.Model, req: storage.Request, selection: Selection, dty
         bytes_before=before,
         bytes_after=storage.tensor_bytes(model), ir_version=model.ir_version,
         opset_imports=dict(model.opset_imports), model=None if dry_run else model,
-        fused=unfused, fused_left=fused_left,
+        fused=unfused, fused_left=fused_left, handwritten=hand, handwritten_left=hand_left,
     )
 
 

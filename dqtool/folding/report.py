@@ -96,6 +96,10 @@ class FoldReport:
     model: ir.Model | None = field(default=None, repr=False)  # the folded model
     fused: list[str] = field(default_factory=list)  # fused nodes rewritten into DQ form first
     fused_left: list[tuple[str, str]] = field(default_factory=list)  # (name, why) left fused
+    # hand-written dequantization (Cast → Sub → Mul) rewritten into DQ form first (the name
+    # of each pattern's last node), and those left, with why
+    handwritten: list[str] = field(default_factory=list)
+    handwritten_left: list[tuple[str, str]] = field(default_factory=list)
 
     @property
     def refused(self) -> list[LeftNode]:
@@ -118,9 +122,13 @@ class FoldReport:
                 "removed_initializers": len(self.removed),
                 "kept_initializers": len(self.kept), "prepack_guarded": self.guarded,
                 "fused_unfused": len(self.fused), "fused_left": len(self.fused_left),
+                "handwritten": len(self.handwritten),
+                "handwritten_left": len(self.handwritten_left),
             },
             "fused": list(self.fused),
             "fused_left": [{"name": n, "reason": r} for n, r in self.fused_left],
+            "handwritten": list(self.handwritten),
+            "handwritten_left": [{"name": n, "reason": r} for n, r in self.handwritten_left],
             "folded": [n.to_json() for n in self.folded],
             "left": [n.to_json() for n in self.left],
             "removed": list(self.removed), "kept": list(self.kept),

@@ -15,6 +15,7 @@ from dqtool.handwritten.fold import Folded, fold_values
 from dqtool.handwritten.recognize import find
 from dqtool.handwritten.records import Handwritten
 from dqtool.handwritten.report import RewriteReport
-from dqtool.handwritten.rewrite import rewrite
+from dqtool.handwritten.rewrite import insert_in_place, rewrite
 
-__all__ = ["Folded", "Handwritten", "RewriteReport", "find", "fold_values", "rewrite"]
+__all__ = ["Folded", "Handwritten", "RewriteReport", "find", "fold_values", "insert_in_place",
+           "rewrite"]

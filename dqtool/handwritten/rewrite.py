@@ -3,6 +3,8 @@ computes the same bits (``forms``), all or nothing, on a copy of the model."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 import onnx
 import onnx_ir as ir
@@ -12,6 +14,7 @@ from dqtool.errors import UsageError
 from dqtool.handwritten import forms
 from dqtool.handwritten.recognize import Found, found
 from dqtool.handwritten.report import Outcome, RewriteReport
+from dqtool.names import Names
 
 
 def _ai_onnx(imports: dict[str, int]) -> int | None:
@@ -38,24 +41,6 @@ def changed_by_raise(model: ir.Model, src: int, dst: int,
             if a != b:
                 seen[n.op_type] = f"{n.op_type} ({a}→{b})"
     return sorted(seen.values())
-
-
-class _Names:
-    """Fresh value names, unique in the model."""
-
-    def __init__(self, model: ir.Model) -> None:
-        self.used = {v.name for g in model.graphs() for v in
-                     [*g.inputs, *g.outputs, *g.initializers.values()]}
-        for root in [model.graph, *model.functions.values()]:
-            for node in ir.traversal.RecursiveGraphIterator(root):
-                self.used.update(v.name for v in node.outputs)
-
-    def __call__(self, base: str) -> str:
-        name, i = base, 1
-        while name in self.used:
-            name, i = f"{base}_{i}", i + 1
-        self.used.add(name)
-        return name
 
 
 def _constant(m: Found, arr: np.ndarray, name: str, before: list[ir.Node]) -> ir.Value:
@@ -88,7 +73,7 @@ def _codes_value(f: Found, form: forms.Form, x: np.ndarray, name: str,
     return _constant(f, x, name, before)
 
 
-def _dq_nodes(f: Found, form: forms.Form, names: _Names) -> tuple[list[ir.Node], ir.Value]:
+def _dq_nodes(f: Found, form: forms.Form, names: Names) -> tuple[list[ir.Node], ir.Value]:
     out_name = f.record.output
     x, scale, zp = forms.operands(f.match, form)
     nodes: list[ir.Node] = []
@@ -135,7 +120,7 @@ def _remove_dead(nodes: tuple[ir.Node, ...]) -> None:
             p.graph.remove(p, safe=True)
 
 
-def _apply(f: Found, form: forms.Form, names: _Names) -> list[ir.Node]:
+def _apply(f: Found, form: forms.Form, names: Names) -> list[ir.Node]:
     m = f.match
     last = m.after if form.absorbs_after and m.after is not None else m.mul
     old = last.outputs[0]
@@ -192,7 +177,7 @@ def rewrite(model: ir.Model, opset: int | None = None) -> RewriteReport:
     todo = _plan(found(work), target, report)
     if report.refused:
         return report
-    names = _Names(work)
+    names = Names(work)
     written: set[int] = set()
     for f in todo:
         assert f.decision.form is not None
@@ -220,3 +205,59 @@ def _raise(model: ir.Model, target: int) -> None:
             imports[key] = target
 
 
+
+
+def insert_in_place(model: ir.Model, keep: Callable[[ir.Node], str | None]
+                    ) -> tuple[list[str], list[tuple[str, str]], list[str]]:
+    """For ``dqtool fold``: each constant hand-written dequantization of ``model`` that has
+    an exact form becomes that form in place, so that the fold pass folds its
+    DequantizeLinear like any other. ``keep(dq)`` is asked of the DequantizeLinear each
+    would become (built on a clone first, so the model is changed only for those it keeps):
+    None to rewrite it, else the reason to leave it. A DequantizeLinear whose form needs a
+    newer ai.onnx version than the model imports carries that version itself
+    (``node.version``), as the fold removes it. Returns the patterns rewritten (the name
+    of their last node), those left with why, and the outputs of the DequantizeLinear nodes
+    made (which the fold must fold whatever their names)."""
+    opset = _ai_onnx(model.opset_imports) or 0
+    left: list[tuple[str, str]] = []
+    if not found(model):
+        return [], left, []
+    graph.sort_if_needed(model)  # a copy needs its graphs in order (a cycle is refused)
+    chosen = _chosen_in_clone(model, keep, left)
+    names = Names(model)
+    done: list[str] = []
+    made: list[str] = []
+    for f in found(model):
+        if f.record.output not in chosen:
+            continue
+        form = f.decision.form
+        assert form is not None
+        for n in _apply(f, form, names):
+            if n.op_type == "DequantizeLinear":
+                if form.min_opset > opset:
+                    n.version = form.min_opset
+                made.append(n.outputs[0].name or "")
+        done.append(f.record.nodes[-1])
+    return done, left, made
+
+
+def _chosen_in_clone(model: ir.Model, keep: Callable[[ir.Node], str | None],
+                     left: list[tuple[str, str]]) -> set[str]:
+    """The outputs of the patterns ``keep`` picks, asked of the DequantizeLinear each
+    becomes in a clone of ``model``; the others join ``left`` with why."""
+    work = model.clone()
+    names = Names(work)
+    chosen: set[str] = set()
+    for f in found(work):
+        r, form = f.record, f.decision.form
+        if not r.rewritable or form is None:
+            left.append((r.nodes[-1], "; ".join(r.reasons) or "not constant"))
+            continue
+        dq = next(n for n in _apply(f, form, names) if n.op_type == "DequantizeLinear")
+        dq.version = max(form.min_opset, _ai_onnx(work.opset_imports) or 0)
+        why = keep(dq)
+        if why is None:
+            chosen.add(r.output)
+        else:
+            left.append((r.nodes[-1], why))
+    return chosen

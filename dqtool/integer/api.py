@@ -39,6 +39,9 @@ class IntegerReport:
     model: ir.Model | None = None
     check: ConversionCheck | None = None
     files: list[str] = field(default_factory=list)  # every file written
+    # the exact opset upgrade made first, where a rewritten node needs a newer
+    # DequantizeLinear (a ``dqtool.convert.ConvertReport``)
+    upgrade: Any = None
 
     @property
     def ok(self) -> bool:
@@ -49,6 +52,7 @@ class IntegerReport:
                 "changed": [c.to_json() for c in self.changes],
                 "refused": [r.to_json() for r in self.refusals], "kept_refused": self.kept,
                 "check": None if self.check is None else self.check.to_json(),
+                "upgrade": None if self.upgrade is None else self.upgrade.to_json(),
                 "files": self.files}
 
 
@@ -99,7 +103,7 @@ def to_qdq(model_or_path: ModelArg, out: str | os.PathLike | None = None, *,
     applied after the float op), equal to the integer original within 2**24."""
     from dqtool.integer.to_qdq import IntegerToQdqPass
 
-    return _run(model_or_path, out, "to-qdq", IntegerToQdqPass(exact_dynamic),
+    return _run(model_or_path, out, "to-qdq", lambda: IntegerToQdqPass(exact_dynamic),
                 keep_unconvertible, check, in_place, **writing)
 
 
@@ -110,11 +114,11 @@ def to_qoperator(model_or_path: ModelArg, out: str | os.PathLike | None = None, 
     (``to_qoperator.QdqToIntegerPass``); other QDQ nodes stay as they are."""
     from dqtool.integer.to_qoperator import QdqToIntegerPass
 
-    return _run(model_or_path, out, "to-qoperator", QdqToIntegerPass(), True, check, in_place,
+    return _run(model_or_path, out, "to-qoperator", QdqToIntegerPass, True, check, in_place,
                 **writing)
 
 
-def _run(model_or_path: ModelArg, out, direction: Direction, rewrite: Any, keep: bool,
+def _run(model_or_path: ModelArg, out, direction: Direction, make: Any, keep: bool,
          check: bool, in_place: bool, external_data: bool | None = None,
          shard_size: int | None = None, progress: Any = None) -> IntegerReport:
     """``external_data``, ``shard_size``, ``progress``: how the output is written
@@ -130,10 +134,10 @@ def _run(model_or_path: ModelArg, out, direction: Direction, rewrite: Any, keep:
         # so a refused conversion cannot leave the caller's model half-rewritten.
         if req.path is None:
             model = ir.serde.deserialize_model(ir.serde.serialize_model(model))
-        rewrite(model)
+        model, rewrite, upgrade = _rewritten(model, make, req)
         outcome = rewrite.outcome
         report = IntegerReport(req.source, direction, outcome.changes, outcome.refusals,
-                               kept=keep)
+                               kept=keep, upgrade=upgrade)
         if outcome.refusals and not keep:
             raise IntegerConversionRefused(report)
         report.model = model
@@ -155,3 +159,29 @@ def _run(model_or_path: ModelArg, out, direction: Direction, rewrite: Any, keep:
     report, _, written = job.run(model_or_path, req)
     report.files = [str(p) for p in written]
     return report
+
+
+def _rewritten(model: ir.Model, make: Any, req: Any) -> tuple[ir.Model, Any, Any]:
+    """The model rewritten by a new pass from ``make()``, that pass, and the exact opset
+    upgrade made first (None if none was needed): where a node is refused only because
+    the model's ai.onnx opset cannot express its DequantizeLinear, the model is upgraded
+    as ``dqtool upgrade`` does (refused where it would refuse), then rewritten."""
+    from dqtool import graph
+
+    trial = make()
+    graph.sort_if_needed(model)  # a copy needs its graphs in order (a cycle is refused)
+    work = model.clone()  # the model's tensors are shared, not copied
+    work.meta.update(model.meta)  # what was loaded from where: the save's guards read it
+    trial(work)
+    needed = getattr(trial.outcome, "needs_opset", None)
+    if needed is None:
+        return work, trial, None
+    from dqtool.convert import pipeline
+    from dqtool.convert.context import Options
+
+    upgrade = pipeline.run(model, needed, "upgrade", Options(), path=req.path, copy=False)
+    upgraded = upgrade.model
+    assert upgraded is not None
+    rewrite = make()
+    rewrite(upgraded)
+    return upgraded, rewrite, upgrade

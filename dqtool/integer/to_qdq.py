@@ -81,6 +81,9 @@ class IntegerToQdqPass(ir.passes.InPlacePass):
                 into = _try_rewrite(node, opdef, site.opsets, names, self.exact_dynamic)
             except Refused as e:
                 self.outcome.refusals.append(Refusal(label, site.graph, op, str(e)))
+                if e.needs_opset is not None:
+                    self.outcome.needs_opset = max(self.outcome.needs_opset or 0,
+                                                   e.needs_opset)
                 continue
             self.outcome.changes.append(Change(label, site.graph, op, into))
         if self.outcome.changes:

@@ -48,7 +48,7 @@ class Builder:
         if axis is not None:
             if (graph.opset_of(self.opsets, "") or 0) < 13:
                 raise Refused(f"'{role}' is per-axis, which DequantizeLinear takes from "
-                              "ai.onnx opset 13; run `dqtool upgrade --opset 13` first")
+                              "ai.onnx opset 13", needs_opset=13)
             attrs.append(ir.AttrInt64("axis", axis))
             scale, zp = self._matched(scale, zp, role)
         return self.add("DequantizeLinear", [value, scale, zp], attrs,

@@ -29,10 +29,17 @@ class Change:
 class Outcome:
     changes: list[Change] = field(default_factory=list)
     refusals: list[Refusal] = field(default_factory=list)
+    # the ai.onnx opset some refused node needs (the highest), where that alone refused it
+    needs_opset: int | None = None
 
 
 class Refused(Exception):
-    """One node cannot be rewritten; the message is the reason."""
+    """One node cannot be rewritten; the message is the reason. ``needs_opset``: the
+    ai.onnx opset that would express it, when the model's is too old."""
+
+    def __init__(self, reason: str, needs_opset: int | None = None) -> None:
+        super().__init__(reason)
+        self.needs_opset = needs_opset
 
 
 def node_label(node: ir.Node) -> str:

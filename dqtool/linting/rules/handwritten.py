@@ -53,4 +53,5 @@ def target_findings(ctx: ModelContext, target: str) -> Iterator[Finding]:
                 f"{consumers} after it, not Cast + Mul")
         yield ctx.finding(RULE, "info", text, target=target, node=r.nodes[-1], where=r.graph,
                           op="ai.onnx:Mul",
-                          fix=f"rewrite it into {r.form}{at} (exact: dqtool.handwritten.rewrite)")
+                          fix=f"rewrite it into {r.form}{at}, exactly: dqtool upgrade --opset "
+                          f"{max(opset, r.min_opset)} --handwritten")

@@ -70,6 +70,9 @@ def run(ctx: ModelContext, profile: Profile) -> Iterator[Finding]:
         hook = getattr(importlib.import_module(module), "target_findings", None)
         if hook is not None:
             yield from hook(ctx, profile.name)
+    from dqtool.linting.rules import handwritten  # dequantization written by hand
+
+    yield from handwritten.target_findings(ctx, profile.name)
     sites = getattr(profile, "site_candidates", None)  # a check that reads the node
     for q in ctx.dequantize:
         worst = best(sites(q, opset) if sites is not None else
