@@ -59,7 +59,7 @@ test: $(STAMP)
 lock: $(STAMP)
 	$(BIN)/python $(PIP) $(UV)
 	$(BIN)/uv pip compile pyproject.toml --extra dev --group build --generate-hashes \
-	  --python-version 3.11 --python-platform x86_64-manylinux_2_28 --no-header --quiet \
+	  --python-version 3.11 --python-platform x86_64-manylinux_2_35 --no-header --quiet \
 	  --upgrade -o $(LOCK)
 	@echo "requirements.lock refreshed: run 'make test' (it reinstalls from the lock) before committing it"
 
