@@ -46,7 +46,7 @@ class Values:
 class Form:
     """The exact DequantizeLinear of a match."""
 
-    layout: lay.Layout  # over the DequantizeLinear's output
+    layout: lay.ScaleLayout  # over the DequantizeLinear's output
     codes_type: str
     zero_point: bool
     float_type: str  # the Mul's
@@ -69,7 +69,7 @@ class Decision:
     """What a match means, and its exact form or why there is none."""
 
     codes_type: str | None  # the DequantizeLinear codes type (the stored type if none)
-    layout: lay.Layout | None
+    layout: lay.ScaleLayout | None
     zero_point: str  # "none", "integer"
     zero_point_where: str | None  # "before-cast", "after-cast"
     form: Form | None
@@ -270,7 +270,7 @@ def _exactness(m: Match, r: _Read, ft: str) -> str | None:
             "the model has two meanings and no DequantizeLinear equals both")
 
 
-def _layout(m: Match, r: _Read) -> tuple[lay.Layout | str, bool]:
+def _layout(m: Match, r: _Read) -> tuple[lay.ScaleLayout | str, bool]:
     """(the DequantizeLinear layout or why none, the Reshape after the Mul is part of it)."""
     params = [p for p in (r.scale_shape, None if r.zp is None else tuple(r.zp.shape)) if p]
     got = lay.infer(r.x_shape, lay.combine(r.x_shape, *params))

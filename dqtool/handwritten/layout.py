@@ -16,7 +16,7 @@ Shape = tuple[int, ...]
 
 
 @dataclass(frozen=True)
-class Layout:
+class ScaleLayout:
     """A DequantizeLinear layout over codes of ``shape``: the scale's (and zero point's)
     shape is ``param_shape``."""
 
@@ -73,7 +73,7 @@ def combine(x_shape: Shape, *params: Shape) -> Shape:
                  for i, x in enumerate(x_shape))
 
 
-def infer(x_shape: Shape, p: Shape) -> Layout | str:
+def infer(x_shape: Shape, p: Shape) -> ScaleLayout | str:
     """The layout of an aligned parameter shape ``p`` over ``x_shape``, or why none is.
 
     Per-tensor when nothing varies; per-axis when one dimension of size > 1 varies;
@@ -84,19 +84,19 @@ def infer(x_shape: Shape, p: Shape) -> Layout | str:
     real = [i for i in range(len(x_shape)) if p[i] != 1]
     shared = [i for i in range(len(x_shape)) if p[i] == 1 and x_shape[i] > 1]
     if not real:
-        return Layout("per-tensor", x_shape)
+        return ScaleLayout("per-tensor", x_shape)
     if len(real) == 1:
-        return Layout("per-axis", x_shape, axis=real[0])
+        return ScaleLayout("per-axis", x_shape, axis=real[0])
     if not shared:  # a scale per element
-        return Layout("blocked", x_shape, axis=len(x_shape) - 1, block_size=1)
+        return ScaleLayout("blocked", x_shape, axis=len(x_shape) - 1, block_size=1)
     if len(shared) == 1:
         b = shared[0]
-        return Layout("blocked", x_shape, axis=b, block_size=x_shape[b])
+        return ScaleLayout("blocked", x_shape, axis=b, block_size=x_shape[b])
     return (f"the scale varies along axes {real} of the codes {list(x_shape)} and is shared "
             f"along {shared}: a DequantizeLinear scale follows one axis or blocks along one")
 
 
-def merged(layout: Layout, y_shape: Shape) -> Layout | None:
+def merged(layout: ScaleLayout, y_shape: Shape) -> ScaleLayout | None:
     """``layout`` said over ``y_shape``, the shape a ``Reshape`` after the Mul gives, when
     that Reshape keeps the layout: per-tensor always; per-axis when the axis survives as a
     dimension; blocked (axis b, block = the whole dimension b) when the Reshape merges
@@ -104,17 +104,17 @@ def merged(layout: Layout, y_shape: Shape) -> Layout | None:
     axis. None otherwise (the Reshape then stays after the DequantizeLinear)."""
     x = layout.shape
     if layout.granularity == "per-tensor":
-        return Layout("per-tensor", y_shape)
+        return ScaleLayout("per-tensor", y_shape)
     assert layout.axis is not None
     a = layout.axis
     if layout.granularity == "per-axis":
         for j, d in enumerate(y_shape):
             if d == x[a] and math.prod(y_shape[:j]) == math.prod(x[:a]):
-                return Layout("per-axis", y_shape, axis=j)
+                return ScaleLayout("per-axis", y_shape, axis=j)
         return None
     if layout.block_size != x[a] or a == 0:
         return None
     want = (*x[:a - 1], x[a - 1] * x[a], *x[a + 1:])
     if tuple(y_shape) != want:
         return None
-    return Layout("blocked", want, axis=a - 1, block_size=x[a])
+    return ScaleLayout("blocked", want, axis=a - 1, block_size=x[a])

@@ -11,7 +11,7 @@ from dqtool.handwritten.records import Handwritten
 
 
 @dataclass(frozen=True)
-class Outcome:
+class PatternReport:
     record: Handwritten
     how: str  # what replaced it, or why not
 
@@ -26,9 +26,9 @@ class RewriteReport:
 
     from_opset: int | None
     to_opset: int
-    changed: list[Outcome] = field(default_factory=list)
-    refused: list[Outcome] = field(default_factory=list)
-    left: list[Outcome] = field(default_factory=list)
+    changed: list[PatternReport] = field(default_factory=list)
+    refused: list[PatternReport] = field(default_factory=list)
+    left: list[PatternReport] = field(default_factory=list)
     model: Any = None  # the rewritten ir.Model; not part of the JSON
 
     @property

@@ -13,7 +13,7 @@ from dqtool import graph, storage, types
 from dqtool.errors import UsageError
 from dqtool.handwritten import forms
 from dqtool.handwritten.recognize import Found, found
-from dqtool.handwritten.report import Outcome, RewriteReport
+from dqtool.handwritten.report import PatternReport, RewriteReport
 from dqtool.names import Names
 
 
@@ -143,11 +143,11 @@ def _plan(items: list[Found], target: int, report: RewriteReport) -> list[Found]
     for f in items:
         r, form = f.record, f.decision.form
         if not r.rewritable:
-            report.left.append(Outcome(r, "; ".join(r.reasons)))
+            report.left.append(PatternReport(r, "; ".join(r.reasons)))
         elif form is None:
-            report.refused.append(Outcome(r, "; ".join(r.reasons)))
+            report.refused.append(PatternReport(r, "; ".join(r.reasons)))
         elif form.min_opset > target:
-            report.refused.append(Outcome(r, f"{form.describe()} needs opset "
+            report.refused.append(PatternReport(r, f"{form.describe()} needs opset "
                                           f"{form.min_opset}; the target is {target}"))
         else:
             todo.append(f)
@@ -182,14 +182,14 @@ def rewrite(model: ir.Model, opset: int | None = None) -> RewriteReport:
     for f in todo:
         assert f.decision.form is not None
         written.update(id(n) for n in _apply(f, f.decision.form, names))
-        report.changed.append(Outcome(f.record, f"{' → '.join(f.record.ops)} → "
+        report.changed.append(PatternReport(f.record, f"{' → '.join(f.record.ops)} → "
                                       f"{f.decision.form.describe()}"))
     if src is not None and target > src:
         moved = changed_by_raise(work, src, target, frozenset(written))
         if moved:
             why = (f"raising ai.onnx {src} → {target} changes {', '.join(moved)}: run "
                    f"`dqtool upgrade --opset {target}` first")
-            report.refused = [Outcome(o.record, why) for o in report.changed]
+            report.refused = [PatternReport(o.record, why) for o in report.changed]
             report.changed = []
             return report
         _raise(work, target)

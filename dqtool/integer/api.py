@@ -24,7 +24,7 @@ import onnx_ir as ir
 
 from dqtool.errors import RefusedError
 from dqtool.families.integer.rewrite import Change, Refusal
-from dqtool.integer.numerics import ConversionCheck
+from dqtool.integer.numerics import NumericsCheck
 
 Direction = Literal["to-qdq", "to-qoperator"]
 
@@ -37,7 +37,7 @@ class IntegerReport:
     refusals: list[Refusal] = field(default_factory=list)
     kept: bool = False  # refused nodes were left as they are (keep_unconvertible)
     model: ir.Model | None = None
-    check: ConversionCheck | None = None
+    check: NumericsCheck | None = None
     files: list[str] = field(default_factory=list)  # every file written
     # the exact opset upgrade made first, where a rewritten node needs a newer
     # DequantizeLinear (a ``dqtool.convert.ConvertReport``)
@@ -80,7 +80,7 @@ class IntegerCheckFailed(RefusedError):
         super().__init__(f"{report.input}: --check: {what}; nothing written")
 
 
-def local_error_summary(check: ConversionCheck) -> dict[str, Any]:
+def local_error_summary(check: NumericsCheck) -> dict[str, Any]:
     from dqtool.families.integer import local_error
 
     return local_error.summary(check.local)

@@ -28,7 +28,7 @@ FLOAT_BUDGET = 1e-3
 
 
 @dataclass
-class ConversionCheck:
+class NumericsCheck:
     outputs: list[dict[str, Any]] = field(default_factory=list)  # end to end
     skipped: list[str] = field(default_factory=list)
     fused: dict[str, Any] | None = None
@@ -126,13 +126,13 @@ class ConversionCheck:
 
 def judge(original: onnx.ModelProto, converted: onnx.ModelProto, seed: int = 0,
           fused: bool = True, given: Mapping[str, np.ndarray] | None = None
-          ) -> ConversionCheck:
+          ) -> NumericsCheck:
     """``fused``: also run the converted model on ORT_ENABLE_ALL (a QDQ model, whose
     patterns onnxruntime fuses back) against the original. ``given``: feeds by input name
     (token ids a vocabulary bounds); the others are generated from ``seed``."""
     feeds, _ = inputs.generate(original, seed=seed, given=given)
     notes: list[str] = []
-    result = ConversionCheck()
+    result = NumericsCheck()
     comparisons = against.compare_models(converted, original, feeds, rtol=0.0, atol=0.0,
                                          notes=notes)
     for c in comparisons:

@@ -42,8 +42,8 @@ from dqtool import graph
 from dqtool.families.integer import describe, ops
 from dqtool.families.integer.rewrite import (
     Change,
+    IntegerRewrites,
     Names,
-    Outcome,
     Refusal,
     Refused,
     node_label,
@@ -63,7 +63,7 @@ class IntegerToQdqPass(ir.passes.InPlacePass):
     def __init__(self, exact_dynamic: bool = False) -> None:
         """Nothing rewritten yet: ``outcome`` is empty."""
         super().__init__()
-        self.outcome = Outcome()
+        self.outcome = IntegerRewrites()
         self.exact_dynamic = exact_dynamic
 
     def call(self, model: ir.Model) -> ir.passes.PassResult:

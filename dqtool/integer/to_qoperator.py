@@ -30,7 +30,7 @@ from __future__ import annotations
 import onnx_ir as ir
 
 from dqtool import graph
-from dqtool.families.integer.rewrite import Change, Names, Outcome
+from dqtool.families.integer.rewrite import Change, IntegerRewrites, Names
 from dqtool.integer.to_qoperator_fuse import (
     BLOCKS,
     ELEMENTWISE,
@@ -60,7 +60,7 @@ class QdqToIntegerPass(ir.passes.InPlacePass):
     def __init__(self) -> None:
         """Nothing fused yet: ``outcome`` is empty."""
         super().__init__()
-        self.outcome = Outcome()
+        self.outcome = IntegerRewrites()
 
     def call(self, model: ir.Model) -> ir.passes.PassResult:
         """Fuses every pattern it finds in every graph, subgraph and function, and imports

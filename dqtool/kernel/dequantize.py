@@ -32,7 +32,7 @@ import numpy as np
 from ..errors import KernelError
 from . import half, parallel
 from .blocks import apply_blockwise
-from .layout import Layout, resolve
+from .layout import AxisView, resolve
 from .outputs import new_array
 from .tables import (
     E8M0,
@@ -308,7 +308,7 @@ def float_code_values(xs: np.ndarray, dst: np.ndarray) -> None:
         df[ends] = code_values(xs.dtype)[unsigned_view(xf)[ends]]
 
 
-def _tiled_rows(lay: Layout, s3: np.ndarray, chunks: list[parallel.Chunk]) -> np.ndarray | None:
+def _tiled_rows(lay: AxisView, s3: np.ndarray, chunks: list[parallel.Chunk]) -> np.ndarray | None:
     """Per-axis on the last axis, chunks of whole rows: the scale repeated for a chunk's rows.
 
     Multiplying by it is a contiguous ufunc call (~0.15 ns per element) where broadcasting
@@ -323,7 +323,7 @@ def _tiled_rows(lay: Layout, s3: np.ndarray, chunks: list[parallel.Chunk]) -> np
 
 
 def _broadcast(
-    x: np.ndarray, lay: Layout, s32: np.ndarray, zp: np.ndarray | None, out: np.ndarray,
+    x: np.ndarray, lay: AxisView, s32: np.ndarray, zp: np.ndarray | None, out: np.ndarray,
     fast_half: bool = False,
 ) -> None:
     """Every layout (per-tensor is one block) in chunks: float32 values, minus the zero

@@ -28,7 +28,7 @@ from ..errors import KernelError
 
 
 @dataclass(frozen=True)
-class Layout:
+class AxisView:
     kind: str  # "per-tensor" | "per-axis" | "blocked"
     p: int  # product of the dims before the axis
     d: int  # the axis' length
@@ -85,7 +85,7 @@ def resolve(
     zp: np.ndarray | None,
     axis: int,
     block_size: int,
-) -> Layout:
+) -> AxisView:
     """Check the shapes against the operator's rules and describe the granularity."""
     if block_size < 0:
         raise KernelError(f"block_size must be >= 0; got {block_size} {_shapes(x, scale, zp)}")
@@ -98,7 +98,7 @@ def resolve(
                 "per-tensor: a scalar (or 1-element 1-D) scale needs a scalar (or 1-element "
                 f"1-D) zero point {_shapes(x, scale, zp)}"
             )
-        return Layout("per-tensor", 1, x.size, 1, max(x.size, 1), (1, 1, 1))
+        return AxisView("per-tensor", 1, x.size, 1, max(x.size, 1), (1, 1, 1))
     if zp is not None and zp.shape != scale.shape:
         raise KernelError(f"zero point shape must equal scale shape {_shapes(x, scale, zp)}")
     if x.ndim == 0:
@@ -114,7 +114,7 @@ def resolve(
                 f"per-axis (block_size=0): the scale must be 1-D of length x.shape[axis]="
                 f"{d} (axis={axis}) {_shapes(x, scale, zp)}"
             )
-        return Layout("per-axis", p, d, q, 1, (1, d, 1))
+        return AxisView("per-axis", p, d, q, 1, (1, d, 1))
     if scale.ndim != x.ndim:
         raise KernelError(
             f"blocked (block_size={block_size}): the scale must have x's rank {x.ndim} "
@@ -127,4 +127,4 @@ def resolve(
             f"blocked (block_size={block_size}, axis={axis}): the scale shape must be {want} "
             f"(x's shape with ceil({d}/{block_size})={nb} on the axis) {_shapes(x, scale, zp)}"
         )
-    return Layout("blocked", p, d, q, block_size, (p, nb, q))
+    return AxisView("blocked", p, d, q, block_size, (p, nb, q))

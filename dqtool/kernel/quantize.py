@@ -24,7 +24,7 @@ import numpy as np
 
 from ..errors import KernelError
 from .float8 import to_float8
-from .layout import Layout, resolve
+from .layout import AxisView, resolve
 from .tables import (
     BF16,
     E8M0,
@@ -40,7 +40,7 @@ _QUANT_OUT = (INT_TYPES - {np.dtype(np.int32)}) | FLOAT_QUANT_TYPES
 _X_TYPES = frozenset({F32, F16, BF16})
 
 
-def _expand(a: np.ndarray, lay: Layout, shape: tuple[int, ...]) -> np.ndarray:
+def _expand(a: np.ndarray, lay: AxisView, shape: tuple[int, ...]) -> np.ndarray:
     """The per-element operand (broadcastable to x) for a per-axis/blocked scale."""
     a3 = lay.scale3(a)
     if lay.bs > 1:

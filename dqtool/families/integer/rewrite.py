@@ -26,7 +26,7 @@ class Change:
 
 
 @dataclass
-class Outcome:
+class IntegerRewrites:
     changes: list[Change] = field(default_factory=list)
     refusals: list[Refusal] = field(default_factory=list)
     # the ai.onnx opset some refused node needs (the highest), where that alone refused it
