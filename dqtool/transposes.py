@@ -8,6 +8,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from dqtool.kernel import parallel
+from dqtool.native import transpose_fn
+
 
 def _swap_stages(bits: int) -> list[tuple[np.uint64, np.uint64, int]]:
     """(shift, mask, row distance) of each stage of the in-word transpose (below)."""
@@ -41,8 +44,6 @@ def _in_slabs(work, out: np.ndarray, squares: int, per_slab: int, rows: int, col
               bits: int) -> np.ndarray:
     """Run ``work`` on slabs of ``per_slab`` squares down, on the kernel's thread pool; the
     output ``(cols, rows·bits/8)`` of ``out`` (whole squares)."""
-    from dqtool.kernel import parallel
-
     chunks = [(s, min(s + per_slab, squares), 0, 0, 0, 0)
               for s in range(0, squares, per_slab)]
     parallel.run(work, chunks, total=out.nbytes)
@@ -61,8 +62,6 @@ def transpose_codes(p: np.ndarray, rows: int, cols: int, bits: int, flip: int = 
 
     In C where ``dqtool.native`` is built (the same words, in registers), else on NumPy
     (``transpose_codes_numpy``); the bytes are the same."""
-    from dqtool.native import transpose_fn
-
     assert bits in (2, 4, 8) and rows * bits % 8 == 0, (rows, bits)
     if rows == 0 or cols == 0:  # no squares to take turns over (a weight of zero columns)
         return np.zeros((cols, rows * bits // 8), np.uint8)

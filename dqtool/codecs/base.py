@@ -12,6 +12,7 @@ from dqtool.spec import (
     P_ATTR,
     P_INPUTS,
     P_INT32_ZP,
+    P_TYPE,
     P_ZP,
     P_ZP_VALUE,
     Problem,
@@ -65,8 +66,6 @@ def input_count_problems(node: ir.Node, lo: int, hi: int, where: str) -> list[Pr
 
 
 def type_problem(kind: str, name: str | None, allowed: frozenset[str], where: str) -> list[Problem]:
-    from dqtool.spec import P_TYPE
-
     if name is None or name in allowed:
         return []
     return [Problem(P_TYPE, f"{kind} type {name} is not allowed by {where} "

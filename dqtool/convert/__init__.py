@@ -19,7 +19,10 @@ from typing import Any, Literal
 
 import onnx_ir as ir
 
-from dqtool import storage
+from dqtool import graph, storage
+from dqtool.checking import conversion
+from dqtool.checking.models import MAX_IN_PROTO
+from dqtool.convert import handwritten_step, pipeline
 from dqtool.convert.context import Options
 from dqtool.convert.pipeline import default_output
 from dqtool.convert.registry import Registry, default_registry
@@ -30,8 +33,6 @@ from dqtool.errors import InputError, UsageError
 def _rewrites_most(model: ir.Model, options: Options, target: int, reg: Registry) -> bool:
     """Whether the adapters replace more than half of the model's tensor bytes (reading no
     tensor data)."""
-    from dqtool import graph
-
     replaced = sum(reg.replaced_bytes(s.node, options, target) for s in graph.walk(model))
     return replaced > storage.tensor_bytes(model) // 2
 
@@ -53,9 +54,10 @@ def upgrade(model_or_path: ModelArg, opset: int, out: str | os.PathLike | None =
     ``per_axis`` also rewrites every blocked DequantizeLinear to per-axis. com.microsoft
     MatMulNBits / GatherBlockQuantized become DequantizeLinear + MatMul / Gather (exact),
     unless ``keep_contrib``. ``handwritten`` then rewrites dequantization written by hand
-    (Cast → Sub → Mul) into DequantizeLinear, exactly (``dqtool.handwritten``). ``registry``: the adapters to use (default: every registered
-    family's). ``external_data``, ``shard_size``, ``progress``, ``while_writing``: how the
-    output is written (``dqtool.storage.Writing``, and ``Job.while_writing``)."""
+    (Cast → Sub → Mul) into DequantizeLinear, exactly (``dqtool.handwritten``).
+    ``registry``: the adapters to use (default: every registered family's).
+    ``external_data``, ``shard_size``, ``progress``, ``while_writing``: how the output is
+    written (``dqtool.storage.Writing``, and ``Job.while_writing``)."""
     return _convert(model_or_path, opset, out, "upgrade",
                     Options(per_axis=per_axis, keep_contrib=keep_contrib,
                             handwritten=handwritten),
@@ -93,10 +95,6 @@ def _checker(path: Path | None, out: Path | None) -> Callable[[ir.Model], Any]:
     data is checked from its files, the converted one as written (before it is renamed
     into place): no tensor is copied into a protobuf, so any size works. Otherwise both are
     checked in memory, which protobuf limits to 2 GB."""
-    # imported for --check only (~5 ms of a command's start-up)
-    from dqtool.checking import conversion
-    from dqtool.checking.models import MAX_IN_PROTO
-
     def make(model: ir.Model) -> storage.Check:
         from_files = out is not None and path is not None and storage.uses_external_data(model)
         if not from_files and storage.tensor_bytes(model) > MAX_IN_PROTO:
@@ -122,8 +120,6 @@ def _convert(model_or_path: ModelArg, opset: int, out, direction: Literal["upgra
              options: Options, check: bool, in_place: bool, registry: Registry | None,
              writing: storage.Writing,
              while_writing: Callable[[ConvertReport], None] | None) -> ConvertReport:
-    from dqtool.convert import handwritten_step, pipeline
-
     req = storage.request(model_or_path, out, in_place=in_place)
     reg = registry or default_registry()
 

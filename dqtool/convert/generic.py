@@ -19,7 +19,7 @@ import onnx
 import onnx_ir as ir
 
 from dqtool import graph, types
-from dqtool.codecs import onnx_std
+from dqtool.codecs import base, onnx_std
 from dqtool.convert.context import Step
 from dqtool.convert.registry import Outcome
 
@@ -208,8 +208,6 @@ def _drop_foreign_attributes(node: ir.Node, src: int, dst: int) -> Outcome:
 def _split_num_outputs_down(node: ir.Node, step: Step) -> Outcome:
     """Split-18's num_outputs (last chunk may be smaller) for Split-13 and older: nothing
     when the size divides evenly, else an explicit 'split' input."""
-    from dqtool.codecs import base
-
     n = base.attr_int(node, "num_outputs", None)
     why = "num_outputs needs Split-18"
     if graph.input_value(node, 1) is not None or n is None:

@@ -22,6 +22,8 @@ from typing import TYPE_CHECKING, Literal
 
 import onnx_ir as ir
 
+from dqtool import registry
+
 if TYPE_CHECKING:
     from dqtool.convert.context import Options, Step
 
@@ -140,6 +142,4 @@ class Registry:
 
 def default_registry() -> Registry:
     """A fresh registry holding every registered family's adapters."""
-    from dqtool import registry
-
     return registry.fill_converters(Registry())

@@ -31,6 +31,7 @@ import onnx_ir as ir
 from dqtool import types
 from dqtool.folding import by_table, kernel_call
 from dqtool.folding.kernel_call import KernelCall
+from dqtool.kernel.parallel import num_threads
 from dqtool.storage import checked_files, inline_read
 from dqtool.storage.write_pieces import piecewise
 
@@ -193,8 +194,6 @@ def _helper() -> ThreadPoolExecutor:
     global _pool
     with _pool_lock:
         if _pool is None:
-            from dqtool.kernel.parallel import num_threads
-
             _pool = ThreadPoolExecutor(max(1, num_threads()),
                                        thread_name_prefix="dqtool-fold-ahead")
         return _pool

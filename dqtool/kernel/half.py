@@ -62,6 +62,8 @@ def probe_values() -> np.ndarray:
 
 
 def _build() -> object | None:
+    # Imported here: dqtool.runtimes.onnxruntime loads onnx (~0.2 s), which the kernel's
+    # other callers (fold) never need.
     from dqtool.runtimes.onnxruntime import installed_version, release_of
 
     version = installed_version()

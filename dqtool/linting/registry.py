@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 
+from dqtool import registry
 from dqtool.linting.context import ModelContext
 from dqtool.linting.finding import Finding, Rule
 from dqtool.spec import Severity
@@ -41,7 +42,6 @@ def load() -> dict[str, Rule]:
     import importlib
     import pkgutil
 
-    from dqtool import registry
 
     rules = importlib.import_module("dqtool.linting.rules")
     modules = [f"{rules.__name__}.{m.name}" for m in pkgutil.iter_modules(rules.__path__)]

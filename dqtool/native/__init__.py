@@ -85,6 +85,8 @@ def write_transposed(src: int, src_stride: int, squares: int, words: int, band_w
     output rows are written. ``buf`` holds ``band_words`` x E x ``out_row`` bytes.
     Returns the bytes written, or -EINVAL (another width, rows narrower than the codes,
     no words a band), -ENOSYS where the extension is off; a failed write raises OSError."""
+    # Imported here: `dqtool --version` reads this module, and NumPy and storage (onnx_ir)
+    # would add ~0.3 s to it.
     import numpy as np
 
     from dqtool.storage.write_pieces import pwrite_all

@@ -25,6 +25,8 @@ import stat
 from collections.abc import Iterable
 from pathlib import Path
 
+from dqtool.storage import inline_read
+
 DATA_SUFFIX = ".data"
 MODEL_SUFFIX = ".onnx"
 # onnx_ir's shard marker (``onnx_ir._shard_filename``): ``name-00001-of-00003.ext``.
@@ -41,7 +43,6 @@ def locations(model_file: Path) -> set[str]:
     import onnx
     from onnx import external_data_helper
 
-    from dqtool.storage import inline_read
 
     try:
         lean = inline_read.read(model_file)

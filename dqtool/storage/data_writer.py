@@ -19,6 +19,7 @@ from pathlib import Path
 
 import onnx_ir as ir
 
+from dqtool.kernel.parallel import num_threads
 from dqtool.storage.data_file import TakingTurns, reserve_or_fail
 from dqtool.storage.write_pieces import write_in_pieces, write_tensor
 
@@ -286,8 +287,6 @@ class EarlyWriter:
 
     def __init__(self, folder: Path, data_name: str, callback: Callable | None = None
                  ) -> None:
-        from dqtool.kernel.parallel import num_threads
-
         self.path = folder / data_name
         self.temp = None  # the save's ``commit.Temp``, set by ``io.start_eager``
         self.placed: dict[int, tuple[int, int]] = {}  # id(tensor) → (offset, length)
@@ -377,7 +376,6 @@ def externalized(model: ir.Model, folder: Path, data_name: str,
         _materialize_small(values)
         prefill, eager = _still_worth_it(prefill, big, Resolver())
         plan = _place(big, folder, data_name, prefill, eager)
-        from dqtool.kernel.parallel import num_threads
 
         if eager is not None:  # its threads write the rest too
             writer = eager.writer

@@ -15,6 +15,8 @@ import stat
 import threading
 from pathlib import Path
 
+from dqtool.storage import commit
+
 # Inputs smaller than this are not worth a second copy's I/O.
 MIN_BYTES = 256 << 20
 CHUNK = 64 << 20  # cancellation is checked between chunks
@@ -80,7 +82,6 @@ def start(src: str | os.PathLike, out: str | os.PathLike | None) -> None:
         if not parent.is_dir() or (os.path.lexists(out_path)
                                    and not os.path.isfile(out_path)):
             return
-        from dqtool.storage import commit
 
         temp = commit.Temp(parent, out_path.name)
     except (OSError, ValueError):

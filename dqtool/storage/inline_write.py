@@ -31,6 +31,8 @@ import onnx_ir as ir
 from onnx_ir import _core
 
 from dqtool import wire
+from dqtool.kernel.parallel import num_threads
+from dqtool.storage import inline_read
 from dqtool.storage.write_pieces import WRITE_PIECE, Pieces, write_tensor
 
 # Tensors of at least this many bytes are streamed; smaller ones are serialized in place
@@ -248,7 +250,6 @@ def write(model: ir.Model, path: str | os.PathLike,
         kept, prefilled = set(), None
     from concurrent.futures import ThreadPoolExecutor
 
-    from dqtool.kernel.parallel import num_threads
 
     # Every write goes to the file in pieces (dqtool.storage.write_pieces), small ones
     # gathered up to one.
@@ -316,8 +317,6 @@ def _in_place(placed: list[tuple[int, Segment]], copied: os.stat_result) -> set[
 def file_range(t: ir.TensorProtocol) -> tuple[str, int] | None:
     """(path, offset) of a tensor whose bytes, as written, are a byte range of a file:
     a tensor left in an inline model's file, or a little-endian external tensor."""
-    from dqtool.storage import inline_read
-
     if isinstance(t, inline_read.MappedTensor):
         return t.path, t.offset
     if isinstance(t, ir.ExternalTensor) and sys.byteorder == "little" and (

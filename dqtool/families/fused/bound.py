@@ -42,6 +42,9 @@ import onnx
 import onnx_ir as ir
 
 from dqtool import graph
+from dqtool.checking import runners
+from dqtool.checking.compare import max_abs_difference
+from dqtool.checking.models import for_ort
 from dqtool.errors import KernelError
 from dqtool.families.fused import arrays, kernel, read
 
@@ -275,8 +278,6 @@ class Bounds(list):
 
 
 def _max_abs(a: np.ndarray, b: np.ndarray) -> float:
-    from dqtool.checking.compare import max_abs_difference
-
     return max_abs_difference(a, b)
 
 
@@ -287,9 +288,6 @@ def node_bounds(checked: onnx.ModelProto, original: onnx.ModelProto,
     """Every fused node of the original compared on onnxruntime between the two models,
     each against its bound. Nodes outside the main graph (subgraphs, functions) cannot be
     exposed as outputs: they are "unbounded"."""
-    from dqtool.checking import runners
-    from dqtool.checking.models import for_ort
-
     sites = [s for s in graph.walk(original_ir) if read.is_fused(s.node)]
     out = Bounds()
     if not sites:

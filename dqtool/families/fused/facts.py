@@ -8,12 +8,11 @@ from typing import Any
 from dqtool import graph
 from dqtool.families.fused import ort_facts
 from dqtool.families.fused.spec import FusedSpec
+from dqtool.families.fused.to_onnx import needed_opset
 
 
 def lowest_onnx_opset(spec: FusedSpec) -> int | None:
     """The lowest ai.onnx opset ``upgrade`` can rewrite this node at, None if none can."""
-    from dqtool.families.fused.to_onnx import needed_opset
-
     if spec.errors or spec.quant_type is None \
             or ort_facts.g_idx_refusal(spec.g_idx, spec.zero_point) is not None:
         return None

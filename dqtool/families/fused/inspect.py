@@ -7,6 +7,8 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from dqtool.families.fused import facts, read
+from dqtool.inspection import NodeReport, consumers
 from dqtool.registry.family import InspectSupport
 
 if TYPE_CHECKING:
@@ -16,9 +18,6 @@ if TYPE_CHECKING:
 
 
 def node(n: ir.Node, opsets: Mapping[str, int], graph_name: str) -> NodeReport | None:
-    from dqtool.families.fused import facts, read
-    from dqtool.inspection import NodeReport, consumers
-
     if not read.is_fused(n):
         return None
     spec = read.read(n, dict(opsets))

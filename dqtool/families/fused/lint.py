@@ -5,12 +5,16 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from dqtool.families.fused import ort_facts, read
+from dqtool.families.fused import ort_facts, read, to_onnx
 from dqtool.families.fused import spec as S
+from dqtool.families.fused.facts import lowest_onnx_opset
+from dqtool.families.fused.lint_fix import clean_fixes, common_fix
 from dqtool.families.fused.to_onnx import needed_opset
 from dqtool.linting.context import ModelContext
 from dqtool.linting.finding import Finding
 from dqtool.linting.registry import check, define
+from dqtool.runtimes import onnxruntime as ort_profiles
+from dqtool.spec import op_id
 
 RULE = "DQ109"
 
@@ -76,8 +80,6 @@ def target_findings(ctx: ModelContext, target: str) -> Iterator[Finding]:
         # a target with limits of its own: each node's conversions tried, and one command
         # for the model where one serves every node (an invalid node has none: its own
         # findings say what is wrong with it)
-        from dqtool.families.fused.lint_fix import clean_fixes, common_fix
-
         each = [[] if spec.errors else clean_fixes(s.node, s.opsets, opset, target)
                 for s, spec in fused]
         common = common_fix([t for t, (_, spec) in zip(each, fused, strict=True)
@@ -110,8 +112,6 @@ def target_findings(ctx: ModelContext, target: str) -> Iterator[Finding]:
 def _ort_lacks(spec, target: str) -> str | None:
     """The kernel the target's onnxruntime CPU provider has not for this node (its A type),
     from the release's measured profile (``onnxruntime``: the installed one, probed)."""
-    from dqtool.runtimes import onnxruntime as ort_profiles
-
     a_type = spec.float_type
     if spec.op != "MatMulNBits" or a_type is None:
         return None
@@ -126,8 +126,6 @@ def _ort_lacks(spec, target: str) -> str | None:
 
 def _op(site) -> str:
     """The node's operator as reports name it: ``com.microsoft:MatMulNBits-1``."""
-    from dqtool.spec import op_id
-
     node = site.node
     return op_id(node.domain, node.op_type, site.opsets.get(node.domain))
 
@@ -147,9 +145,6 @@ def _fix(spec, opset: int, target: int | None = None, tried: str | None = None,
     whose result lints clean for it (``tried``, see ``lint_fix``), if one does; else
     ``fold``. With neither (onnxruntime rejecting a combination), the lowest opset at or
     above the model's that expresses the node."""
-    from dqtool.families.fused.facts import lowest_onnx_opset
-    from dqtool.families.fused.to_onnx import Refusal, check
-
     if spec.errors:  # no conversion or fold takes an invalid node (FU001-FU004 say why)
         return None
     ways = []
@@ -166,9 +161,9 @@ def _fix(spec, opset: int, target: int | None = None, tried: str | None = None,
     else:
         need = max(needed_opset(spec), opset)
         try:
-            check(spec, need)
+            to_onnx.check(spec, need)
             ways.append(f"`dqtool upgrade --opset {need}` ({form}, exact)")
-        except Refusal:
+        except to_onnx.Refusal:
             pass
     if spec.constant and ort_facts.g_idx_refusal(spec.g_idx, spec.zero_point) is None:
         ways.append("`dqtool fold` (float weights)")

@@ -20,7 +20,12 @@ import threading
 import numpy as np
 import onnx_ir as ir
 
-from dqtool import graph
+from dqtool import graph, types
+from dqtool.convert import ConversionRefused, downgrade, upgrade
+from dqtool.errors import DqtoolError
+from dqtool.families.fused import read
+from dqtool.linting import targets
+from dqtool.linting.context import ModelContext
 
 _CACHE: dict[tuple, list[str]] = {}
 _BUSY = threading.local()  # linting a miniature runs the fused hook again: not this
@@ -102,12 +107,6 @@ def _candidates(model_opset: int) -> list[tuple[int, bool]]:
 
 def _search(node: ir.Node, opsets: dict[str, int], model_opset: int, target: str
             ) -> list[str]:
-    from dqtool.convert import ConversionRefused, downgrade, upgrade
-    from dqtool.errors import DqtoolError
-    from dqtool.families.fused import read
-    from dqtool.linting import targets
-    from dqtool.linting.context import ModelContext
-
     profile = targets.parse(target)
     clean = []
     for opset, per_axis in _candidates(model_opset):
@@ -147,8 +146,6 @@ def _attr(node: ir.Node, name: str, default: int) -> int:
 
 
 def _tensor(name: str, arr: np.ndarray, dtype: str | None) -> ir.Value:
-    from dqtool import types
-
     ir_type = types.by_name(dtype).ir_type if dtype else None
     t = ir.Tensor(arr, dtype=ir_type, name=name) if ir_type else ir.Tensor(arr, name=name)
     return ir.Value(name=name, const_value=t, type=ir.TensorType(t.dtype),
@@ -156,16 +153,12 @@ def _tensor(name: str, arr: np.ndarray, dtype: str | None) -> ir.Value:
 
 
 def _np(dtype: str | None):
-    from dqtool import types
-
     return types.by_name(dtype or "float").dtype
 
 
 def _model(node: ir.Node, inputs: list[ir.Value | None], graph_in: ir.Value,
            inits: list[ir.Value], out_type: str | None, model_opset: int,
            opsets: dict[str, int]) -> ir.Model:
-    from dqtool import types
-
     new = ir.Node(node.domain, node.op_type, inputs,
                   attributes=list(node.attributes.values()), name="n", version=node.version)
     new.outputs[0].name = "y"
@@ -234,6 +227,4 @@ def _mini_gather(node: ir.Node, t: dict, dims: tuple[int, int], model_opset: int
 
 
 def _ir_type(name: str) -> ir.DataType:
-    from dqtool import types
-
     return types.by_name(name).ir_type

@@ -16,7 +16,10 @@ import os
 
 import numpy as np
 
+from dqtool.kernel import parallel
+from dqtool.native import stream_fn, transpose_fn
 from dqtool.storage.tensor_reads import unpack
+from dqtool.storage.write_pieces import Pieces
 from dqtool.transposes import _whole_squares, transpose_codes
 
 # Bytes of unpacked codes one band may hold (bands keep temporaries in cache-sized pieces).
@@ -122,8 +125,6 @@ def _transpose_band(p: np.ndarray, rows: int, cols: int, bits: int, flip: int,
                     buf: np.ndarray) -> np.ndarray:
     """``transpose_codes`` of one band on the calling thread, into ``buf`` where the C
     kernel runs and ``rows`` fills whole squares (else as ``transpose_codes`` does)."""
-    from dqtool.native import transpose_fn
-
     fn = transpose_fn()
     e = 64 // bits
     if fn is None or rows % e:
@@ -137,8 +138,6 @@ def _transpose_band(p: np.ndarray, rows: int, cols: int, bits: int, flip: int,
 
 
 def _scratch(nbytes: int) -> np.ndarray:
-    from dqtool.kernel import parallel
-
     return parallel.scratch(nbytes, np.dtype(np.uint8), slot=7)
 
 
@@ -146,16 +145,12 @@ def _native_stream(file, rows: int, bits: int) -> tuple[object, int, object] | N
     """(``dq_write_transposed``, the file's descriptor, its writers' turn handle or None)
     where a streamed repack can run in C: the helper is on, the file is an OS file, and
     ``rows`` fills whole squares; else None (the NumPy path)."""
-    from dqtool.native import stream_fn
-
     fn = stream_fn()
     if fn is None or rows % (64 // bits):
         return None
     # Only a plain OS file (or the data-file writer's wrapper of one, or one written in
     # pieces: the inline save's): C writes to its descriptor at its position, which for,
     # say, a GzipFile is not where bytes go.
-    from dqtool.storage.write_pieces import Pieces
-
     target = file.file if isinstance(file, Pieces) else file
     if not (isinstance(target, (io.FileIO, io.BufferedWriter, io.BufferedRandom))
             or getattr(type(target), "streams_to_fd", False)):

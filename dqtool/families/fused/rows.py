@@ -58,6 +58,7 @@ class CodeRows(ir.LazyTensor):
     def packed_rows(self, r0: int, r1: int) -> PackedRows | None:
         """Rows ``r0:r1`` of 2- or 4-bit codes transposed but still packed (for a fold by
         table, which reads them as they are); None where ``rows`` must unpack first."""
+        # Imported here: dqtool.folding cost `upgrade` ~7 ms before its first write.
         from dqtool.folding.by_table import PackedRows
 
         per = 8 // self.bits

@@ -17,6 +17,7 @@ import onnx
 import onnx_ir as ir
 
 from dqtool import graph
+from dqtool.evaluator import reference_evaluator
 from dqtool.families.fused import arrays, kernel, read
 
 
@@ -96,7 +97,6 @@ def _evaluate(value: ir.Value) -> np.ndarray | None:
         nodes.append(p)
         todo.extend(i for i in p.inputs if i is not None)
     order = [n for n in value.graph if n in nodes] if value.graph is not None else nodes
-    from dqtool.evaluator import reference_evaluator
 
     protos = [ir.serde.serialize_node(n) for n in order]
     # with their bytes: a tensor in external data would be a file reference onnx's

@@ -15,6 +15,7 @@ from onnx.reference.op_run import OpRun
 
 from dqtool.families.integer import attention, embed, lstm, pool
 from dqtool.families.integer import kernel as k
+from dqtool.kernel.quantize import quantize
 
 
 class _Op(OpRun):
@@ -173,7 +174,6 @@ class _QLinearConcat(_Op):
 class _QLinearWhere(_Op):
     def _run(self, cond, x, xs, xz, y, ys, yz, zs, zz, **_):
         fx, fy = k._dq(x, xs, xz), k._dq(y, ys, yz)
-        from dqtool.kernel.quantize import quantize
 
         return (quantize(np.where(cond, fx, fy).astype(np.float32), zs, zz),)
 

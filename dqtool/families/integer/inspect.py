@@ -8,6 +8,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from dqtool.families.integer import describe
+from dqtool.inspection import consumers
 from dqtool.registry.family import InspectSupport, InspectTable
 
 if TYPE_CHECKING:
@@ -33,9 +35,6 @@ class IntegerNodeReport:
 
 
 def node(n: ir.Node, opsets: Mapping[str, int], graph_name: str) -> IntegerNodeReport | None:
-    from dqtool.families.integer import describe
-    from dqtool.inspection import consumers
-
     spec = describe.read(n, dict(opsets))
     if spec is None:
         return None

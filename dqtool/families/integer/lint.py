@@ -31,6 +31,7 @@ from dqtool.families.integer import describe, ops, ort_facts, ort_types
 from dqtool.linting.context import ModelContext
 from dqtool.linting.finding import Finding
 from dqtool.linting.registry import define
+from dqtool.runtimes import onnxruntime as ort_runtime
 
 CODE = "DQ110"
 define(CODE, "target-integer-operator", "error",
@@ -112,8 +113,6 @@ def _ort_why_not(op: str, domain: str, target: str,
     its types (measured, ``ort_facts`` and ``ort_types``); ``onnxruntime`` is the installed
     release (probed where the table does not hold it). Another release not measured is
     assumed to run the family."""
-    from dqtool.runtimes import onnxruntime as ort_runtime
-
     release = ort_runtime.target_release(target)
     if release is not None and ort_facts.has_cpu_kernel(op, release) is False:
         return f"onnxruntime {release} has no CPU kernel for com.microsoft {op} (measured)"

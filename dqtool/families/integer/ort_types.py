@@ -16,6 +16,9 @@ import itertools
 
 import numpy as np
 
+from dqtool.families.integer import ops
+from dqtool.runtimes.onnxruntime import _runs
+
 S, U = "int8", "uint8"
 
 _QLINEAR = frozenset({(U, U, U), (U, S, U), (S, S, S)})
@@ -61,7 +64,6 @@ def _model(key: tuple[str, str], signature: tuple[str, ...]):
     """A one-node model of constants with that signature (inputs, then output type)."""
     from onnx import TensorProto, helper, numpy_helper
 
-    from dqtool.families.integer import ops
 
     domain, op = key
     opdef = ops.lookup(domain, op)
@@ -110,7 +112,5 @@ def signatures(key: tuple[str, str]) -> list[tuple[str, ...]]:
 @functools.lru_cache(maxsize=1)
 def probe() -> dict[tuple[str, str], frozenset[tuple[str, ...]]]:
     """The installed onnxruntime's table, measured (~70 one-node sessions)."""
-    from dqtool.runtimes.onnxruntime import _runs
-
     return {key: frozenset(s for s in signatures(key) if _runs(_model(key, s)))
             for key in TYPED_OPS}

@@ -31,12 +31,13 @@ from dqtool.checking.selfcheck import (
     NodeCheck,
     judge_alone,
 )
-from dqtool.families.integer import describe, lstm, ops, ort_facts
+from dqtool.families.integer import describe, kernel, lstm, ops, ort_facts
+from dqtool.families.integer.evaluator_ops import EVALUATOR_OPS
+from dqtool.runtimes import code_paths
+from dqtool.runtimes.onnxruntime import installed_version, release_of
 
 
 def _has_kernel(node: ir.Node) -> bool:
-    from dqtool.families.integer.evaluator_ops import EVALUATOR_OPS
-
     domain = "" if node.domain in graph.DEFAULT_DOMAINS else node.domain
     return any(op.__name__ == node.op_type and op.op_domain == domain for op in EVALUATOR_OPS)
 
@@ -195,8 +196,6 @@ def _within_tolerance(result: NodeCheck, alone: onnx.ModelProto, op: str, output
                       ort_y: np.ndarray | None) -> NodeCheck | None:
     """A float output of an operator with a stated tolerance (``ort_facts``): within it,
     the node passes and the report says by how much it differs."""
-    from dqtool.runtimes.onnxruntime import installed_version, release_of
-
     version = installed_version()
     release = release_of(version) if version else None
     tol = ort_facts.tolerance(op, output, release)
@@ -264,9 +263,6 @@ def emulations() -> dict[str, object]:
     """The kernel's integer GEMM, QLinearConv's convolution and ConvInteger as onnxruntime
     computes them on a path with ``u8s8-pair-saturation`` (u8 × s8 operands emulated;
     ConvInteger is exact there, as measured), by the kernel module's names."""
-    from dqtool.families.integer import kernel
-    from dqtool.runtimes import code_paths
-
     exact_mm, exact_conv = kernel.integer_matmul, kernel.integer_conv
 
     def u8s8(a: np.ndarray, b: np.ndarray) -> bool:
@@ -297,8 +293,6 @@ def emulating(u8s8: bool) -> Iterator[None]:
     if not u8s8:
         yield
         return
-    from dqtool.families.integer import kernel
-
     saved = {name: getattr(kernel, name) for name in ("integer_matmul", "integer_conv",
                                                       "conv_integer")}
     for name, fn in emulations().items():

@@ -5,7 +5,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from dqtool import kernel
+from dqtool.codecs import base
+from dqtool.codecs.opmx import logical_shape
 from dqtool.families import qdq
+from dqtool.folding.kernel_call import KernelCall
 from dqtool.registry.family import FoldSupport, Kernel
 
 if TYPE_CHECKING:
@@ -20,15 +24,10 @@ _ATTRS = ("quant_data_type", "quant_axis", "group_size", "has_zeropoint", "float
 
 
 def run(x: np.ndarray, scale: np.ndarray, zp: np.ndarray | None, step: KernelCall) -> np.ndarray:
-    from dqtool import kernel
-
     return kernel.dequantize_opmx(x, scale, zp, **dict(step.opmx))
 
 
 def step(node: ir.Node, spec: QuantSpec, out: np.dtype | None) -> KernelCall:
-    from dqtool.codecs import base
-    from dqtool.folding.kernel_call import KernelCall
-
     scale, zp = qdq.params(node)
     a = dict(spec.attributes)
     if not a["has_zeropoint"]:
@@ -42,8 +41,6 @@ def step(node: ir.Node, spec: QuantSpec, out: np.dtype | None) -> KernelCall:
 
 def shape(source: tuple[int, ...], spec: QuantSpec) -> tuple[int, ...]:
     """The unpacked shape: int4 holds four rows per int16."""
-    from dqtool.codecs.opmx import logical_shape
-
     return tuple(logical_shape(source, str(spec.attribute("quant_data_type"))))  # type: ignore[arg-type]
 
 

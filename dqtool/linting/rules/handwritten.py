@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
+from dqtool.handwritten import find
 from dqtool.linting.context import ModelContext
 from dqtool.linting.finding import Finding
 from dqtool.linting.registry import define
@@ -40,7 +41,6 @@ def target_findings(ctx: ModelContext, target: str) -> Iterator[Finding]:
     (those without one have nothing to point to: ``dqtool.handwritten.find`` says why)."""
     if not fuses(target):
         return
-    from dqtool.handwritten import find
 
     opset = ctx.onnx_opset or 0
     for r in find(ctx.model):

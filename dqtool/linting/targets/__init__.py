@@ -15,6 +15,8 @@ from dqtool import registry
 from dqtool.errors import UsageError
 from dqtool.linting.context import ModelContext
 from dqtool.linting.finding import Finding
+from dqtool.linting.rules import handwritten
+from dqtool.linting.targets import deploy
 from dqtool.linting.targets.base import Profile, Target, best
 
 # Modules of this package that hold no target.
@@ -70,7 +72,6 @@ def run(ctx: ModelContext, profile: Profile) -> Iterator[Finding]:
         hook = getattr(importlib.import_module(module), "target_findings", None)
         if hook is not None:
             yield from hook(ctx, profile.name)
-    from dqtool.linting.rules import handwritten  # dequantization written by hand
 
     yield from handwritten.target_findings(ctx, profile.name)
     sites = getattr(profile, "site_candidates", None)  # a check that reads the node
@@ -84,6 +85,5 @@ def run(ctx: ModelContext, profile: Profile) -> Iterator[Finding]:
                               f"({worst.name}): {issue.reason}", q, target=profile.name,
                               fix=issue.fix)
     if getattr(profile, "judge", None) is not None:  # a deployment target's node units
-        from dqtool.linting.targets import deploy
 
         yield from deploy.findings(ctx, profile)  # type: ignore[arg-type]

@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from dqtool import versions
 from dqtool.spec import QuantSpec
 
 
@@ -67,8 +68,6 @@ def or_fold(spec: QuantSpec, fix: str | None) -> str | None:
 
 
 def to_ai_onnx_fix(spec: QuantSpec, opset: int) -> str:
-    from dqtool import versions
-
     lowest = versions.lowest_version(spec)
     if lowest is None:
         return or_fold(spec, None) or "none: no ai.onnx DequantizeLinear expresses it"
