@@ -18,7 +18,10 @@ defer_sympy()  # before anything imports onnx_ir: saves ~0.4 s of every command'
 
 import click  # noqa: E402
 
-from dqtool.cli.app import App, quiet_libraries  # noqa: E402
+from dqtool.cli.app import App, imports_without_gc, quiet_libraries  # noqa: E402
+from dqtool.cli.version import text  # noqa: E402
+from dqtool.errors import DqtoolError  # noqa: E402
+from dqtool.printable import shown  # noqa: E402
 
 # command -> (module, attribute, one-line help shown in `dqtool --help`), in the order
 # listed; a command's module is imported only when it runs.
@@ -58,7 +61,6 @@ def _print_versions(ctx: click.Context, _param: click.Parameter, value: bool) ->
     # Metadata only: importing onnxruntime or onnx to ask would cost most of a second.
     if not value or ctx.resilient_parsing:
         return
-    from dqtool.cli.version import text
 
     click.echo(text())
     ctx.exit()
@@ -104,8 +106,6 @@ def _flat(message: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    from dqtool.errors import DqtoolError
-
     try:
         code = cli.main(args=argv, prog_name="dqtool", standalone_mode=False)
     except DqtoolError as e:  # raised outside a command body (rare)
@@ -145,8 +145,6 @@ def entry() -> None:
     which never ends the process this way. Imports run without the garbage collector
     (``app.imports_without_gc``), and OpenBLAS's threads sleep as soon as they are idle
     (``quiet_blas``)."""
-    from dqtool.cli.app import imports_without_gc
-
     quiet_blas()
     imports_without_gc()
     try:
@@ -156,7 +154,6 @@ def entry() -> None:
         if e.code is None or isinstance(e.code, int):
             code = e.code or 0
         else:  # a message, as sys.exit("...") prints it
-            from dqtool.printable import shown
 
             print(shown(str(e.code)), file=sys.stderr)
             code = 1

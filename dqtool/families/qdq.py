@@ -15,6 +15,10 @@ if TYPE_CHECKING:
     from dqtool.spec import QuantSpec
 
 
+# Each hook imports what it needs when it is called: the registry is read by the codecs and
+# the evaluator, below every family, so a family's top level imports none of the engines
+# (dqtool/registry/family.py).
+
 def run_dq(x: np.ndarray, scale: np.ndarray, zp: np.ndarray | None, step: KernelCall) -> np.ndarray:
     from dqtool import kernel
 

@@ -21,6 +21,10 @@ if TYPE_CHECKING:
 
     from dqtool.convert.registry import Registry
 
+# Each hook imports what it needs when it is called: the registry is read by the codecs and
+# the evaluator, below every family, so a family's top level imports none of the engines
+# (dqtool/registry/family.py).
+
 DOMAIN = "com.microsoft"
 OPS = ("MatMulNBits", "GatherBlockQuantized")
 

@@ -15,6 +15,9 @@ from typing import Any
 from dqtool.families.integer import ops
 from dqtool.registry.family import CheckSupport, Family, InspectSupport
 
+# Each hook imports what it needs when it is called: the registry is read by the codecs and
+# the evaluator, below every family, so a family's top level imports none of the engines
+# (dqtool/registry/family.py).
 
 def _evaluator_ops() -> list[type[Any]]:
     from dqtool.families.integer.evaluator_ops import EVALUATOR_OPS

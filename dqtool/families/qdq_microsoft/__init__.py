@@ -14,6 +14,10 @@ from dqtool.registry.family import Family
 if TYPE_CHECKING:
     from dqtool.convert.registry import Registry
 
+# Each hook imports what it needs when it is called: the registry is read by the codecs and
+# the evaluator, below every family, so a family's top level imports none of the engines
+# (dqtool/registry/family.py).
+
 DOMAIN = "com.microsoft"
 
 
