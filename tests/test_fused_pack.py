@@ -451,7 +451,6 @@ def test_a_conversion_that_fails_after_writing_early_leaves_nothing(tmp_path, mo
         run(*args, **kwargs)
         raise RuntimeError("interrupted (test)")
 
-    from dqtool import storage
 
     started = []
     from dqtool.storage import driver

@@ -4,7 +4,6 @@ where the package is absent; DQTOOL_SLOW=1 compares the whole product of the fam
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
@@ -83,13 +82,7 @@ def openvino():
 
 
 def test_family_agrees_with_the_cpu_plugin(openvino, tmp_path):
-    size = "large" if os.environ.get("DQTOOL_SLOW") else "small"
-    tally = agreement.Tally()
-    for i, v in enumerate(dm.family(size)):
-        path = save(dm.model(v), tmp_path / f"v{i}.onnx")
-        before = len(tally.disagreements)
-        agreement.compare(path, "openvino", openvino, tally)
-        tally.disagreements[before:] = [f"{d} [{v.label}]" for d in tally.disagreements[before:]]
+    tally = agreement.over_family("openvino", openvino, tmp_path, save, dm)
     assert tally.disagreements == [], f"{tally.agree}/{tally.compared}"
     assert tally.not_compared == []
     assert tally.compared >= 100

@@ -4,7 +4,6 @@ absent; DQTOOL_SLOW=1 compares the whole product of the family's axes)."""
 
 from __future__ import annotations
 
-import os
 from dataclasses import replace
 from pathlib import Path
 
@@ -112,14 +111,8 @@ def qnn():
 
 
 def test_family_agrees_with_the_htp_backend(qnn, tmp_path):
-    size = "large" if os.environ.get("DQTOOL_SLOW") else "small"
-    tally = agreement.Tally()
-    for i, v in enumerate(dm.family(size)):
-        path = save(dm.model(v), tmp_path / f"v{i}.onnx")
-        before = len(tally.disagreements)
-        agreement.compare(path, "qnn-htp", qnn, tally)
-        tally.disagreements[before:] = [f"{d} [{v.label}]" for d in tally.disagreements[before:]]
-    assert tally.compared >= len(dm.family(size))
+    tally = agreement.over_family("qnn-htp", qnn, tmp_path, save, dm)
+    assert tally.compared >= tally.family_size
     assert tally.disagreements == [], f"{tally.agree}/{tally.compared}"
     assert tally.not_compared == []
 

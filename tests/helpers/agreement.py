@@ -17,6 +17,7 @@ class Tally:
     compared: int = 0
     disagreements: list[str] = field(default_factory=list)
     not_compared: list[str] = field(default_factory=list)  # the runtime gave no verdict
+    family_size: int = 0  # variants in the generated family run (over_family)
 
     def add(self, label: str, lint: object, runtime: object) -> None:
         self.compared += 1
@@ -61,3 +62,19 @@ def compare(path: Path, target: str, oracle, tally: Tally) -> None:
             tally.not_compared.append(label)
         else:
             tally.add(label, v.quantized, said[0])
+
+
+def over_family(target: str, oracle, tmp_path, save, dm) -> Tally:
+    """Lint's verdict against ``oracle``'s over the generated QDQ family (``DQTOOL_SLOW=1``:
+    the large one); each disagreement names the variant."""
+    import os
+
+    size = "large" if os.environ.get("DQTOOL_SLOW") else "small"
+    tally = Tally()
+    for i, v in enumerate(dm.family(size)):
+        path = save(dm.model(v), tmp_path / f"v{i}.onnx")
+        before = len(tally.disagreements)
+        compare(path, target, oracle, tally)
+        tally.disagreements[before:] = [f"{d} [{v.label}]" for d in tally.disagreements[before:]]
+    tally.family_size = len(dm.family(size))
+    return tally
