@@ -25,8 +25,7 @@ def _swap_stages(bits: int) -> list[tuple[np.uint64, np.uint64, int]]:
 
 
 # Input bytes one slab of rows may hold: its words and a half-size temporary stay in L2
-# while the stages run over them (measured: 0.5-4 MiB alike, much smaller slabs pay for
-# NumPy's per-call overhead).
+# while the stages run over them (docs/decisions.md, "Sizes the code holds").
 SLAB_BYTES = 1 << 21
 
 

@@ -35,12 +35,8 @@ from dqtool.kernel.parallel import num_threads
 from dqtool.storage import checked_files, inline_read
 from dqtool.storage.write_pieces import piecewise
 
-# Output elements per chunk when streaming: large enough to amortize the kernel's setup and
-# its two threads, small enough that a few chunks in flight stay far below 1 GB. 2 Mi
-# (8 MiB of float32) stays under glibc's 32 MiB mmap ceiling, so each freed chunk is reused
-# from the heap by the next instead of being unmapped and zero-filled again: measured, the
-# kernel ran 1.8 Gelem/s on 2 Mi chunks and 1.0 on 8 Mi, and a 512 MB fold took 0.25 s of
-# CPU instead of 0.32 (1 Mi and 4 Mi were no better).
+# Output elements per chunk when streaming: 8 MiB of float32 stays under glibc's mmap
+# ceiling, so a freed chunk is reused from the heap (docs/decisions.md, "Sizes the code holds").
 CHUNK_ELEMENTS = 1 << 21
 
 
@@ -242,8 +238,8 @@ class FoldedTensor(ir.LazyTensor):
 
     # Read by the data-file writer (dqtool.storage.data_writer): written in turns, chunk by
     # chunk, and safe to compute beside another (its loads through onnx_ir take turns on
-    # ``kernel_call.load``), so the writer's threads fold two weights at once (measured on the
-    # fused bench's float16 fold: 5.1 s against 6.1 s one at a time). One folded value
+    # ``kernel_call.load``), so the writer's threads fold two weights at once
+    # (docs/decisions.md, "Sizes the code holds"). One folded value
     # may also be read by another's folding (a folded scale): each computation of it
     # (written, or read whole) holds its own lock, so two threads never share its
     # Folding's state; the chunks computed ahead for a write run under the writer's hold.

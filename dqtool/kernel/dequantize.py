@@ -56,14 +56,9 @@ _U16 = np.dtype(np.uint16)
 _NIBBLE_FLOATS = frozenset({np.dtype(ml_dtypes.float4_e2m1fn)})
 # From this many elements a per-tensor gather uses pair tables (their setup costs ~0.3 ms).
 PAIR_MIN = 1 << 20
-# Blocked layouts run in chunks of twice the usual budget (parallel.CHUNK): their scale
-# multiply is one short NumPy inner loop per block, CPU-bound, and halving the number of
-# chunks (thread hand-offs of the GIL between NumPy calls, per-chunk Python) saves more than
-# the larger working set costs (4096x4096 on 2 cores, interleaved runs: int4 blocks of 32
-# 14.8 -> 13.2 ms on axis 1, 11.9 -> 10.1 on axis 0; uint4 blocks of 128 13.6 -> 10.9;
-# float4 21.0 -> 18.9; one thread: unchanged). Per-axis and per-tensor layouts gain nothing
-# and keep one. (Measured before _direct_cast; with it, int4 blocks of 32 on axis 1 measure
-# the same with factors 1, 2 and 4.)
+# Blocked layouts run in chunks of twice the usual budget (parallel.CHUNK): fewer GIL
+# hand-offs between their short per-block NumPy loops (docs/decisions.md, "Sizes the code
+# holds"); per-axis and per-tensor layouts gain nothing and keep one.
 BLOCKED_CHUNK_FACTOR = 2
 # Sub-byte integers: (shift that moves the value to the top of the byte, signed).
 _SUBBYTE_INT_SHIFT = {

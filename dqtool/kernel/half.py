@@ -36,9 +36,9 @@ _SMALL_INTS = frozenset(np.dtype(t) for t in (
 _SCALES = frozenset({np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16)})
 # Below this many elements NumPy's cast costs less than a call into onnxruntime (~6 us).
 MIN_ELEMENTS = 1 << 12
-# Setting the fast cast up (importing onnxruntime, a session, the probe) takes ~0.07 s,
-# what NumPy spends on ~25 Mi elements: a process starts it only once NumPy has cast this
-# many (a small model never pays for it; a large one loses at most that much).
+# Setting the fast cast up (importing onnxruntime, a session, the probe) costs what NumPy
+# spends on about this many elements: a process starts it only once NumPy has cast them
+# (docs/decisions.md, "Sizes the code holds").
 WARM_UP_ELEMENTS = 1 << 24
 
 _lock = threading.Lock()

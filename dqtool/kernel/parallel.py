@@ -16,8 +16,8 @@ from contextlib import nullcontext
 
 import numpy as np
 
-# Elements per chunk: 128 Ki float32 outputs (512 KiB) plus the input codes and NumPy's
-# internal index buffer in np.take stay within the 2 MiB L2 (measured best of 16-128 Ki).
+# Elements per chunk: 128 Ki float32 outputs plus the codes and np.take's index buffer stay
+# within a 2 MiB L2 (docs/decisions.md, "Sizes the code holds").
 CHUNK = 1 << 17
 # Below this many elements a thread hand-off costs more than it saves.
 PARALLEL_MIN = 1 << 18
@@ -138,8 +138,7 @@ def ufunc_bufsize(run: int) -> int | None:
 
 
 # Where every scratch buffer starts: a page. NumPy's large arrays start 16 bytes into one,
-# so every 64-byte store into a row of one straddled two cache lines (measured: the C
-# transpose into a band 8-10% slower, 16 bytes off).
+# so a 64-byte store straddled two cache lines (docs/decisions.md, "Sizes the code holds").
 SCRATCH_ALIGN = 4096
 
 

@@ -27,9 +27,7 @@ from dqtool.storage.write_pieces import write_in_pieces, write_tensor
 SIZE_THRESHOLD = 256
 ALIGNMENT = 64  # keeps every tensor's data aligned for memory-mapped NumPy views
 # A copy of the input's data file (``DataFileCopy``) is kept as the output's only where at most
-# 1/this of it is bytes the output no longer uses (the replaced tensors' old bytes stay in
-# it, the new ones follow): until 2026-11-27 (`b9a228a`) the rule was "half kept", and a
-# 493 MB model's `upgrade --per-axis` wrote a 750 MB file, 233 MB of it unused.
+# 1/this of it is bytes the output no longer uses (docs/decisions.md, "Sizes the code holds").
 PREFILL_MAX_UNUSED = 8
 
 
@@ -129,9 +127,9 @@ class _Writer:
         for t in self._threads:
             t.start()
 
-    # An open-ended writer reserves the file's bytes this far past the last tensor at a
-    # time (one reservation a tensor cost ~0.1 ms of the converting thread each), and cuts
-    # the file back to its last tensor when it is done.
+    # An open-ended writer reserves the file's bytes this far past the last tensor at a time
+    # (not one reservation a tensor: docs/decisions.md, "Sizes the code holds"), and cuts the
+    # file back to its last tensor when it is done.
     RESERVE_AHEAD = 64 << 20
 
     def add(self, items: list[tuple[ir.TensorProtocol, int, int]], last: bool = False
