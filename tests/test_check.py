@@ -422,18 +422,18 @@ def test_against_fails_when_no_runtime_could_compare(tmp_path):
     assert result.output.rstrip().endswith("FAILED")
 
 
-def test_against_skips_the_reference_when_it_would_hold_too_much(tmp_path, monkeypatch):
-    from dqtool.checking import models as check_models
+def test_against_never_skips_the_reference_for_size(tmp_path, monkeypatch):
+    """Past the streaming budget both runtimes still compare: node by node on the
+    reference evaluator, in pieces on onnxruntime (docs/commands/check.md)."""
+    from dqtool.checking import runners, stream_ort
 
     w, s = weights()
     p = save(matmul_model(w, s), tmp_path / "m.onnx")
-    monkeypatch.setattr(check_models, "REFERENCE_MAX_BYTES", 1)
+    monkeypatch.setattr(runners, "STREAM_BYTES", 0)
+    monkeypatch.setattr(stream_ort, "PIECE_BYTES", 1)
     report = check(p, against=p)
     assert report.passed
-    by_runtime = {c.runtime: c for c in report.comparisons}
-    assert by_runtime["onnxruntime"].skipped is None
-    assert by_runtime["reference"].skipped.startswith(
-        "reference skipped for the checked model: it would hold about")
+    assert all(c.skipped is None and c.outputs for c in report.comparisons)
 
 
 def test_check_alone_runs_a_weight_dq_by_itself(tmp_path, monkeypatch):
@@ -477,8 +477,9 @@ g (float[2] x) => (float[2] y) { y = Relu (x) }"""), src)
 
 
 def test_an_output_nan_everywhere_in_both_models_is_noted(tmp_path):
-    """Equal (NaN against NaN), so it passes, but the note says the comparison saw nothing
-    (a shipped decoder gave all-NaN logits on onnxruntime for the seeded inputs)."""
+    """Equal (NaN against NaN), but nothing was compared: it fails unless accepted, and the
+    note says so (a shipped decoder gave all-NaN logits on onnxruntime for the seeded
+    inputs)."""
     src = tmp_path / "m.onnx"
     onnx.save(onnx.parser.parse_model("""<ir_version: 7, opset_import: ["" : 13]>
         g (float[1,4] x) => (float[1,4] y, float[1,4] z) {
@@ -495,9 +496,17 @@ def test_an_output_nan_everywhere_in_both_models_is_noted(tmp_path):
     up = tmp_path / "up.onnx"
     dqtool.upgrade(str(src), 21, str(up))
     report = check(str(up), against=str(src))
-    assert report.passed
-    nan_notes = [n for n in report.notes if "NaN in every element" in n]
+    assert not report.passed
+    failed = [(c.runtime, o.name) for c in report.comparisons for o in c.outputs
+              if not o.passed]
+    assert failed == [("onnxruntime", "y"), ("reference", "y")]
+    assert all(o.compared_nothing for c in report.comparisons for o in c.outputs
+               if o.name == "y")
+    nan_notes = [n for n in report.notes if "NaN or ±inf in every element" in n]
     assert [n.split(":")[0] for n in nan_notes] == ["onnxruntime", "reference"]
+    accepted = check(str(up), against=str(src), accept_nonfinite=True)
+    assert accepted.passed and accepted.to_json()["comparisons"][0]["outputs"][0][
+        "nonfinite_accepted"]
     assert all("'y'" in n for n in nan_notes)  # z is finite: no note
 
 

@@ -258,13 +258,14 @@ def test_check_on_a_path_loads_the_model_once(tmp_path, monkeypatch):
 def test_check_of_an_external_data_model_runs_from_its_files(tmp_path, monkeypatch):
     """A model with external data is checked from its files, the converted one as written
     (before it is renamed into place). Past the Q/DQ budget only the final outputs are
-    compared, strictly, and onnx's evaluator is skipped when it would hold too much."""
+    compared, strictly, and both runtimes run it streamed (never skipped for size)."""
     from dqtool.checking import models as check_models
+    from dqtool.checking import runners
 
     folder = tmp_path / "in"
     shutil.copytree(MODELS / "external_data", folder)
     monkeypatch.setattr(conversion, "QDQ_MAX_BYTES", 1)
-    monkeypatch.setattr(check_models, "REFERENCE_MAX_BYTES", 1)
+    monkeypatch.setattr(runners, "STREAM_BYTES", 0)  # streamed on both runtimes
     seen = []
     real_load = check_models.load
     monkeypatch.setattr(check_models, "load", lambda m, in_files=False: seen.append(
@@ -275,7 +276,7 @@ def test_check_of_an_external_data_model_runs_from_its_files(tmp_path, monkeypat
     check = report.check
     assert check.ok, check
     assert check.runtimes[conversion.ORT] == "identical"
-    assert check.runtimes[conversion.REFERENCE].startswith("skipped: it would hold about")
+    assert check.runtimes[conversion.REFERENCE] == "identical"
     assert any(n.startswith("Q/DQ results not compared one by one") for n in check.notes)
     # both models ran from files: the input's folder, then the output's temporary folder
     dirs = [entry.external_dir for entry in seen]

@@ -20,7 +20,7 @@ from dqtool.checking import against as against_mod
 from dqtool.checking import bounded, faithful, path_deviations, runners, selfcheck
 from dqtool.checking import inputs as inputs_mod
 from dqtool.checking.compare import OutputComparison
-from dqtool.checking.models import Loaded, ModelLike, load
+from dqtool.checking.models import KEEP_IN_FILES_BYTES, Loaded, ModelLike, load
 from dqtool.checking.report import CheckReport
 from dqtool.errors import InputError, UsageError
 
@@ -34,34 +34,49 @@ def check(
     seed: int = 0,
     shapes: Mapping[str, tuple[int, ...]] | None = None,
     inputs: Mapping[str, np.ndarray] | None = None,
+    accept_nonfinite: bool = False,
 ) -> CheckReport:
     """Check a model alone, or against the model it was converted from.
 
     ``shapes`` gives an input's shape by its name, or a symbolic dimension's size by its
     name; other unknown dimensions are 1. ``inputs`` gives feeds by name (the rest are
     generated from ``seed``). Tolerances apply to ``against`` comparisons; per-node checks
-    are always bit-exact. Raises ``InputError``/``UsageError`` for unreadable models or
-    inputs that do not fit.
+    are always bit-exact. An output NaN or ±inf in every element of both models compared
+    nothing and fails, unless ``accept_nonfinite``. Raises ``InputError``/``UsageError`` for
+    unreadable models or inputs that do not fit.
     """
     _refuse_bad_options(rtol, atol, seed)
-    loaded = load(model_or_path)
+    loaded = load(model_or_path, keep_over=KEEP_IN_FILES_BYTES)
     try:
         feeds, defaulted = inputs_mod.generate(loaded.proto, seed=seed, shapes=shapes,
                                                given=inputs)
     except InputError as e:
         raise InputError(f"{loaded.name}: {e}") from None
     given = set(inputs or {})
+    bounds = inputs_mod.index_bounds(loaded.proto)
+    specs = {sp.name: sp for sp in inputs_mod.model_inputs(loaded.proto)}
     feed_info = {k: {"shape": list(v.shape),
                      "dtype": "string" if v.dtype.kind in "OUS" else str(v.dtype),
-                     "source": "given" if k in given else "generated"}
+                     "source": "given" if k in given else "generated",
+                     **({} if k in given else {"values": inputs_mod.describe_values(
+                         specs[k].type_name, bounds.get(k))})}
                  for k, v in feeds.items()}
     notes: list[str] = [n for n in (loaded.note(),) if n]
     common = {"runtimes": (runners.ort_runtime(), runners.reference_runtime()),
               "seed": seed, "rtol": rtol, "atol": atol, "inputs": feed_info,
               "defaulted_dims": tuple(defaulted)}
     if against is not None:
-        return _against(loaded, load(against), feeds, rtol, atol, notes, common)
+        other = load(against, keep_over=KEEP_IN_FILES_BYTES)
+        report = _against(loaded, other, feeds, rtol, atol, notes, common)
+        return _accepting(report) if accept_nonfinite else report
     return _alone(loaded, feeds, notes, common)
+
+
+def _accepting(report: CheckReport) -> CheckReport:
+    """Outputs that compared nothing (NaN or ±inf everywhere in both) pass, as asked."""
+    return replace(report, comparisons=tuple(
+        replace(c, outputs=tuple(replace(o, nonfinite_accepted=True).judge(o.rtol, o.atol)
+                                 for o in c.outputs)) for c in report.comparisons))
 
 
 def _refuse_bad_options(rtol: float, atol: float, seed: int) -> None:

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import onnx
 
-from dqtool.checking import compare, float_steps, models, runners
+from dqtool.checking import compare, float_steps, runners
 from dqtool.checking.models import for_ort
 
 
@@ -27,6 +27,10 @@ class RuntimeComparison:
     runtime: str  # "onnxruntime" or "reference"
     outputs: tuple[compare.OutputComparison, ...]
     skipped: str | None = None  # why nothing was compared on this runtime
+    # Values inside the graph both models compute (same name), compared along the
+    # original's node order: where the difference appears and grows. Reported, not judged;
+    # on the reference runtime only (keeping a value changes nothing it computes).
+    depth: tuple[DepthPoint, ...] = ()
 
     @property
     def passed(self) -> bool:
@@ -34,12 +38,45 @@ class RuntimeComparison:
         return all(o.passed for o in self.outputs)
 
     def judge(self, rtol: float, atol: float) -> RuntimeComparison:
-        return RuntimeComparison(self.runtime, tuple(o.judge(rtol, atol) for o in self.outputs),
-                                 self.skipped)
+        return replace(self, outputs=tuple(o.judge(rtol, atol) for o in self.outputs))
 
     def to_json(self) -> dict[str, Any]:
         return {"runtime": self.runtime, "passed": self.passed, "skipped": self.skipped,
-                "outputs": [o.to_json() for o in self.outputs]}
+                "outputs": [o.to_json() for o in self.outputs],
+                "depth": [d.to_json() for d in self.depth]}
+
+
+@dataclass(frozen=True)
+class DepthPoint:
+    """One value both models compute, at ``position`` of the original's ``of`` nodes."""
+
+    value: str
+    position: int
+    of: int
+    comparison: compare.OutputComparison
+
+    def to_json(self) -> dict[str, Any]:
+        c = self.comparison
+        return {"value": self.value, "position": self.position, "of": self.of,
+                "max_abs": compare._num(c.max_abs), "max_rel": compare._num(c.max_rel),
+                "mismatched": c.mismatched, "size": c.size, "histogram": c.histogram}
+
+
+# Values compared along the depth of a model (``depth_probes``), at most.
+DEPTH_POINTS = 48
+
+
+def depth_probes(model: onnx.ModelProto, original: onnx.ModelProto) -> list[tuple[str, int]]:
+    """(name, position in the original) of main-graph values both models make, not graph
+    outputs, evenly spaced along the original's nodes (``DEPTH_POINTS`` at most)."""
+    made = {o for n in model.graph.node for o in n.output if o}
+    finals = {o.name for o in original.graph.output} | {o.name for o in model.graph.output}
+    common = [(o, i) for i, n in enumerate(original.graph.node) for o in n.output[:1]
+              if o and o in made and o not in finals]
+    if len(common) <= DEPTH_POINTS:
+        return common
+    pick = np.linspace(0, len(common) - 1, DEPTH_POINTS).round().astype(int)
+    return [common[i] for i in sorted(set(pick.tolist()))]
 
 
 def explicable(o: compare.OutputComparison) -> bool:
@@ -74,8 +111,11 @@ def _run_ort(model: onnx.ModelProto, feeds: Mapping[str, np.ndarray],
 
 
 def _run_ref(model: onnx.ModelProto, feeds: Mapping[str, np.ndarray],
-             external_dir: Path | None) -> dict[str, np.ndarray]:
-    return runners.run_reference(model, feeds, external_dir=external_dir)
+             external_dir: Path | None, probes: Sequence[str] = ()) -> dict[str, np.ndarray]:
+    names = [o.name for o in model.graph.output]
+    return runners.run_reference(model, feeds, [*names, *(p for p in probes
+                                                          if p not in names)],
+                                 external_dir=external_dir)
 
 
 def output_steps(model: onnx.ModelProto) -> dict[str, float]:
@@ -148,35 +188,31 @@ def compare_models(model: onnx.ModelProto, original: onnx.ModelProto,
     extra = sorted(set(names) - {o.name for o in original.graph.output})
     if extra:
         notes.append(f"outputs only the checked model has (not compared): {', '.join(extra)}")
-    return [
-        _on("onnxruntime", _run_ort, (model, model_dir), (original, original_dir), feeds,
-            rtol, atol, range_steps, notes),
-        _on("reference", _run_ref, (model, model_dir), (original, original_dir), feeds,
-            rtol, atol, range_steps, notes),
-    ]
+    probes = depth_probes(model, original)
 
+    def run_ref(m: onnx.ModelProto, f: Mapping[str, np.ndarray], d: Path | None
+                ) -> dict[str, np.ndarray]:
+        return _run_ref(m, f, d, [p for p, _ in probes])
 
-def _all_nan(a: np.ndarray) -> bool:
-    a = np.asarray(a)
-    if a.size == 0 or a.dtype.kind in "OUSbiu":  # (no NaN in strings, bools, integers)
-        return False
-    with np.errstate(invalid="ignore"):
-        return bool(np.isnan(a.astype(np.float64)).all())
+    ort = _on("onnxruntime", _run_ort, (model, model_dir), (original, original_dir), feeds,
+              rtol, atol, range_steps, notes)
+    ref = _on("reference", run_ref, (model, model_dir), (original, original_dir), feeds,
+              rtol, atol, range_steps, notes, probes=probes)
+    return [ort, ref]
 
 
 def _on(runtime: str, run: Runner, model: tuple[onnx.ModelProto, Path | None],
         original: tuple[onnx.ModelProto, Path | None], feeds: Mapping[str, np.ndarray],
         rtol: float, atol: float, range_steps: bool = False,
-        notes: list[str] | None = None) -> RuntimeComparison:
-    """``notes``: where an output is NaN everywhere in both models, it says so (they are
-    equal, NaN against NaN, and that says nothing of the conversion)."""
+        notes: list[str] | None = None, probes: Sequence[tuple[str, int]] = ()
+        ) -> RuntimeComparison:
+    """``notes``: where an output is NaN or ±inf everywhere in both models, it says so
+    (they are equal, and that says nothing of the conversion: the output fails unless
+    accepted). ``probes``: values inside both models to compare too (``depth``)."""
     results = []
     runtime_steps = runtime_step_sources(original[0])
     run_original = original
     for label, (m, d) in (("the checked model", model), ("the original", run_original)):
-        too_big = models.reference_too_big(m) if runtime == "reference" else None
-        if too_big:
-            return RuntimeComparison(runtime, (), f"{runtime} skipped for {label}: {too_big}")
         try:
             results.append(run(m, feeds, d))
         except runners.RuntimeFailure as e:
@@ -197,8 +233,12 @@ def _on(runtime: str, run: Runner, model: tuple[onnx.ModelProto, Path | None],
         else:
             outputs.append(compare.compare(o.name, got[o.name], want[o.name], rtol=rtol,
                                            atol=atol, step=steps.get(o.name)))
-            if notes is not None and _all_nan(got[o.name]) and _all_nan(want[o.name]):
-                notes.append(f"{runtime}: output '{o.name}' is NaN in every element of "
-                             "both models: equal, but that says nothing about the "
-                             "conversion (other inputs: --inputs, --seed)")
-    return RuntimeComparison(runtime, tuple(outputs))
+            if notes is not None and outputs[-1].compared_nothing:
+                notes.append(f"{runtime}: output '{o.name}' is NaN or ±inf in every element "
+                             "of both models: nothing compared (equal, but that says nothing "
+                             "about the conversion), which fails unless accepted "
+                             "(--accept-nonfinite); other inputs: --inputs, --seed")
+    of = len(original[0].graph.node)
+    depth = tuple(DepthPoint(name, i, of, compare.compare(name, got[name], want[name]))
+                  for name, i in probes if name in got and name in want)
+    return RuntimeComparison(runtime, tuple(outputs), depth=depth)

@@ -9,6 +9,7 @@ dqtool's conversions claim bit-identity.
 
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import dataclass, replace
 from typing import Any
@@ -46,6 +47,21 @@ class OutputComparison:
     # Why the output passes though beyond rtol/atol (a proven bound on the runtime's own
     # rounding, see ``dqtool.checking.bounded``); None when only the tolerances judge it.
     tolerated: str | None = None
+    # Elements finite in both arrays; 0 means nothing was compared (every element NaN or
+    # ±inf in both), which fails unless accepted (``check(accept_nonfinite=True)``).
+    # None for a comparison read back from a report made before the field existed.
+    finite: int | None = None
+    nonfinite_accepted: bool = False
+    # The error's distribution, in ulps of the output type or in quantization steps
+    # (``histogram``), and the worst elements [(index, checked, original)]: what the HTML
+    # report draws.
+    histogram: dict[str, Any] | None = None
+    worst: tuple[tuple[tuple[int, ...], float, float], ...] = ()
+
+    @property
+    def compared_nothing(self) -> bool:
+        """Every element NaN or ±inf in both models: equal, and that says nothing."""
+        return self.finite == 0 and self.size > 0 and self.failure is None
 
     @property
     def within_one_step(self) -> bool | None:
@@ -69,7 +85,8 @@ class OutputComparison:
         """The same statistics judged with other tolerances."""
         ok = (self.failure is None and self.nan_mismatches == 0
               and (self.max_abs <= atol or self.max_rel <= rtol
-                   or self.tolerated is not None))
+                   or self.tolerated is not None)
+              and (not self.compared_nothing or self.nonfinite_accepted))
         return replace(self, rtol=rtol, atol=atol, passed=ok)
 
     def to_json(self) -> dict[str, Any]:
@@ -86,6 +103,10 @@ class OutputComparison:
             "rtol": self.rtol, "atol": self.atol,
             "step": self.step, "max_steps": self.max_steps, "off_by_one": self.off_by_one,
             "off_by_more": self.off_by_more, "tolerated": self.tolerated,
+            "finite": self.finite, "nonfinite_accepted": self.nonfinite_accepted,
+            "histogram": self.histogram,
+            "worst": [{"index": list(i), "actual": _num(a), "expected": _num(e)}
+                      for i, a, e in self.worst],
         }
 
     @classmethod
@@ -105,7 +126,11 @@ class OutputComparison:
             mismatched=doc["mismatched"], size=doc["size"], failure=doc["failure"],
             step=doc.get("step"), max_steps=doc.get("max_steps"),
             off_by_one=doc.get("off_by_one"), off_by_more=doc.get("off_by_more"),
-            tolerated=doc.get("tolerated"),
+            tolerated=doc.get("tolerated"), finite=doc.get("finite"),
+            nonfinite_accepted=bool(doc.get("nonfinite_accepted", False)),
+            histogram=doc.get("histogram"),
+            worst=tuple((tuple(w["index"]), float(w["actual"]), float(w["expected"]))
+                        for w in doc.get("worst") or ()),
         ).judge(doc.get("rtol", 0.0), doc.get("atol", 0.0))
 
 
@@ -221,7 +246,52 @@ def compare(name: str, actual: np.ndarray, expected: np.ndarray, *, rtol: float 
         worst_actual=float(a.reshape(-1)[flat]), worst_expected=float(e.reshape(-1)[flat]),
         mismatched=int((~same).sum()), size=n, failure=failure,
         **_step_fields(absdiff, step, _slack(actual, expected)),
+        finite=int((np.isfinite(a) & np.isfinite(e)).sum()),
+        histogram=histogram(absdiff, actual, expected, step), worst=_worst(absdiff, a, e),
     ).judge(rtol, atol)
+
+
+# Bucket edges of an error histogram: 0, then powers of two (in ulps or steps).
+EDGES = (0.0, *(2.0 ** k for k in range(0, 21)))
+WORST = 8  # elements listed by ``worst``
+
+
+def histogram(absdiff: np.ndarray, actual: np.ndarray, expected: np.ndarray,
+              step: float | np.ndarray | None) -> dict[str, Any] | None:
+    """How many elements are how far apart: in quantization steps when the output has one,
+    else in ulps of its float type (of the larger of the two values); buckets 0, ≤1, ≤2,
+    ≤4 … ≤2^20, more, and not finite. None for other types."""
+    if step is not None:
+        unit, size = "step", np.broadcast_to(np.asarray(step, np.float64), absdiff.shape)
+    elif actual.dtype.kind == "f" and actual.dtype == expected.dtype:
+        unit = f"ulp of {actual.dtype}"
+        with np.errstate(invalid="ignore", over="ignore"):
+            big = np.maximum(np.abs(actual), np.abs(expected))
+            size = np.spacing(np.where(np.isfinite(big), big, 0).astype(actual.dtype)
+                              ).astype(np.float64)
+    else:
+        return None
+    with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
+        dist = absdiff / size
+    finite = np.isfinite(dist)
+    counts = [int((dist[finite] == 0).sum())]
+    counts += [int(((dist > lo) & (dist <= hi)).sum())
+               for lo, hi in itertools.pairwise(EDGES)]
+    counts.append(int((finite & (dist > EDGES[-1])).sum()))
+    counts.append(int((~finite).sum()))
+    return {"unit": unit, "edges": list(EDGES), "counts": counts}
+
+
+def _worst(absdiff: np.ndarray, a: np.ndarray, e: np.ndarray
+           ) -> tuple[tuple[tuple[int, ...], float, float], ...]:
+    flat = absdiff.reshape(-1)
+    if not flat.size or not (flat > 0).any():
+        return ()
+    k = min(WORST, int((flat > 0).sum()))
+    top = np.argpartition(-np.nan_to_num(flat, nan=np.inf), k - 1)[:k]
+    top = top[np.argsort(-np.nan_to_num(flat[top], nan=np.inf), kind="stable")]
+    return tuple((tuple(int(i) for i in np.unravel_index(int(t), a.shape)),
+                  float(a.reshape(-1)[t]), float(e.reshape(-1)[t])) for t in top)
 
 
 def _textual(a: np.ndarray) -> bool:

@@ -215,6 +215,24 @@ def random_array(type_name: str, shape: tuple[int, ...], rng: np.random.Generato
     return rng.standard_normal(shape, dtype=np.float32).astype(et.dtype, copy=False)
 
 
+def describe_values(type_name: str, index_bound: int | None = None) -> str:
+    """What ``random_array`` draws for an input, in words (the report says how each input
+    was made, and why its values keep the outputs finite)."""
+    if type_name == STRING:
+        return "given"
+    et = types.by_name(type_name)
+    if type_name == "bool":
+        return "uniform over false, true"
+    if et.is_integer:
+        lo, hi = max(int(et.min), -8), min(int(et.max), 8)
+        if index_bound is not None:
+            lo, hi = max(lo, -index_bound), min(hi, index_bound - 1)
+            return (f"integers uniform in [{lo}, {hi}]: indices into a table of "
+                    f"{index_bound} rows, every one inside it")
+        return f"integers uniform in [{lo}, {hi}]"
+    return "standard normal"
+
+
 def generate(model: onnx.ModelProto, *, seed: int = 0,
              shapes: Mapping[str, tuple[int, ...]] | None = None,
              given: Mapping[str, np.ndarray] | None = None) -> tuple[dict[str, np.ndarray],

@@ -39,11 +39,6 @@ EXTERNAL_FOLDER_KEY = "session.model_external_initializers_file_folder_path"
 
 ModelLike = str | os.PathLike | ir.Model | onnx.ModelProto
 
-# onnx's evaluator keeps every value of a run until the run ends: past this many bytes of
-# dequantized values a check skips it (onnxruntime frees values after their last use).
-REFERENCE_MAX_BYTES = 4 << 30
-
-
 @dataclass(frozen=True)
 class Loaded:
     name: str  # for display
@@ -68,15 +63,24 @@ class Loaded:
             return (f"{self.name}: {self.external_bytes / 2**30:.2f} GiB of tensors left in "
                     "the model file while checking (onnxruntime and the reference evaluator "
                     "read them from it; each weight is checked slice by slice)")
-        return (f"{self.name}: {self.external_bytes / 2**30:.2f} GiB of external data, past "
-                "protobuf's 2 GB limit: kept in its files (onnxruntime reads them from the "
-                "model's folder, the reference evaluator memory-maps them, onnx's checker is "
-                "given the path)")
+        why = "past protobuf's 2 GB limit" if self.external_bytes > MAX_IN_PROTO else \
+            "a check streams it"
+        return (f"{self.name}: {self.external_bytes / 2**30:.2f} GiB of external data, "
+                f"{why}: kept in its files (onnxruntime reads them from the "
+                "model's folder, the reference evaluator reads each when a node needs it, "
+                "onnx's checker is given the path)")
 
 
-def load(model: ModelLike, in_files: bool = False) -> Loaded:
+# External data past this many bytes stays in its files for ``check`` (read a weight at a
+# time by the streamed runs, ``runners.streams``): read into the protobuf, the 1.8 GB model
+# of bench/bench_fused.py and its conversion held 3.8 GB before anything ran.
+KEEP_IN_FILES_BYTES = 256 << 20
+
+
+def load(model: ModelLike, in_files: bool = False, keep_over: int | None = None) -> Loaded:
     """The model as a check runs it. Bad files raise InputError. ``in_files``: a model
-    file's external tensors stay in their files whatever their size."""
+    file's external tensors stay in their files whatever their size; ``keep_over``: they
+    stay there past that many bytes."""
     if isinstance(model, onnx.ModelProto):
         return Loaded("<memory>", model)
     if isinstance(model, ir.Model):
@@ -92,7 +96,8 @@ def load(model: ModelLike, in_files: bool = False) -> Loaded:
     # The safety checks (missing, truncated, escaping external data); tensors not read.
     proto = storage.read_proto(path)
     size = external_size(proto, path.parent)
-    if size + proto.ByteSize() > MAX_IN_PROTO or (in_files and size):
+    if size + proto.ByteSize() > MAX_IN_PROTO or (in_files and size) or (
+            keep_over is not None and size > keep_over):
         # Only main-graph initializers stay in files: the runtimes resolve no others.
         storage.inline_external(proto, path.parent, subgraph_initializers=True)
         return Loaded(str(model), proto, path.parent, path, size)
@@ -239,12 +244,3 @@ def qdq_value_bytes(proto: onnx.ModelProto) -> int:
             if dims is not None:
                 total += 4 * math.prod(dims)
     return total
-
-
-def reference_too_big(proto: onnx.ModelProto) -> str | None:
-    """Why onnx's evaluator should not run this model (the values it would hold), if so."""
-    held = qdq_value_bytes(proto)
-    if held <= REFERENCE_MAX_BYTES:
-        return None
-    return (f"it would hold about {held / 2**30:.1f} GiB of dequantized values at once "
-            "(onnx's evaluator keeps every value of a run)")

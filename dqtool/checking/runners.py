@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 import onnx
 
+from dqtool.checking import liveness, ref_ops, stream_ort, stream_ref
 from dqtool.checking.models import EXTERNAL_FOLDER_KEY, in_memory_container
 from dqtool.messages import one_line
 
@@ -100,10 +101,7 @@ def _options(ort: Any, external_dir: Path | None) -> Any:
     return so
 
 
-def ort_session(model: onnx.ModelProto, external_dir: Path | None = None) -> Session:
-    """An onnxruntime session for several runs, ``session(feeds, outputs)`` (a large model
-    loads once); with ``external_dir`` the model's external tensors are left in their files
-    and onnxruntime reads them from that folder (only the graph is serialized)."""
+def _ort_options(external_dir: Path | None) -> tuple[Any, Any]:
     try:
         import onnxruntime as ort
     except ImportError as e:
@@ -116,12 +114,88 @@ def ort_session(model: onnx.ModelProto, external_dir: Path | None = None) -> Ses
     # DequantizeLinear of a 2.4 GB model first (11.6 GB held; 2.4 GB this way). The order
     # never changes a value.
     so.execution_order = ort.ExecutionOrder.PRIORITY_BASED
+    return ort, so
+
+
+def _whole_ort(model: onnx.ModelProto, external_dir: Path | None) -> Session:
+    ort, so = _ort_options(external_dir)
     try:
         sess = ort.InferenceSession(model.SerializeToString(), so, providers=[ORT_PROVIDER])
     except Exception as e:  # onnxruntime raises its own exception types
         raise _failure(e) from None
-
     return _session(sess, [o.name for o in sess.get_outputs()])
+
+
+def ort_session(model: onnx.ModelProto, external_dir: Path | None = None) -> Session:
+    """An onnxruntime session for several runs, ``session(feeds, outputs)`` (a large model
+    loads once); with ``external_dir`` the model's external tensors are left in their files
+    and onnxruntime reads them from that folder (only the graph is serialized). A model
+    past ``STREAM_BYTES`` of weights runs in pieces, one session each (``stream_ort``)."""
+    if streams(model):
+        _ort_options(external_dir)  # onnxruntime missing: the same failure, at once
+        return _streamed(stream_ort.StreamedOrt(
+            model, lambda piece: _whole_ort(piece, external_dir),
+            _reporter("onnxruntime", model)))
+    return _whole_ort(model, external_dir)
+
+
+# A model whose main-graph initializers pass this many bytes (``liveness.value_bytes``: 4
+# an element, what they may cost dequantized) runs streamed on both runtimes: node by node
+# on the reference evaluator, in pieces on onnxruntime. Below it a whole run holds little.
+STREAM_BYTES = 256 << 20
+
+
+def streams(model: onnx.ModelProto) -> bool:
+    return sum(liveness.value_bytes(t) for t in model.graph.initializer) > STREAM_BYTES
+
+
+def _streamed(run: Callable[..., dict[str, np.ndarray]]) -> Session:
+    def session(feeds: Mapping[str, np.ndarray], outputs: Sequence[str] | None = None
+                ) -> dict[str, np.ndarray]:
+        try:
+            return run(feeds, outputs)
+        except RuntimeFailure:
+            raise
+        except Exception as e:
+            raise _failure(e) from None
+
+    return session
+
+
+# Where a streamed run reports its pieces: ``progress(text)``; set by ``reporting``.
+_PROGRESS: list[Callable[[str], None]] = []
+
+
+class reporting:
+    """Streamed runs report ``runtime model: done/total`` to ``callback`` meanwhile."""
+
+    def __init__(self, callback: Callable[[str], None] | None) -> None:
+        self.callback = callback
+
+    def __enter__(self) -> None:
+        if self.callback is not None:
+            _PROGRESS.append(self.callback)
+
+    def __exit__(self, *exc: object) -> None:
+        if self.callback is not None:
+            _PROGRESS.remove(self.callback)
+
+
+def _reporter(runtime: str, model: onnx.ModelProto) -> Callable[[int, int], None] | None:
+    if not _PROGRESS:
+        return None
+    callback = _PROGRESS[-1]
+    name = model.graph.name or "model"
+    unit = "pieces" if runtime == "onnxruntime" else "nodes"
+    step = {"n": -1.0}
+
+    def report(done: int, total: int) -> None:
+        # at most ~100 lines a run: every piece, every 1% of the nodes
+        if done == total or done >= step["n"] + total / 100:
+            step["n"] = done
+            callback(f"{runtime}, graph {name}: {done}/{total} {unit}")
+
+    return report
 
 
 def ort_graph(model: onnx.ModelProto, external_dir: Path | None = None
@@ -200,36 +274,6 @@ def run_ort(model: onnx.ModelProto, feeds: Mapping[str, np.ndarray],
     return ort_session(model, external_dir)(feeds, outputs)
 
 
-def _layout_free_ops() -> list[type]:
-    """MatMul and Gemm on C-contiguous inputs. NumPy hands a transposed or reshaped view to
-    BLAS as is, and BLAS sums in another order for it: the same values gave outputs 2e-6
-    apart when a converted model made its weight through Reshape/Transpose. On contiguous
-    copies the result depends on the values alone, as a comparison between models needs."""
-    from onnx.reference.ops.op_gemm import Gemm_7
-    from onnx.reference.ops.op_matmul import MatMul
-
-    class _MatMul(MatMul):
-        def _run(self, a, b):  # type: ignore[override]
-            return super()._run(np.ascontiguousarray(a), np.ascontiguousarray(b))
-
-    class _Gemm(Gemm_7):
-        def _run(self, a, b, c=None, alpha=None, beta=None, transA=None,  # type: ignore[override]
-                 transB=None):
-            return super()._run(np.ascontiguousarray(a), np.ascontiguousarray(b), c, alpha,
-                                beta, transA, transB)
-
-    # ReferenceEvaluator keys new_ops by (op_domain, class name).
-    return [type("MatMul", (_MatMul,), {"op_domain": ""}),
-            type("Gemm", (_Gemm,), {"op_domain": ""})]
-
-
-def _new_ops(model: onnx.ModelProto) -> list[type]:
-    # Gemm before opset 7 has `broadcast`, which the Gemm-7 implementation lacks.
-    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
-    ops = _layout_free_ops()
-    return ops if opset >= 7 else ops[:1]
-
-
 def reference_session(model: onnx.ModelProto, external_dir: Path | None = None) -> Session:
     """dqtool's reference evaluator for several runs, ``session(feeds, outputs)``; with
     ``external_dir`` the model's external tensors are memory-mapped from that folder, never
@@ -237,9 +281,12 @@ def reference_session(model: onnx.ModelProto, external_dir: Path | None = None) 
     from dqtool import reference_evaluator
 
     try:
+        if streams(model):
+            return _streamed(stream_ref.StreamedReference(
+                model, external_dir, ref_ops.new_ops(model), _reporter("reference", model)))
         sess = reference_evaluator(model if external_dir is None
                                    else in_memory_container(model, external_dir),
-                                   new_ops=_new_ops(model))
+                                   new_ops=ref_ops.new_ops(model))
     except Exception as e:  # a model the evaluator cannot load is a finding, not a crash
         raise _failure(e) from None
 

@@ -178,16 +178,26 @@ def _lowest(sm: dict) -> str:
 @click.command("inspect")
 @click.argument("model", type=click.Path(dir_okay=True, path_type=str))
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
+@click.option("--report", "report_file", type=str, default=None, metavar="FILE.html",
+              help="Also write a self-contained HTML report of each weight's quantization.")
 @click.pass_obj
 @user_errors
-def inspect_cmd(app: App, model: str, as_json: bool) -> None:
+def inspect_cmd(app: App, model: str, as_json: bool, report_file: str | None) -> None:
     """What dequantization MODEL holds, and what is wrong with it.
 
     Exits 0 whenever the model can be read, even when nodes have problems (lint judges).
     """
     from dqtool.inspection import inspect
 
+    if report_file is not None:
+        from dqtool.report import html
+
+        html.writable(report_file)
     report = inspect(model)
+    if report_file is not None:
+        from dqtool.report import inspect_page
+
+        inspect_page.write(report_file, model, report.to_json())
     if as_json:
         app.print_json(report.to_json())
     else:
