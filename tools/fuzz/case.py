@@ -120,3 +120,11 @@ def shuffled(rng: object, combinations: Callable[[], list[tuple]],
         rng.shuffle(order)  # type: ignore[attr-defined]
         for combo in order:
             yield make(*combo)
+
+
+def on_every_command(rng: object, commands_of_model: int, kinds: Callable[[], list[str]],
+                     make: Callable[..., Case]) -> Iterator[Case]:
+    """Every kind on each of a model's commands (``commands_of_model`` of them), the
+    tensor an initializer and a Constant, shuffled anew at each pass (``shuffled``)."""
+    return shuffled(rng, lambda: [(k, i, c) for k in kinds() for i in range(commands_of_model)
+                                  for c in (False, True)], make)

@@ -10,7 +10,7 @@ from pathlib import Path
 import onnx
 
 from tools.fuzz import commands
-from tools.fuzz.case import SENTINEL, Case, shuffled
+from tools.fuzz.case import SENTINEL, Case, on_every_command
 
 REPO = Path(__file__).resolve().parents[2]
 BASE = REPO / "models" / "external_data" / "model.onnx"
@@ -122,6 +122,4 @@ def kinds() -> list[str]:
 
 
 def cases(rng: random.Random) -> Iterator[Case]:
-    n_commands = len(commands.for_model(MODEL))
-    return shuffled(rng, lambda: [(k, i, c) for k in kinds() for i in range(n_commands)
-                                  for c in (False, True)], make)
+    return on_every_command(rng, len(commands.for_model(MODEL)), kinds, make)

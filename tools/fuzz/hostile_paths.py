@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from tools.fuzz import commands
-from tools.fuzz.case import Case, shuffled
+from tools.fuzz.case import Case, on_every_command
 from tools.fuzz.hostile_data import BASE, MODEL, with_entries
 
 DATA = (BASE.parent / "model.onnx.data").read_bytes()
@@ -87,6 +87,4 @@ def kinds() -> list[str]:
 
 
 def cases(rng: random.Random) -> Iterator[Case]:
-    n_commands = len(commands.for_model(MODEL))
-    return shuffled(rng, lambda: [(k, i, c) for k in kinds() for i in range(n_commands)
-                                  for c in (False, True)], make)
+    return on_every_command(rng, len(commands.for_model(MODEL)), kinds, make)
