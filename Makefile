@@ -78,15 +78,30 @@ test-ort:
 # `make test-cpu CPU=Haswell`: the integer, check and docs tests with onnxruntime on another
 # CPU code path, emulated by qemu-user (Debian package qemu-user, installed here if missing):
 # Haswell is x86-64 AVX2 without VNNI (docs/semantics.md "CPU code paths").
+# `make test-cpu CPU=neoverse-n1` (or another of ARM_CPUS): the same tests on ARM64 under
+# qemu-aarch64, in an aarch64 Python that tools/arm64_sysroot.py builds once from Debian's
+# arm64 packages and the lock's aarch64 wheels (.cpu-emulation/arm64, reused after).
 CPU ?= Haswell
+ARM_CPUS := neoverse-n1 neoverse-v1 neoverse-n2 cortex-a72 cortex-a76 a64fx max
 CPU_TESTS ?= tests/test_integer_*.py tests/test_check*.py tests/test_docs.py tests/test_code_paths.py
 test-cpu: $(STAMP)
-	@command -v qemu-x86_64 >/dev/null || (apt-get update -qq && apt-get install -y -qq qemu-user)
+	@command -v qemu-x86_64 >/dev/null && command -v qemu-aarch64 >/dev/null \
+	  || (apt-get update -qq && apt-get install -y -qq qemu-user)
+ifeq ($(filter $(CPU),$(ARM_CPUS)),)
 	@tools/python-on-cpu $(CPU) $(abspath $(BIN))/python > $(BIN)/python-$(CPU)
 	@chmod +x $(BIN)/python-$(CPU)
+else
+	@ln -sf "$$($(BIN)/python tools/arm64_sysroot.py $(CPU))" $(BIN)/python-$(CPU)
+endif
 	@$(BIN)/python-$(CPU) -c "from dqtool.runtimes import cpu_path; print('CPU path under qemu:', cpu_path.probe().describe())"
+ifeq ($(filter $(CPU),$(ARM_CPUS)),)
 	$(BIN)/python -m pytest -q -p no:cacheprovider --dist load \
 	  --tx "2*popen//python=$(abspath $(BIN))/python-$(CPU)" $(CPU_TESTS)
+else
+	@# xdist hands its workers the controller's sys.path: the controller is the aarch64
+	@# Python too (the wrapper runs it at nice 19, and its workers through sys.executable)
+	$(BIN)/python-$(CPU) -m pytest -q -p no:cacheprovider -n 2 $(CPU_TESTS)
+endif
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
