@@ -1,6 +1,7 @@
 """Small helpers over onnx_ir: where nodes live, which values are constant, their shapes.
 
-Nothing here reads tensor data unless asked for a value (``constant_array``).
+Nothing here reads tensor data unless asked for a value (``constant_array``,
+``tensor_values``).
 """
 
 from __future__ import annotations
@@ -141,8 +142,17 @@ def constant_node(value: ir.Value) -> ir.Node | None:
 
 
 def constant_array(value: ir.Value | None) -> np.ndarray | None:
+    """The values of the tensor ``value`` always holds (``tensor_values``), else None."""
     tensor = constant_tensor(value)
-    return None if tensor is None else tensor.numpy()
+    return None if tensor is None else tensor_values(tensor)
+
+
+def tensor_values(tensor: ir.TensorProtocol) -> np.ndarray:
+    """A tensor's values in its own shape (2/4-bit codes one a byte, in their ml_dtypes
+    type): the one reader of constants. A tensor of a file reads itself without keeping
+    the file mapped (``dqtool.storage``'s tensors, see ``storage.tensor_reads``)."""
+    # Reshaped: onnx_ir gives a packed sub-byte scalar the shape (1,).
+    return tensor.numpy().reshape(tuple(int(d) for d in tensor.shape))
 
 
 # How far back through QuantizeLinear/DequantizeLinear (and data movement, for types) a

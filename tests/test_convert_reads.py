@@ -199,12 +199,12 @@ def test_rows_of_a_weight_blocked_along_its_last_axis_are_its_stored_bytes(
     form keeps x, its scale and its zero point as stored. From a file they are copied
     there by the save and never read as values (a 32000 x 4096 int4 embedding's
     `--per-axis` held 348 MB; now 132)."""
-    from dqtool.storage import tensor_reads
+    from dqtool import graph
 
     src = tmp_path / "m.onnx"
     stored = _last_axis_model(src, qtype, external)
     if external:
-        monkeypatch.setattr(tensor_reads, "tensor_array", lambda t: pytest.fail(
+        monkeypatch.setattr(graph, "tensor_values", lambda t: pytest.fail(
             f"{t.name} read as values"))
     out = tmp_path / "out.onnx"
     report = dqtool.upgrade(str(src), 21, str(out), per_axis=True)

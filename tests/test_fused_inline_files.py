@@ -16,9 +16,8 @@ from helpers.fused import gbq_model, nbits_inputs, nbits_model
 from onnx import helper
 
 import dqtool
-from dqtool import storage
-from dqtool.families.fused import arrays
-from dqtool.storage import inline_read, inline_write
+from dqtool import graph, storage
+from dqtool.storage import inline_read, inline_write, tensor_reads
 
 LAYERS, K, N, BLOCK = 6, 512, 1024, 32
 
@@ -68,12 +67,12 @@ def test_reading_a_weight_left_in_the_file_keeps_nothing(tmp_path, lean):
     proto = {t.name: t for t in onnx.load(str(tmp_path / "m.onnx")).graph.initializer}
     for t in mapped:
         expected = onnx.numpy_helper.to_array(proto[t.name])
-        assert arrays.raw_bytes(t).tobytes() == proto[t.name].raw_data
-        got = arrays.tensor_array(t)
+        assert tensor_reads.raw_bytes(t).tobytes() == proto[t.name].raw_data
+        got = graph.tensor_values(t)
         if t.dtype == ir.DataType.INT4:
             expected = expected.astype(np.int8)
         np.testing.assert_array_equal(got, expected)
-        flat = arrays.same_bytes(t, ir.DataType.UINT8, (len(proto[t.name].raw_data),))
+        flat = tensor_reads.same_bytes(t, ir.DataType.UINT8, (len(proto[t.name].raw_data),))
         assert isinstance(flat, inline_read.MappedTensor)  # saved inline, from the file
         assert flat.tobytes() == proto[t.name].raw_data
         # Nothing was loaded into the tensor: no map of the whole file, no values kept.
@@ -174,8 +173,8 @@ def test_bounds_read_weight_columns_without_keeping_them(tmp_path, lean):
     for node in nodes:
         a = {k: v.as_int() for k, v in node.attributes.items()}
         whole = kernel.dequantize_matmul_nbits(
-            *(arrays.value_array(v) for v in node.inputs[1:3]),
-            arrays.value_array(node.inputs[3]), K=a["K"], N=a["N"], bits=4,
+            *(graph.constant_array(v) for v in node.inputs[1:3]),
+            graph.constant_array(node.inputs[3]), K=a["K"], N=a["N"], bits=4,
             block_size=a["block_size"])
         np.testing.assert_array_equal(bound._weight_columns(node, cols), whole[:, cols])
     codes = [n.inputs[1].const_value for n in nodes]

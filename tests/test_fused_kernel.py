@@ -199,7 +199,7 @@ def test_reference_matmul_nbits_rounds_before_its_bias_in_bfloat16(tmp_path):
 def test_external_tensors_read_without_a_map(tmp_path, dtype):
     import onnx_ir as ir
 
-    from dqtool.families.fused import arrays
+    from dqtool.storage import tensor_reads
 
     rng = np.random.default_rng(0)
     lo, hi = {np.dtype(ml_dtypes.int4): (-8, 8), np.dtype(ml_dtypes.uint4): (0, 16),
@@ -212,7 +212,7 @@ def test_external_tensors_read_without_a_map(tmp_path, dtype):
     ir.save(m, tmp_path / "m.onnx", external_data="m.onnx.data", size_threshold_bytes=0)
     t = ir.load(tmp_path / "m.onnx").graph.initializers["t"].const_value
     assert isinstance(t, ir.ExternalTensor)
-    got = arrays.tensor_array(t)
+    got = tensor_reads.tensor_array(t)
     assert got.dtype == np.dtype(dtype) and np.array_equal(got.astype(np.float32),
                                                           arr.astype(np.float32))
 

@@ -89,7 +89,7 @@ def _layout(step: Step, spec: QuantSpec, x_shape: tuple[int, ...], s_shape: tupl
     pad = nb * b - d
 
     def rows_x() -> np.ndarray:
-        xs = params.values(x)
+        xs = graph.constant_array(x)
         if a == 0 and rank == 2 and xs.dtype.itemsize == 1:
             # A (K, N) weight's columns as rows: a transpose of its bytes on 64-bit words
             # (in C where built), not NumPy's strided copy (~0.3 GB/s of int8: 7 of the 14 s
@@ -99,7 +99,7 @@ def _layout(step: Step, spec: QuantSpec, x_shape: tuple[int, ...], s_shape: tupl
             xs = np.moveaxis(xs, a, -1)
         if pad:
             if zp is not None:
-                fill = np.moveaxis(params.values(zp), a, -1)[..., -1:]
+                fill = np.moveaxis(graph.constant_array(zp), a, -1)[..., -1:]
             else:
                 fill = np.zeros((*others, 1), xs.dtype)
             xs = np.concatenate([xs, np.broadcast_to(fill, (*others, pad)).astype(xs.dtype)],
@@ -107,7 +107,8 @@ def _layout(step: Step, spec: QuantSpec, x_shape: tuple[int, ...], s_shape: tupl
         return np.ascontiguousarray(xs).reshape(rows, b)
 
     def rows_of(v: ir.Value):
-        return lambda: np.ascontiguousarray(np.moveaxis(params.values(v), a, -1)).reshape(rows)
+        return lambda: np.ascontiguousarray(
+            np.moveaxis(graph.constant_array(v), a, -1)).reshape(rows)
 
     if a == rank - 1 and not pad:
         # The rows are x, its scale and its zero point as stored, reshaped: their bytes are

@@ -18,6 +18,7 @@ import numpy as np
 import onnx_ir as ir
 
 from dqtool import graph, types
+from dqtool.building import Builder
 from dqtool.convert.report import ConvertReport
 from dqtool.names import Names
 from dqtool.storage import tensor_reads
@@ -68,26 +69,28 @@ class Step:
     src: int  # since-version (or domain version) the node is read at
     dst: int  # since-version it must be valid at after this step
     ctx: Context
+    _builder: Builder | None = field(default=None, init=False, repr=False, compare=False)
 
     @property
     def target(self) -> int:
         return self.ctx.target
 
-    # --- constants ---------------------------------------------------------------------
+    # --- constants (``dqtool.building``: an initializer, or a Constant node in a
+    # function, put before the node at once) -------------------------------------------
+
+    @property
+    def build(self) -> Builder:
+        """The builder of this step's new constants (made on first use)."""
+        if self._builder is None:
+            self._builder = Builder(self.node, self.ctx.fresh, in_function=self.in_function)
+        return self._builder
 
     def constant(self, base: str, dtype: ir.DataType, shape: tuple[int, ...],
                  compute: Callable[[], np.ndarray]) -> ir.Value:
         """A new constant next to the node, computed only when the model is saved
         (``LazyTensor``), so a rewrite never holds every weight in memory at once."""
         name = self.ctx.fresh(base)
-
-        def make() -> ir.TensorProtocol:
-            arr = compute()
-            assert arr.shape == shape, (arr.shape, shape)
-            return ir.Tensor(np.ascontiguousarray(arr), dtype=dtype, name=name)
-
-        return self._holding(name, ir.LazyTensor(make, dtype=dtype, shape=ir.Shape(shape),
-                                                 name=name), base)
+        return self._placed(self.build.lazy(name, dtype, shape, compute), name, base)
 
     def reshaped(self, base: str, v: ir.Value, shape: tuple[int, ...]) -> ir.Value:
         """A new constant next to the node: constant ``v`` reshaped. Where ``v`` is in a
@@ -99,29 +102,16 @@ class Step:
         if self.in_function or (tensor_reads.file_range(stored) is None
                                 and not isinstance(stored, tensor_reads.WidenedCodes)):
             return self.constant(base, stored.dtype, shape,
-                                 lambda: tensor_reads.tensor_array(stored).reshape(shape))
+                                 lambda: graph.tensor_values(stored).reshape(shape))
         return self.holding(base, tensor_reads.same_bytes(stored, stored.dtype, shape))
 
     def holding(self, base: str, tensor: ir.TensorProtocol) -> ir.Value:
         """A new constant next to the node holding ``tensor`` (renamed)."""
-        name = self.ctx.fresh(base)
-        tensor.name = name
-        return self._holding(name, tensor, base)
+        return self._placed(tensor, self.ctx.fresh(base), base)
 
-    def _holding(self, name: str, tensor: ir.TensorProtocol, base: str) -> ir.Value:
-        dtype, shape = tensor.dtype, tuple(int(d) for d in tensor.shape)
-        if self.in_function:
-            # Functions have no initializers: a Constant node holds the value.
-            cnode = ir.node("Constant", [], {"value": tensor},
-                            name=self.ctx.fresh.node(f"{self.node.name}/{base}"))
-            self.node.graph.insert_before(self.node, cnode)
-            out = cnode.outputs[0]
-            out.name = name
-            out.dtype, out.shape = dtype, ir.Shape(shape)
-            return out
-        value = ir.Value(name=name, const_value=tensor, type=ir.TensorType(dtype),
-                         shape=ir.Shape(shape))
-        self.node.graph.register_initializer(value)
+    def _placed(self, tensor: ir.TensorProtocol, name: str, base: str) -> ir.Value:
+        value = self.build.place(tensor, name, base)
+        self.build.insert()
         return value
 
     def small_constant(self, base: str, arr: np.ndarray, dtype: ir.DataType | None = None

@@ -42,7 +42,7 @@ def decompose(step: Step, spec: QuantSpec, reasons: list[str]) -> Outcome:
         shape = params.broadcastable(np.zeros(params.static_shape(spec.scale_shape) or (),
                                               np.int8), spec, x_shape or ()).shape
         return step.constant(f"{v.name}_{base}", types.from_dtype(dtype).ir_type, shape,
-                             lambda: params.broadcastable(params.values(v), spec,
+                             lambda: params.broadcastable(graph.constant_array(v), spec,
                                                           x_shape or ()).astype(dtype))
 
     integer = types.TYPES[qt].is_integer

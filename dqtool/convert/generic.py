@@ -349,7 +349,7 @@ def _splice(node: ir.Node, step: Step, g: onnx.GraphProto, source_opset: int,
         elif name in original:
             new_inputs.append(original[name])
         elif name in constants:
-            arr = _constant_array(constants[name])
+            arr = _converted_constant(constants[name])
             if arr is None:
                 return not_splicable
             formal = _formal_name(dst_schema, i)
@@ -390,14 +390,14 @@ def _splice(node: ir.Node, step: Step, g: onnx.GraphProto, source_opset: int,
                    f"{op}-{target_opset})", why)
 
 
-def _constant_array(holder: Any) -> np.ndarray | None:
-    from onnx import numpy_helper
-
+def _converted_constant(holder: Any) -> np.ndarray | None:
+    """The values of a constant onnx's version converter made: an initializer, or a
+    Constant node (whose value may be an attribute other than a tensor)."""
     if isinstance(holder, onnx.TensorProto):
-        return numpy_helper.to_array(holder)
+        return graph.tensor_values(ir.serde.deserialize_tensor(holder))
     for a in holder.attribute:
         if a.name == "value":
-            return numpy_helper.to_array(a.t)
+            return graph.tensor_values(ir.serde.deserialize_tensor(a.t))
         if a.name == "value_ints":
             return np.asarray(list(a.ints), dtype=np.int64)
         if a.name == "value_int":

@@ -44,7 +44,7 @@ def float32_detour(step: Step, spec: QuantSpec, why: str) -> Outcome:
         if graph.constant_tensor(scale) is not None:
             shape = params.const_shape(scale)
             f32 = step.constant(f"{scale.name}_float", ir.DataType.FLOAT, shape,
-                                lambda: params.values(scale).astype(np.float32))
+                                lambda: graph.constant_array(scale).astype(np.float32))
         else:
             if not cast_allowed("float", step.target) or spec.scale_type == "float8e8m0":
                 return Outcome.refused(f"the {spec.scale_type} scale is computed at run time")

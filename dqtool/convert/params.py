@@ -1,6 +1,6 @@
 """Reading a node's scale / zero point / x as arrays, and laying them out against x.
 
-Only rewrites call these; ``values`` reads a constant's data, so a caller does it inside a
+Only rewrites call these; a constant's values (``graph.constant_array``) are read inside a
 ``LazyTensor`` compute function (at save time), never while planning.
 """
 
@@ -11,18 +11,6 @@ import onnx_ir as ir
 
 from dqtool import graph
 from dqtool.spec import QuantSpec
-from dqtool.storage import tensor_reads
-
-
-def values(v: ir.Value) -> np.ndarray:
-    """A constant's values, read on their own map when it is in a file
-    (``dqtool.storage.tensor_reads``):
-    through the tensor, every weight a downgrade widened stayed in memory, unpacked, until
-    the model was saved (a 985 MB int4 model's took 2.9 GB)."""
-    tensor = graph.constant_tensor(v)
-    assert tensor is not None, f"{v.name} is not constant"
-    # Reshape: onnx_ir returns a packed sub-byte scalar as shape (1,).
-    return tensor_reads.tensor_array(tensor).reshape(tuple(int(d) for d in tensor.shape))
 
 
 def const_shape(v: ir.Value) -> tuple[int, ...]:

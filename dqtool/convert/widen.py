@@ -88,10 +88,10 @@ def fold_int16(step: Step, spec: QuantSpec) -> Outcome:
     shape = params.const_shape(x)
 
     def compute() -> np.ndarray:
-        xs = params.values(x).astype(np.int32)
+        xs = graph.constant_array(x).astype(np.int32)
         if zp is None:
             return xs
-        return xs - params.broadcastable(params.values(zp).astype(np.int32), spec, shape)
+        return xs - params.broadcastable(graph.constant_array(zp).astype(np.int32), spec, shape)
 
     step.set_input(0, step.constant(f"{x.name}_int32", ir.DataType.INT32, shape, compute))
     if zp is not None:
@@ -107,13 +107,13 @@ def small_float_to_f8(step: Step, spec: QuantSpec) -> Outcome:
     if why:
         return Outcome.refused(why)
     zp = graph.input_value(step.node, 2)
-    if zp is not None and np.any(params.values(zp).astype(np.float32) != 0):
+    if zp is not None and np.any(graph.constant_array(zp).astype(np.float32) != 0):
         return Outcome.refused(f"{spec.quant_type} zero point is not zero")
     x = graph.input_value(step.node, 0)
     shape = params.const_shape(x)
     step.set_input(0, step.constant(
         f"{x.name}_f8e4m3fn", ir.DataType.FLOAT8E4M3FN, shape,
-        lambda: params.values(x).astype(np.float32).astype(ml_dtypes.float8_e4m3fn)))
+        lambda: graph.constant_array(x).astype(np.float32).astype(ml_dtypes.float8_e4m3fn)))
     if zp is not None:
         step.set_input(2, None)
     return Outcome("changed", f"x {spec.quant_type} → float8e4m3fn (every value exact)",

@@ -12,8 +12,7 @@ import numpy as np
 import onnx_ir as ir
 
 from dqtool import graph
-from dqtool.families.fused import arrays
-from dqtool.families.fused.surgery import Builder
+from dqtool.families.fused.surgery import FusedBuilder
 from dqtool.families.fused.upgrade_notes import BITS_KEY, NAMES_KEY
 from dqtool.spec import QuantSpec
 
@@ -44,21 +43,13 @@ class PackContext:
     # the save's writer when it writes the data file while the pass packs (``pack -o``)
     early: EarlyWriter | None = None
 
-    def note_names(self, node: ir.Node, dq: ir.Node, b: Builder,
+    def note_names(self, node: ir.Node, dq: ir.Node, b: FusedBuilder,
                    mm: ir.Node | None = None) -> None:
         """Keep the names upgrade noted for ``node`` (packed from ``dq``), to restore."""
         # a MatMul of a weight shared with a node before holds its own node's notes
         noted_names = (noted(mm) if mm is not None else {}) or noted(dq)
         if noted_names:
             self.named.append((node, noted_names, set(b.created)))
-
-
-def constant_tensor(v: ir.Value | None) -> ir.TensorProtocol:
-    """The tensor of ``v``, or NoMatch when it is not a constant."""
-    t = graph.constant_tensor(v)
-    if t is None:
-        raise NoMatch("not a constant")
-    return t
 
 
 def only_use(v: ir.Value) -> tuple[ir.Node, int] | None:
@@ -107,7 +98,7 @@ def narrower(dq: ir.Node, spec: QuantSpec, bits: int) -> int | None:
     narrow = int(hint)
     for i in (0, 2):
         v = graph.input_value(dq, i)
-        if v is not None and int(arrays.value_array(v).max(initial=0)) >= 1 << narrow:
+        if v is not None and int(graph.constant_array(v).max(initial=0)) >= 1 << narrow:
             return None
     return narrow
 

@@ -9,8 +9,8 @@ import numpy as np
 import onnx_ir as ir
 
 from dqtool import graph, types
-from dqtool.families.fused import arrays, packing
-from dqtool.families.fused.surgery import Builder
+from dqtool.families.fused import packing
+from dqtool.families.fused.surgery import FusedBuilder
 from dqtool.fused.pack_context import (
     NoMatch,
     PackContext,
@@ -118,7 +118,7 @@ def pack_float_zp_chain(ctx: PackContext, dq: ir.Node, spec: QuantSpec, reshape:
     if graph.elem_type(a) not in (None, c.out_type) or graph.elem_type(zc) != c.out_type:
         raise NoMatch("")
     bias, badd = bias_of(ctx, mm, n, c.out_type)
-    b = Builder(mm if badd is None else badd, ctx.fresh, ctx.in_function,
+    b = FusedBuilder(mm if badd is None else badd, ctx.fresh, ctx.in_function,
                 home=graph.input_value(dq, 0), early=ctx.early)
     b.base = mm.name or dq.name or "matmul"
     s_type = types.by_name(c.out_type)
@@ -126,17 +126,17 @@ def pack_float_zp_chain(ctx: PackContext, dq: ir.Node, spec: QuantSpec, reshape:
     signed = types.by_name(spec.quant_type).signed
 
     def b_bytes() -> np.ndarray:
-        codes = unsigned_codes(arrays.value_array(x), bits, signed)
+        codes = unsigned_codes(graph.constant_array(x), bits, signed)
         return packing.onnx_to_nbits(codes, rows, n, bits, block)
 
     bq = b.constant("B", ir.DataType.UINT8, (n, kb, block * bits // 8), b_bytes)
     # Flat (N·k_blocks), as onnxruntime's HQQ quantizer (the writer of float zero
     # points) stores scales and zero points.
     s = b.constant("scales", s_type.ir_type, (n * kb,),
-                   lambda: np.ascontiguousarray(arrays.value_array(scale).reshape(kb, n).T)
+                   lambda: np.ascontiguousarray(graph.constant_array(scale).reshape(kb, n).T)
                    .astype(s_type.dtype).reshape(-1))
     z = b.constant("zero_points", s_type.ir_type, (n * kb,),
-                   lambda: np.ascontiguousarray(arrays.value_array(zc).reshape(kb, n).T)
+                   lambda: np.ascontiguousarray(graph.constant_array(zc).reshape(kb, n).T)
                    .reshape(-1))
     inputs: list[ir.Value | None] = [a, bq, s, z]
     if bias is not None:

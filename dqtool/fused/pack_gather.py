@@ -8,13 +8,12 @@ import numpy as np
 import onnx_ir as ir
 
 from dqtool import graph, types
-from dqtool.families.fused import arrays, packing
-from dqtool.families.fused.surgery import Builder
+from dqtool.families.fused import packing
+from dqtool.families.fused.surgery import FusedBuilder
 from dqtool.fused.pack_context import (
     BITS,
     NoMatch,
     PackContext,
-    constant_tensor,
     narrower,
     next_pow2_16,
     noted,
@@ -22,6 +21,7 @@ from dqtool.fused.pack_context import (
     remove_unused,
 )
 from dqtool.spec import QuantSpec
+from dqtool.storage import tensor_reads
 
 
 @dataclass
@@ -77,14 +77,14 @@ def pack_gather(ctx: PackContext, dq: ir.Node, spec: QuantSpec, gather: ir.Node
     (how, the values it no longer uses), or raises NoMatch."""
     t = _table(dq, spec, gather)
     q = spec.quant_type
-    b = Builder(gather, ctx.fresh, ctx.in_function, home=graph.input_value(dq, 0),
+    b = FusedBuilder(gather, ctx.fresh, ctx.in_function, home=graph.input_value(dq, 0),
                 early=ctx.early)
     b.base = gather.name or dq.name or "gather"
     s_shape = t.scale_shape
     s_type = types.by_name(spec.scale_type).ir_type
     reshaped = spec.granularity != "blocked"
     s_val = t.scale if not reshaped else b.constant(
-        "scales", s_type, s_shape, lambda: arrays.value_array(t.scale).reshape(s_shape))
+        "scales", s_type, s_shape, lambda: graph.constant_array(t.scale).reshape(s_shape))
     if q == "uint4" and noted(dq).get("data_type") == "uint8" and t.gather_axis == 0 \
             and t.quantize_axis == t.rank - 1 and t.shape[-1] % 2 == 0 and not reshaped:
         bits, data, z = _as_uint8_packed(b, dq, t)
@@ -113,17 +113,20 @@ def pack_gather(ctx: PackContext, dq: ir.Node, spec: QuantSpec, gather: ir.Node
     return how, old
 
 
-def _as_uint8_packed(b: Builder, dq: ir.Node, t: _Table
+def _as_uint8_packed(b: FusedBuilder, dq: ir.Node, t: _Table
                      ) -> tuple[int, ir.Value, ir.Value | None]:
     """(bits, data, zero points) of a uint4 table upgrade read from uint8-packed codes."""
     # a table upgrade read from uint8-packed codes (its note): the same bytes as
     # uint8 again, zero points packed by row, left out if upgrade made them up
     shape, s_shape, zp = t.shape, t.scale_shape, t.zp
-    data = b.existing(arrays.same_bytes(
-        constant_tensor(t.x), ir.DataType.UINT8, (*shape[:-1], shape[-1] // 2)), "data")
+    stored = graph.constant_tensor(t.x)
+    if stored is None:
+        raise NoMatch("not a constant")
+    data = b.existing(tensor_reads.same_bytes(
+        stored, ir.DataType.UINT8, (*shape[:-1], shape[-1] // 2)), "data")
     z = None
     if zp is not None:
-        zcodes = arrays.value_array(zp).astype(np.uint8).reshape(s_shape)
+        zcodes = graph.constant_array(zp).astype(np.uint8).reshape(s_shape)
         if "zero_points" in noted(dq) or not np.all(zcodes == 8):
             z = b.constant("zero_points", ir.DataType.UINT8,
                            (*s_shape[:-1], -(-s_shape[-1] // 2)),
@@ -131,18 +134,18 @@ def _as_uint8_packed(b: Builder, dq: ir.Node, t: _Table
     return 4, data, z
 
 
-def _as_4bit(b: Builder, q: str, t: _Table, reshaped: bool
+def _as_4bit(b: FusedBuilder, q: str, t: _Table, reshaped: bool
              ) -> tuple[int, ir.Value, ir.Value | None]:
     """(bits, data, zero points) of an int4/uint4 table, taken as it is stored."""
     z = t.zp
     if t.zp is not None and reshaped:
         zp, s_shape = t.zp, t.scale_shape
         z = b.constant("zero_points", types.by_name(q).ir_type, s_shape,
-                       lambda: arrays.value_array(zp).reshape(s_shape))
+                       lambda: graph.constant_array(zp).reshape(s_shape))
     return 4, t.x, z
 
 
-def _as_uint8_codes(b: Builder, dq: ir.Node, spec: QuantSpec, t: _Table
+def _as_uint8_codes(b: FusedBuilder, dq: ir.Node, spec: QuantSpec, t: _Table
                     ) -> tuple[int, ir.Value, ir.Value]:
     """(bits, data, zero points) of a uint8 or uint2 table: uint8 data, packed below 8 bits."""
     q, shape, s_shape, x, zp = spec.quant_type, t.shape, t.scale_shape, t.x, t.zp
@@ -162,12 +165,12 @@ def _as_uint8_codes(b: Builder, dq: ir.Node, spec: QuantSpec, t: _Table
             raise NoMatch(f"rows of {shape[-1]} {q} codes do not fill whole bytes")
         packed_shape = (*shape[:-1], shape[-1] // per)
         data = b.constant("data", ir.DataType.UINT8, packed_shape, lambda: packing.pack(
-            arrays.value_array(x).astype(np.uint8), bits))
+            graph.constant_array(x).astype(np.uint8), bits))
     zl = (*s_shape[:-1], -(-s_shape[-1] // per))
 
     def zp_bytes() -> np.ndarray:
         codes = np.zeros(s_shape, np.uint8) if zp is None else \
-            arrays.value_array(zp).astype(np.uint8).reshape(s_shape)
+            graph.constant_array(zp).astype(np.uint8).reshape(s_shape)
         return packing.pack(codes, bits)
 
     return bits, data, b.constant("zero_points", ir.DataType.UINT8, zl, zp_bytes)

@@ -10,8 +10,8 @@ import onnx_ir as ir
 
 from dqtool import graph, types
 from dqtool.codecs.base import output_dtype_attr
-from dqtool.families.fused import arrays, packing
-from dqtool.families.fused.surgery import Builder
+from dqtool.families.fused import packing
+from dqtool.families.fused.surgery import FusedBuilder
 from dqtool.families.fused.upgrade_notes import (
     ACCURACY_KEY,
     BIAS_KEY,
@@ -23,7 +23,6 @@ from dqtool.fused.pack_context import (
     BITS,
     NoMatch,
     PackContext,
-    constant_tensor,
     narrower,
     next_pow2_16,
     only_use,
@@ -32,6 +31,7 @@ from dqtool.fused.pack_context import (
     unsigned_codes,
 )
 from dqtool.spec import QuantSpec
+from dqtool.storage import tensor_reads
 
 
 def weight_facts(spec: QuantSpec, x_shape) -> tuple[int, int, int, int]:
@@ -67,7 +67,7 @@ def _scales_zps(dq: ir.Node, spec: QuantSpec, k: int, n: int, bits: int, block: 
     signed = types.by_name(spec.quant_type).signed
 
     def kn(v: ir.Value) -> np.ndarray:
-        a = arrays.value_array(v)
+        a = graph.constant_array(v)
         if spec.granularity == "blocked":
             return a.reshape(kb, n)
         return np.broadcast_to(a.reshape(1, -1) if a.size > 1 else a.reshape(1, 1), (kb, n))
@@ -102,7 +102,7 @@ def pack_matmul(ctx: PackContext, dq: ir.Node, spec: QuantSpec, mm: ir.Node
     zp_present = graph.input_value(dq, 2) is not None
     omit_zp = ctx.zero_points == "auto" and _all_default(zp_codes, bits)
     bias, add = bias_of(ctx, mm, n, spec.scale_type)
-    b = Builder(mm if add is None else add, ctx.fresh, ctx.in_function,
+    b = FusedBuilder(mm if add is None else add, ctx.fresh, ctx.in_function,
                 home=graph.input_value(dq, 0), early=ctx.early)
     b.base = mm.name or dq.name or "matmul"
     made = ctx.made.get(id(dq))  # B, scales, zero points packed for another MatMul
@@ -147,13 +147,15 @@ def _b_bytes(dq: ir.Node, x: ir.Value, geometry: tuple[int, int, int, int], sign
     # onnxruntime's quantizer does.
     on_bytes = bits in (4, 8) and n % 2 == 0 and k % 2 == 0 and not narrowed
     flip = (0x88 if bits == 4 else 0x80) if signed else 0
+    if graph.constant_tensor(x) is None:
+        raise NoMatch("not a constant")
 
     def b_bytes() -> np.ndarray:
-        if on_bytes:
-            raw = arrays.raw_bytes(constant_tensor(x))
+        if on_bytes:  # (the tensor as it is when saved: ``data_writer.PlacedTensor``)
+            raw = tensor_reads.raw_bytes(graph.constant_tensor(x))
             return packing.onnx_to_nbits(raw if bits == 4 else raw.reshape(k, n), k, n,
                                          bits, block, flip=flip)
-        return packing.onnx_to_nbits(unsigned_codes(arrays.value_array(x), bits, signed), k,
+        return packing.onnx_to_nbits(unsigned_codes(graph.constant_array(x), bits, signed), k,
                                      n, bits, block)
 
     tail = _noted_tail(dq, k, n, bits, block)
@@ -169,7 +171,7 @@ def _b_bytes(dq: ir.Node, x: ir.Value, geometry: tuple[int, int, int, int], sign
     return tailed, on_bytes, flip
 
 
-def _b_and_scales(b: Builder, x: ir.Value, geometry: tuple[int, int, int, int],
+def _b_and_scales(b: FusedBuilder, x: ir.Value, geometry: tuple[int, int, int, int],
                   b_made: tuple[Callable[[], np.ndarray], bool, int],
                   kn_scales: Callable[[], np.ndarray], s_type: ir.DataType
                   ) -> list[ir.Value]:
@@ -180,7 +182,8 @@ def _b_and_scales(b: Builder, x: ir.Value, geometry: tuple[int, int, int, int],
     if on_bytes:  # saved to a data file: written a band of N rows at a time
         bq = b.streamed("B", ir.DataType.UINT8, (n, kb, block * bits // 8), b_bytes,
                         lambda file: packing.write_onnx_as_nbits(
-                            arrays.raw_bytes(constant_tensor(x)), k, n, bits, block, file,
+                            tensor_reads.raw_bytes(graph.constant_tensor(x)), k, n, bits,
+                            block, file,
                             flip=flip))
     else:
         bq = b.constant("B", ir.DataType.UINT8, (n, kb, block * bits // 8), b_bytes)
@@ -217,7 +220,7 @@ def bias_of(ctx: PackContext, mm: ir.Node, n: int, s_type: str | None):
     return other, add
 
 
-def matmul_nbits_node(ctx: PackContext, b: Builder, inputs, k, n, bits, block, dq: ir.Node
+def matmul_nbits_node(ctx: PackContext, b: FusedBuilder, inputs, k, n, bits, block, dq: ir.Node
                       ) -> ir.Value:
     """The MatMulNBits of ``inputs`` (not yet in a graph); returns its output."""
     attrs = {"K": k, "N": n, "bits": bits, "block_size": block}

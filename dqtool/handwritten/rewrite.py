@@ -10,6 +10,7 @@ import onnx
 import onnx_ir as ir
 
 from dqtool import graph, storage, types
+from dqtool.building import Builder
 from dqtool.errors import UsageError
 from dqtool.handwritten import forms
 from dqtool.handwritten.recognize import Found, found
@@ -43,44 +44,41 @@ def changed_by_raise(model: ir.Model, src: int, dst: int,
     return sorted(seen.values())
 
 
-def _constant(m: Found, arr: np.ndarray, name: str, before: list[ir.Node]) -> ir.Value:
-    """``arr`` as an initializer of the Mul's graph, or a Constant node in a function
-    (which has no initializers)."""
-    t = types.from_dtype(arr.dtype)
-    tensor = ir.Tensor(arr, dtype=t.ir_type, name=name)
-    site = m.match.site
-    if site.function is None and m.match.mul.graph is not None \
-            and isinstance(m.match.mul.graph, ir.Graph):
-        v = ir.Value(name=name, shape=ir.Shape(arr.shape), type=ir.TensorType(t.ir_type),
-                     const_value=tensor)
-        m.match.mul.graph.register_initializer(v)
-        return v
-    node = ir.Node("", "Constant", [], attributes=[ir.AttrTensor("value", tensor)],
-                   outputs=[ir.Value(name=name, shape=ir.Shape(arr.shape),
-                                     type=ir.TensorType(t.ir_type))])
-    before.append(node)
-    return node.outputs[0]
+class _PatternBuilder(Builder):
+    """The DequantizeLinear (and Cast) replacing one pattern, before its last node; a
+    constant is an initializer of the Mul's graph, or in a function an unnamed Constant
+    node."""
+
+    def __init__(self, f: Found, last: ir.Node, names: Names) -> None:
+        super().__init__(last, names, in_function=f.match.site.function is not None,
+                         home=f.match.mul.graph)
+
+    def constant_node_name(self, name: str, role: str) -> str | None:
+        return None
+
+    def constant(self, arr: np.ndarray, name: str, role: str) -> ir.Value:
+        return self.place(self.array(name, arr), name, role)
 
 
 def _codes_value(f: Found, form: forms.Form, x: np.ndarray, name: str,
-                 before: list[ir.Node]) -> ir.Value:
+                 b: _PatternBuilder) -> ir.Value:
     """The stored codes themselves where they already are the DequantizeLinear's (same
     type and shape: no copy, external data stays where it is), else a new constant."""
     src = f.match.codes.source
     if not f.match.codes.nodes and graph.elem_type(src) == form.codes_type \
             and graph.shape_of(src) == form.layout.shape:
         return src
-    return _constant(f, x, name, before)
+    return b.constant(x, name, "codes")
 
 
-def _dq_nodes(f: Found, form: forms.Form, names: Names) -> tuple[list[ir.Node], ir.Value]:
-    out_name = f.record.output
+def _dq_nodes(f: Found, form: forms.Form, b: _PatternBuilder) -> ir.Value:
+    """The new nodes (in ``b``); returns the value that replaces the pattern's output."""
+    names, out_name = b.names, f.record.output
     x, scale, zp = forms.operands(f.match, form)
-    nodes: list[ir.Node] = []
-    inputs = [_codes_value(f, form, x, names(f"{out_name}_codes"), nodes),
-              _constant(f, scale, names(f"{out_name}_scale"), nodes)]
+    inputs = [_codes_value(f, form, x, names(f"{out_name}_codes"), b),
+              b.constant(scale, names(f"{out_name}_scale"), "scale")]
     if zp is not None:
-        inputs.append(_constant(f, zp, names(f"{out_name}_zero_point"), nodes))
+        inputs.append(b.constant(zp, names(f"{out_name}_zero_point"), "zero_point"))
     attrs = []
     if form.layout.granularity != "per-tensor":
         attrs.append(ir.AttrInt64("axis", int(form.layout.axis or 0)))
@@ -89,15 +87,15 @@ def _dq_nodes(f: Found, form: forms.Form, names: Names) -> tuple[list[ir.Node], 
     if form.wide_output:
         attrs.append(ir.AttrInt64("output_dtype", int(ir.DataType.FLOAT)))
     dq_out = ir.Value(name=names(f"{out_name}_dequantized"))
-    nodes.append(ir.Node("", "DequantizeLinear", inputs, attributes=attrs, outputs=[dq_out],
-                         name=names(f"{out_name}_DequantizeLinear")))
+    b.add_node(ir.Node("", "DequantizeLinear", inputs, attributes=attrs, outputs=[dq_out],
+                       name=names(f"{out_name}_DequantizeLinear")))
     if not form.wide_output:
-        return nodes, dq_out
+        return dq_out
     to = types.by_name(form.float_type).ir_type
     cast_out = ir.Value(name=names(f"{out_name}_cast"))
-    nodes.append(ir.Node("", "Cast", [dq_out], attributes=[ir.AttrInt64("to", int(to))],
-                         outputs=[cast_out], name=names(f"{out_name}_Cast")))
-    return nodes, cast_out
+    b.add_node(ir.Node("", "Cast", [dq_out], attributes=[ir.AttrInt64("to", int(to))],
+                       outputs=[cast_out], name=names(f"{out_name}_Cast")))
+    return cast_out
 
 
 def _remove_dead(nodes: tuple[ir.Node, ...]) -> None:
@@ -124,10 +122,11 @@ def _apply(f: Found, form: forms.Form, names: Names) -> list[ir.Node]:
     m = f.match
     last = m.after if form.absorbs_after and m.after is not None else m.mul
     old = last.outputs[0]
-    new_nodes, new = _dq_nodes(f, form, names)
-    owner = last.graph
-    assert owner is not None
-    owner.insert_before(last, new_nodes)
+    assert last.graph is not None
+    b = _PatternBuilder(f, last, names)
+    new = _dq_nodes(f, form, b)
+    new_nodes = list(b.nodes)
+    b.insert()
     new.shape, new.type = old.shape, old.type
     ir.convenience.replace_all_uses_with(old, new, replace_graph_outputs=True)
     name = old.name

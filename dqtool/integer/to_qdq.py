@@ -31,7 +31,7 @@ step (measured by ``check --against``; ``docs/integer-ops.md``).
 This module holds the pass and which rewrite each operator takes; the rewrites are in
 ``to_qdq_qlinear`` (operators whose scales are inputs) and ``to_qdq_integer``
 (MatMulInteger / ConvInteger, their scales read from ``scaled_pattern``), their new nodes
-made by ``to_qdq_build.Builder``.
+made by ``to_qdq_build.QdqBuilder``.
 """
 
 from __future__ import annotations
@@ -43,7 +43,6 @@ from dqtool.families.integer import describe, ops
 from dqtool.families.integer.rewrite import (
     Change,
     IntegerRewrites,
-    Names,
     Refusal,
     Refused,
     node_label,
@@ -51,6 +50,7 @@ from dqtool.families.integer.rewrite import (
 )
 from dqtool.integer.to_qdq_integer import rewrite_integer, rewrite_integer_exact
 from dqtool.integer.to_qdq_qlinear import rewrite_dynamic, rewrite_qlinear
+from dqtool.names import Names
 
 
 class IntegerToQdqPass(ir.passes.InPlacePass):

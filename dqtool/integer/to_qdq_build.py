@@ -1,4 +1,4 @@
-"""The building blocks of the rewrite to QDQ: ``Builder``, which makes the new nodes and
+"""The building blocks of the rewrite to QDQ: ``QdqBuilder``, which makes the new nodes and
 constants of one rewritten integer operator and puts them in its graph in one step."""
 
 from __future__ import annotations
@@ -7,21 +7,22 @@ import numpy as np
 import onnx_ir as ir
 
 from dqtool import graph
-from dqtool.families.integer.rewrite import Names, Refused, drop_if_unused, make_constant
+from dqtool.building import Builder
+from dqtool.families.integer.rewrite import Refused, drop_if_unused
+from dqtool.names import Names
 
 FLOAT = ir.DataType.FLOAT
 
 
-class Builder:
-    """New nodes for one rewritten node, inserted before it in its graph."""
+class QdqBuilder(Builder):
+    """New nodes for one rewritten node, inserted before it in its graph; nothing is
+    changed before ``commit`` (a ``Refused`` half way leaves the graph as it was)."""
 
     def __init__(self, node: ir.Node, names: Names, opsets: dict[str, int]) -> None:
         """Nothing is made yet: ``node`` is the integer operator being rewritten."""
-        self.node, self.names, self.opsets = node, names, opsets
-        self.graph = node.graph
+        super().__init__(node, names, defer=True)
+        self.opsets = opsets
         self.base = node.name or node.op_type
-        self.new: list[ir.Node] = []
-        self.initializers: list[ir.Value] = []  # registered by finish, not before
 
     def add(self, op: str, inputs: list[ir.Value | None], attrs: list[ir.Attr] | None = None,
             suffix: str = "", n_out: int = 1, out_type: ir.DataType | None = FLOAT,
@@ -34,8 +35,7 @@ class Builder:
             o.name = self.names.fresh(f"{self.base}/{suffix or op}_output_{i}")
         if out_type is not None:
             n.outputs[0].dtype = out_type
-        self.new.append(n)
-        return n
+        return self.add_node(n)
 
     def dequantize(self, value: ir.Value, scale: ir.Value | None, zp: ir.Value | None,
                    axis: int | None, role: str) -> ir.Value:
@@ -78,36 +78,23 @@ class Builder:
         return (wide, zp) if ns == 1 else (scale, wide)
 
     def constant(self, base: str, arr: np.ndarray) -> ir.Value:
-        """A new constant holding ``arr``: an initializer of a graph, a Constant node in a
-        function (``rewrite.make_constant``)."""
-        value, node = make_constant(self.graph, self.names, f"{self.base}/{base}", arr)
-        if node is not None:
-            self.new.append(node)
-        else:
-            self.initializers.append(value)
-        return value
+        """A new constant holding ``arr`` (an initializer, registered by ``commit``)."""
+        name = self.names.fresh(f"{self.base}/{base}")
+        return self.place(ir.tensor(arr, name=name), name, base)
+
+    def constant_node_name(self, name: str, role: str) -> str | None:
+        return name  # (a Constant node is named as its output)
 
     def commit(self) -> None:
         """Insert the new nodes and constants (nothing is changed before this)."""
-        for v in self.initializers:
-            self.graph.register_initializer(v)
-        self.graph.insert_before(self.node, self.new)
-        self.new, self.initializers = [], []
+        self.insert()
 
     def finish(self, old: list[ir.Value], new: list[ir.Value],
                detached: list[ir.Value | None] = ()) -> None:
         """Put the new nodes in, move every use of ``old`` to ``new``, drop the node."""
         self.commit()
         for o, n in zip(old, new, strict=True):
-            n.shape = o.shape if o.shape is not None else n.shape
-            if o.type is not None:
-                n.type = o.type
-            was_output = o.is_graph_output()
-            name = o.name
-            o.replace_all_uses_with(n, replace_graph_outputs=True)
-            if was_output:  # keep the model's output names
-                o.name = self.names.fresh(f"{name}_replaced")
-                n.name = name
+            self.take_over(o, n)
         inputs = list(self.node.inputs)
         self.graph.remove(self.node, safe=True)
         drop_if_unused([*inputs, *detached])

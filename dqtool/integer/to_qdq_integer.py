@@ -11,9 +11,10 @@ import onnx_ir as ir
 
 from dqtool import graph
 from dqtool.families.integer import ops
-from dqtool.families.integer.rewrite import Names, Refused, drop_if_unused
+from dqtool.families.integer.rewrite import Refused, drop_if_unused
 from dqtool.families.integer.scaled_pattern import scaled_pattern
-from dqtool.integer.to_qdq_build import Builder
+from dqtool.integer.to_qdq_build import QdqBuilder
+from dqtool.names import Names
 
 
 def rewrite_integer(node: ir.Node, opdef: ops.OpDef, opsets: dict[str, int],
@@ -24,7 +25,7 @@ def rewrite_integer(node: ir.Node, opdef: ops.OpDef, opsets: dict[str, int],
     with the same scale) becomes DequantizeLinear(bias, scale) added after the float op."""
     pattern = scaled_pattern(node)
     a_slot, w_slot = opdef.inputs
-    b = Builder(node, names, opsets)
+    b = QdqBuilder(node, names, opsets)
     a = b.dequantize(node.inputs[0], pattern.a_scale, graph.input_value(node, a_slot.zero_point),
                      None, a_slot.role)
     w_zp = graph.input_value(node, w_slot.zero_point)
@@ -73,7 +74,7 @@ def rewrite_integer_exact(node: ir.Node, opdef: ops.OpDef, opsets: dict[str, int
     bound, which is reported (``docs/integer-ops.md``)."""
     pattern = scaled_pattern(node)
     a_slot, w_slot = opdef.inputs
-    b = Builder(node, names, opsets)
+    b = QdqBuilder(node, names, opsets)
     one = b.constant("unit_scale", np.ones((), np.float32))
     a_zp = graph.input_value(node, a_slot.zero_point)
     w_zp = graph.input_value(node, w_slot.zero_point)

@@ -11,8 +11,9 @@ import onnx_ir as ir
 
 from dqtool import graph, types
 from dqtool.families.integer import describe, ops, pool
-from dqtool.families.integer.rewrite import Names, Refused
-from dqtool.integer.to_qdq_build import FLOAT, Builder
+from dqtool.families.integer.rewrite import Refused
+from dqtool.integer.to_qdq_build import FLOAT, QdqBuilder
+from dqtool.names import Names
 
 
 def rewrite_qlinear(node: ir.Node, opdef: ops.OpDef, opsets: dict[str, int],
@@ -20,7 +21,7 @@ def rewrite_qlinear(node: ir.Node, opdef: ops.OpDef, opsets: dict[str, int],
     """A QLinear* operator (or QAttention / QEmbedLayerNormalization) as DequantizeLinear
     on each quantized input → its float operator → QuantizeLinear on the output (none when
     the output is float); says into what."""
-    b = Builder(node, names, opsets)
+    b = QdqBuilder(node, names, opsets)
     slots = ops.slots_of(opdef, len(node.inputs))
     out = opdef.output
     params = {i for s in (*slots, out) if s is not None for i in (s.scale, s.zero_point)
@@ -53,7 +54,7 @@ def rewrite_qlinear(node: ir.Node, opdef: ops.OpDef, opsets: dict[str, int],
     f = b.add(opdef.float_op or "", float_inputs, attrs, name=names.fresh(f"{b.base}/float")
               if node.name is None else node.name, domain=opdef.float_domain, n_out=n_out)
     if y_scale is None:  # QGemm without y_scale, the fused blocks: float outputs
-        n_dq = sum(1 for n in b.new if n.op_type == "DequantizeLinear")
+        n_dq = sum(1 for n in b.nodes if n.op_type == "DequantizeLinear")
         node.name = names.fresh(f"{b.base}_replaced") if node.name else None
         b.finish(list(node.outputs), list(f.outputs))
         where = f"{opdef.float_domain} " if opdef.float_domain else ""
@@ -63,17 +64,17 @@ def rewrite_qlinear(node: ir.Node, opdef: ops.OpDef, opsets: dict[str, int],
     q = b.add("QuantizeLinear", [f.outputs[0], y_scale, y_zp], suffix="QuantizeLinear",
               out_type=None)
     node.name = names.fresh(f"{b.base}_replaced") if node.name else None
-    n_dq = sum(1 for n in b.new if n.op_type == "DequantizeLinear")
+    n_dq = sum(1 for n in b.nodes if n.op_type == "DequantizeLinear")
     b.finish([node.outputs[0]], [q.outputs[0]])
     return f"DequantizeLinear ×{n_dq} → {f.op_type} → QuantizeLinear"
 
 
-def _reduce_axes(b: Builder, node: ir.Node) -> tuple[list[ir.Value | None], list[ir.Attr]]:
+def _reduce_axes(b: QdqBuilder, node: ir.Node) -> tuple[list[ir.Value | None], list[ir.Attr]]:
     """QLinearReduceMean's ``axes`` as ReduceMean takes them from opset 18: refused."""
     raise Refused("ReduceMean takes its axes as an input from opset 18; not rewritten")
 
 
-def _bias(b: Builder, node: ir.Node, opdef: ops.OpDef, slots: tuple[ops.Slot, ...],
+def _bias(b: QdqBuilder, node: ir.Node, opdef: ops.OpDef, slots: tuple[ops.Slot, ...],
           bias: ir.Value) -> ir.Value:
     """An int32 bias as DequantizeLinear(bias, x_scale·w_scale): the scale onnxruntime's
     quantizer quantized it with (float32 product)."""
@@ -103,7 +104,7 @@ def rewrite_dynamic(node: ir.Node, opdef: ops.OpDef, opsets: dict[str, int],
     """MatMulIntegerToFloat as DequantizeLinear ×2 → MatMul, DynamicQuantizeMatMul as
     DynamicQuantizeLinear → DequantizeLinear ×2 → MatMul (each → Add of its float bias);
     says into what."""
-    b = Builder(node, names, opsets)
+    b = QdqBuilder(node, names, opsets)
     if opdef.op == "DynamicQuantizeMatMul":
         dql = b.add("DynamicQuantizeLinear", [node.inputs[0]], n_out=3,
                     suffix="DynamicQuantizeLinear", out_type=ir.DataType.UINT8)
@@ -161,7 +162,7 @@ def _axis_of(node: ir.Node, opdef: ops.OpDef, slot: ops.Slot) -> int | None:
     return describe.channel_axis(opdef.op, slot.role, node, rank)
 
 
-def _zero_point(b: Builder, zp: ir.Value | None, like: ir.Value | None) -> ir.Value | None:
+def _zero_point(b: QdqBuilder, zp: ir.Value | None, like: ir.Value | None) -> ir.Value | None:
     """An explicit zero point for QuantizeLinear when the op's is absent: QuantizeLinear
     without one produces uint8, and the op's output may be int8."""
     if zp is not None:

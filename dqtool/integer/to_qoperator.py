@@ -22,7 +22,7 @@ x_scale·w_scale, an output read by more than the QuantizeLinear.
 
 This module holds the pass and which fusion each float op tries; what it reads of the QDQ
 side is in ``to_qoperator_match``, the fusions in ``to_qoperator_fuse``, their new nodes
-made by ``to_qoperator_emit.Emit``.
+made by ``to_qoperator_emit.FusionBuilder``.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from __future__ import annotations
 import onnx_ir as ir
 
 from dqtool import graph
-from dqtool.families.integer.rewrite import Change, IntegerRewrites, Names
+from dqtool.families.integer.rewrite import Change, IntegerRewrites
 from dqtool.integer.to_qoperator_fuse import (
     BLOCKS,
     ELEMENTWISE,
@@ -50,6 +50,7 @@ from dqtool.integer.to_qoperator_match import (
     q_after,
     unit,
 )
+from dqtool.names import Names
 
 _FUSED = {"Conv", "MatMul", "Gemm", *ELEMENTWISE}
 

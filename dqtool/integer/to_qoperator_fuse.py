@@ -13,9 +13,9 @@ import onnx_ir as ir
 
 from dqtool import graph
 from dqtool.families.integer.describe import value_type
-from dqtool.families.integer.rewrite import Names
-from dqtool.integer.to_qoperator_emit import Emit, name_of, zp_or_zero
+from dqtool.integer.to_qoperator_emit import FusionBuilder, name_of, zp_or_zero
 from dqtool.integer.to_qoperator_match import MS, QDQ_DOMAINS, Dq, dq, q_after, unit
+from dqtool.names import Names
 
 # The float ops that fuse with a DQ on each input and a Q after, and their QLinear twins.
 ELEMENTWISE = {"Add": "QLinearAdd", "Mul": "QLinearMul", "Sigmoid": "QLinearSigmoid",
@@ -54,7 +54,7 @@ def _bias_ok(b: Dq, a: Dq, w: Dq) -> bool:
 def fuse_static(node: ir.Node, a: Dq, w: Dq, q: ir.Node, names: Names) -> tuple[str, str]:
     """DQ(a), DQ(w) [, DQ(int32 bias)] → Conv / MatMul → Q ⇒ QLinearConv / QLinearMatMul;
     None when the bias is not the integer op's form."""
-    e = Emit(node, names)
+    e = FusionBuilder(node, names)
     ins = list(node.inputs)
     bias = None
     if node.op_type == "Conv" and len(ins) > 2 and ins[2] is not None:
@@ -105,7 +105,7 @@ def _dynamic_bias(node: ir.Node, a: Dq, w: Dq) -> tuple[ir.Node, Dq, ir.Value] |
 def fuse_dynamic(node: ir.Node, a: Dq, w: Dq, names: Names) -> tuple[str, str]:
     """DynamicQuantizeLinear → DQ → MatMul / Conv [→ Add of an int32 bias DQ] ⇒
     MatMulInteger / ConvInteger [→ Add of the bias] → Cast → Mul by a_scale·w_scale."""
-    e = Emit(node, names)
+    e = FusionBuilder(node, names)
     op = "ConvInteger" if node.op_type == "Conv" else "MatMulInteger"
     attrs = list(node.attributes.values()) if node.op_type == "Conv" else []
     with_bias = _dynamic_bias(node, a, w)
@@ -156,7 +156,7 @@ def fuse_exact(node: ir.Node, a: Dq, w: Dq, names: Names) -> tuple[str, str] | N
         nxt = uses[0].node
     if nxt.op_type != "Mul" or len(nxt.inputs) != 2:
         return None
-    e = Emit(node, names)
+    e = FusionBuilder(node, names)
     op = "ConvInteger" if node.op_type == "Conv" else "MatMulInteger"
     attrs = list(node.attributes.values()) if node.op_type == "Conv" else []
     base = name_of(node, names)
@@ -196,7 +196,7 @@ def fuse_gemm(node: ir.Node, names: Names) -> tuple[str, str] | None:
             return None
         c = cd.x
     q = q_after(node)
-    e = Emit(node, names)
+    e = FusionBuilder(node, names)
     inputs = [a.x, a.scale, zp_or_zero(e, a), b.x, b.scale, zp_or_zero(e, b), c]
     if q is not None:
         y_zp = graph.input_value(q, 2)
@@ -225,7 +225,7 @@ def fuse_elementwise(node: ir.Node, q: ir.Node, opsets: dict[str, int], names: N
     dqs = {i: dq(ins[i]) for i in quantized}
     if any(d is None or d.axis is not None for d in dqs.values()):
         return None
-    e = Emit(node, names)
+    e = FusionBuilder(node, names)
     y_zp = graph.input_value(q, 2)
     y = [q.inputs[1], y_zp if y_zp is not None else e.zero(q.outputs[0])]
     triples: list[ir.Value | None] = []
@@ -274,7 +274,7 @@ def fuse_block(node: ir.Node, names: Names) -> tuple[str, str] | None:
             return None
         vi, si, zi = where[i]
         inputs[vi], inputs[si], inputs[zi] = d.x, d.scale, d.zp
-    e = Emit(node, names)
+    e = FusionBuilder(node, names)
     n_out = len(node.outputs)
     f = e.add(MS, op, _trim_inputs(inputs), list(node.attributes.values()),
               name=name_of(node, names), n_out=n_out)

@@ -19,7 +19,10 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import numpy as np
 import onnx_ir as ir
+
+from dqtool.storage import tensor_reads
 
 _PROC = "/proc/self/fd"
 # (resolved model folder, location as written) -> the path reads use
@@ -95,7 +98,26 @@ def read_path(base: Path, loc: str) -> str:
     return _READ_PATHS.get((str(base.resolve()), loc), str(base / loc))
 
 
-class CheckedTensor(ir.ExternalTensor):
+class FileTensor(tensor_reads.InFile, ir.ExternalTensor):
+    """An external tensor that reads a large tensor's values on its own map (``numpy()``:
+    ``tensor_reads.file_values``, nothing kept): onnx_ir's reading maps the whole file
+    and keeps the map and the values for as long as the model lives. A small one is read
+    as onnx_ir reads it (the pages it keeps are few)."""
+
+    __slots__ = ()
+
+    def numpy(self) -> np.ndarray:
+        arr = tensor_reads.file_values(self) if self.nbytes >= tensor_reads.MAP_BYTES \
+            else None
+        return arr if arr is not None else super().numpy()
+
+    def retyped(self, dtype: ir.DataType, shape: ir.Shape) -> FileTensor:
+        """The same bytes of the file read as another type and shape."""
+        return FileTensor(self.location, self.offset, self.length, dtype, shape=shape,
+                          name=self.name or "", base_dir=self.base_dir)
+
+
+class CheckedTensor(FileTensor):
     """An external tensor read through the descriptor its file was checked by: its
     location and folder are the model's (saved as written), its ``path`` the descriptor's
     (every read, onnx_ir's memory map included, opens ``path``)."""
@@ -116,6 +138,10 @@ class CheckedTensor(ir.ExternalTensor):
         # what could have been swapped.
         return
 
+    def retyped(self, dtype: ir.DataType, shape: ir.Shape) -> CheckedTensor:
+        return CheckedTensor(self.path, self.location, self.offset, self.length, dtype,
+                             shape=shape, name=self.name or "", base_dir=self.base_dir)
+
 
 def external_like(t: ir.ExternalTensor, offset: int | None, length: int | None,
                   dtype: ir.DataType, shape: ir.Shape) -> ir.ExternalTensor:
@@ -128,17 +154,19 @@ def external_like(t: ir.ExternalTensor, offset: int | None, length: int | None,
 
 def bind(graph: ir.Graph, base: Path) -> None:
     """Point the external tensors of ``graph`` and its subgraphs (locations relative to
-    ``base``) at the files checked for them."""
+    ``base``) at the files checked for them, each read as ``FileTensor`` reads."""
     resolved = str(base.resolve())
     for g in (graph, *(s for s in graph.subgraphs())):
         for v in g.initializers.values():
             t = v.const_value
-            if not isinstance(t, ir.ExternalTensor) or isinstance(t, CheckedTensor):
+            if not isinstance(t, ir.ExternalTensor) or isinstance(t, FileTensor):
                 continue
             path = _READ_PATHS.get((resolved, str(t.location)))
+            kwargs = {"shape": t.shape, "name": t.name, "doc_string": t.doc_string,
+                      "metadata_props": dict(t.metadata_props), "base_dir": t.base_dir}
             if path is None or path == str(Path(t.base_dir) / t.location):
-                continue
-            v.const_value = CheckedTensor(
-                path, t.location, t.offset, t.length, t.dtype, shape=t.shape, name=t.name,
-                doc_string=t.doc_string, metadata_props=dict(t.metadata_props),
-                base_dir=t.base_dir)
+                # read by its name (no /proc here), as onnx_ir checks it
+                v.const_value = FileTensor(t.location, t.offset, t.length, t.dtype, **kwargs)
+            else:
+                v.const_value = CheckedTensor(path, t.location, t.offset, t.length, t.dtype,
+                                              **kwargs)

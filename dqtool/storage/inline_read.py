@@ -21,6 +21,7 @@ import onnx_ir as ir
 from onnx_ir import _core
 
 from dqtool import wire
+from dqtool.storage import tensor_reads
 from dqtool.wire import Malformed
 
 # Files smaller than this are parsed whole (nothing worth saving).
@@ -128,7 +129,7 @@ class Source:
             os.close(fd)
 
 
-class MappedTensor(_core.TensorBase):
+class MappedTensor(tensor_reads.InFile, _core.TensorBase):
     """An initializer whose raw data is a byte range of the (inline) model file itself.
 
     Not an external tensor: it is saved inline like any other, its bytes copied from the
@@ -161,7 +162,9 @@ class MappedTensor(_core.TensorBase):
         return self._file.raw
 
     def numpy(self) -> np.ndarray:
-        return self._file.numpy()
+        # on its own map, nothing kept (``tensor_reads.file_values``)
+        arr = tensor_reads.file_values(self)
+        return arr if arr is not None else self._file.numpy()
 
     def __array__(self, dtype=None, copy=None) -> np.ndarray:
         return self._file.__array__(dtype)

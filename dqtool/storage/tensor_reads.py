@@ -1,5 +1,7 @@
 """Reading a constant's values without keeping its data file mapped (external data, or a
-large inline model's tensor left in its file: ``inline_read.MappedTensor``).
+large inline model's tensor left in its file: ``inline_read.MappedTensor``). The tensors
+storage loads read themselves this way (their ``numpy()``: ``file_values``), so
+``graph.tensor_values`` is the one reader of constants everywhere.
 
 onnx_ir memory-maps an external tensor and keeps every page it touched resident (and in
 the process's RSS) until the map is released; a conversion that reads hundreds of weights
@@ -21,7 +23,6 @@ import numpy as np
 import onnx_ir as ir
 
 from dqtool import graph, types
-from dqtool.storage import checked_files, inline_read
 
 # From this many bytes a tensor is mapped rather than read.
 MAP_BYTES = 1 << 20
@@ -58,39 +59,58 @@ def from_file(path: str | os.PathLike, dtype: np.dtype, count: int, offset: int
     return raw[: got - got % dtype.itemsize].view(dtype)
 
 
+class InFile:
+    """A tensor whose bytes are a range of a file and which reads its values here
+    (``checked_files.FileTensor``, ``inline_read.MappedTensor``): ``path``, ``offset``,
+    ``length``, and ``retyped``, the same bytes as another type and shape."""
+
+    __slots__ = ()
+    path: str
+    offset: int | None
+    length: int | None
+
+    def retyped(self, dtype: ir.DataType, shape: ir.Shape) -> ir.TensorProtocol:
+        raise NotImplementedError
+
+
 def file_range(t: ir.TensorProtocol) -> tuple[str | os.PathLike, int, int | None] | None:
     """(path, offset, length or None) of a tensor whose bytes are a range of a file: external
     data, or a large tensor of an inline model left in the model file (``MappedTensor``).
-    Either is read here on its own map; asked for its values itself, it maps the whole
-    file, and keeps the map and its values (for 4-bit codes, unpacked to a byte each) for
-    as long as the model lives: an inline model's pack held twice its weights in memory."""
-    if isinstance(t, ir.ExternalTensor):
+    Either is read here on its own map; onnx_ir's own reading maps the whole file, and
+    keeps the map and its values (for 4-bit codes, unpacked to a byte each) for as long
+    as the model lives: an inline model's pack held twice its weights in memory."""
+    if isinstance(t, (ir.ExternalTensor, InFile)):
         return t.path, t.offset or 0, t.length
-    if isinstance(t, inline_read.MappedTensor):
-        return t.path, t.offset, t.length
     return None
 
 
-def tensor_array(t: ir.TensorProtocol) -> np.ndarray:
+def file_values(t: ir.TensorProtocol) -> np.ndarray | None:
     """``t``'s values (its own shape; sub-byte codes one a byte, in their ml_dtypes type), as
-    ``t.numpy()`` gives them; read from its file when it has one, nothing kept."""
+    ``t.numpy()`` gives them, read from its file without keeping anything; None where it
+    has no file or its type is left to onnx_ir (float4, or a big-endian host)."""
     shape = tuple(int(d) for d in t.shape)
     et = types.from_ir(t.dtype)
-    # Whole bytes in the file's (little-endian) order, or 2/4-bit integer codes; any other
-    # type (float4, on a big-endian host) is left to onnx_ir.
+    # Whole bytes in the file's (little-endian) order, or 2/4-bit integer codes.
     readable = et is not None and (et.is_integer or et.bits >= 8) and (
         et.bits <= 8 or sys.byteorder == "little")
     where = file_range(t)
-    if where is not None and readable:
-        path, offset, _ = where
-        count = int(np.prod(shape, dtype=np.int64))
-        if et.bits >= 8:
-            arr = from_file(path, et.dtype, count, offset)
-            return arr.reshape(shape)
-        # ml_dtypes keeps a 2/4-bit code in the low bits of its byte, so the unpacked codes
-        # are the array as they are (no cast: a copy the size of the weight).
-        return file_codes(path, offset, 0, count, et.bits).view(et.dtype).reshape(shape)
-    return t.numpy().reshape(shape)
+    if where is None or not readable:
+        return None
+    path, offset, _ = where
+    count = int(np.prod(shape, dtype=np.int64))
+    if et.bits >= 8:
+        return from_file(path, et.dtype, count, offset).reshape(shape)
+    # ml_dtypes keeps a 2/4-bit code in the low bits of its byte, so the unpacked codes
+    # are the array as they are (no cast: a copy the size of the weight).
+    return file_codes(path, offset, 0, count, et.bits).view(et.dtype).reshape(shape)
+
+
+def stored_values(v: ir.Value) -> np.ndarray:
+    """Constant ``v``'s values read as ``tensor_array`` reads them, whatever their size (a
+    check loads no weight through onnx_ir, which keeps what it read)."""
+    t = graph.constant_tensor(v)
+    assert t is not None, f"{v.name} is not constant"
+    return tensor_array(t)
 
 
 def raw_bytes(t: ir.TensorProtocol) -> np.ndarray:
@@ -110,11 +130,12 @@ def same_bytes(tensor: ir.TensorProtocol, dtype: ir.DataType, shape: tuple[int, 
     """The stored bytes of ``tensor`` read as another type and shape: uint8-packed 4-bit
     codes as uint4, and back; a weight reshaped. No copy when they live in a file (saved
     to a data file, they are copied there in the kernel)."""
-    if isinstance(tensor, ir.ExternalTensor):
-        return checked_files.external_like(tensor, tensor.offset, tensor.length, dtype,
-                                           ir.Shape(shape))
-    if isinstance(tensor, (inline_read.MappedTensor, WidenedCodes)):
+    if isinstance(tensor, (InFile, WidenedCodes)):
         return tensor.retyped(dtype, ir.Shape(shape))
+    if isinstance(tensor, ir.ExternalTensor):
+        return ir.ExternalTensor(tensor.location, tensor.offset, tensor.length, dtype,
+                                 shape=ir.Shape(shape), name=tensor.name or "",
+                                 base_dir=tensor.base_dir)
     if isinstance(tensor, ir.LazyTensor):  # made when it is needed, as the tensor would be
         return ir.LazyTensor(lambda: _bytes_as(tensor.tobytes(), dtype, shape, tensor.name),
                              dtype=dtype, shape=ir.Shape(shape), name=tensor.name)
@@ -183,11 +204,21 @@ def _unpack_chunk(src: np.ndarray, dst: np.ndarray, bits: int) -> None:
 
 
 def int_array(t: ir.TensorProtocol, dtype: np.dtype) -> np.ndarray:
-    """``tensor_array(t).astype(dtype)`` for an integer ``t``, without the array of
+    """``graph.tensor_values(t).astype(dtype)`` for an integer ``t``, without the array of
     ``t``'s own type where it is 2/4-bit codes in a file widened to a byte: the codes are
     unpacked straight into ``dtype`` (a copy fewer of the whole weight)."""
     wide = widened(t, dtype)
-    return wide.whole() if wide is not None else tensor_array(t).astype(dtype)
+    if wide is not None:
+        return wide.whole()
+    return tensor_array(t).astype(dtype)
+
+
+def tensor_array(t: ir.TensorProtocol) -> np.ndarray:
+    """``graph.tensor_values(t)``, from its file without keeping anything for an external
+    tensor storage did not load too (one deserialized from a proto, a model built in
+    memory); the tensors storage loads read this way themselves."""
+    arr = file_values(t)
+    return arr if arr is not None else graph.tensor_values(t)
 
 
 def widened(t: ir.TensorProtocol, dtype: np.dtype) -> WidenedCodes | None:
@@ -244,10 +275,3 @@ class WidenedCodes(ir.LazyTensor):
         assert dtype == self.dtype, (dtype, self.dtype)
         return WidenedCodes(self.path, self.offset, self.bits, self.signed,
                             tuple(int(d) for d in shape), self.name, self.keep)
-
-
-def constant_array(v: ir.Value | None) -> np.ndarray | None:
-    """``graph.constant_array``, read as ``tensor_array`` reads (nothing kept): None when
-    ``v`` is not a constant."""
-    t = None if v is None else graph.constant_tensor(v)
-    return None if t is None else tensor_array(t)

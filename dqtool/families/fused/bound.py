@@ -46,7 +46,8 @@ from dqtool.checking import runners
 from dqtool.checking.compare import max_abs_difference
 from dqtool.checking.models import for_ort
 from dqtool.errors import KernelError
-from dqtool.families.fused import arrays, kernel, read
+from dqtool.families.fused import kernel, read
+from dqtool.storage import tensor_reads
 
 WORK = 1 << 24  # multiply-adds per node before its columns are sampled
 _U = {np.dtype(np.float32): 2.0 ** -24, np.dtype(np.float16): 2.0 ** -11,
@@ -157,14 +158,14 @@ def _weight_columns(node: ir.Node, cols: np.ndarray) -> np.ndarray:
     a = {k: v.as_int() for k, v in node.attributes.items() if v.type == ir.AttributeType.INT}
     k, n, bits, block = a["K"], a["N"], a.get("bits", 4), a["block_size"]
     kb = -(-k // block)
-    b = arrays.constant_array(node.inputs[1]).reshape(n, -1)[cols]
-    s = arrays.constant_array(node.inputs[2]).reshape(n, kb)[cols]
+    b = tensor_reads.stored_values(node.inputs[1]).reshape(n, -1)[cols]
+    s = tensor_reads.stored_values(node.inputs[2]).reshape(n, kb)[cols]
     zp_v = graph.input_value(node, 3)
-    zp = None if zp_v is None else arrays.constant_array(zp_v)
+    zp = None if zp_v is None else tensor_reads.stored_values(zp_v)
     if zp is not None:
         zp = zp.reshape(n, -1)[cols]
     g_v = graph.input_value(node, 4)
-    g_idx = None if g_v is None else arrays.constant_array(g_v)
+    g_idx = None if g_v is None else tensor_reads.stored_values(g_v)
     return kernel.dequantize_matmul_nbits(b, s, zp, K=k, N=len(cols), bits=bits,
                                           block_size=block, g_idx=g_idx)
 
@@ -201,7 +202,7 @@ def _matmul_bound(node: ir.Node, checked_node: ir.Node | None, a1: np.ndarray,
     bias_v = graph.input_value(node, 5)
     bias = np.zeros(len(cols))
     if bias_v is not None:
-        b = arrays.constant_array(bias_v)
+        b = tensor_reads.stored_values(bias_v)
         if b is None:
             return NodeBound(name, node.op_type, "unbounded",
                              detail="the bias is not constant")

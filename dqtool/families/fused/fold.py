@@ -22,8 +22,8 @@ import numpy as np
 import onnx_ir as ir
 
 from dqtool import cleanup, graph, types
-from dqtool.families.fused import arrays, kernel, read, to_onnx
-from dqtool.families.fused.surgery import Builder
+from dqtool.families.fused import kernel, read, to_onnx
+from dqtool.families.fused.surgery import FusedBuilder
 from dqtool.folding.report import FoldedNode, rounding
 from dqtool.names import Names
 from dqtool.registry.family import FoldPrepared
@@ -143,11 +143,11 @@ def _fold_float_zero_points(node: ir.Node, spec: Any, fresh: Any, store: np.dtyp
     values = [graph.input_value(node, i) for i in (1, 2, 3)]
 
     def weight() -> np.ndarray:
-        b_arr, s_arr, z_arr = (arrays.value_array(v) for v in values)
+        b_arr, s_arr, z_arr = (graph.constant_array(v) for v in values)
         w = kernel.dequantize_matmul_nbits(b_arr, s_arr, z_arr, K=k, N=n, **attrs)
         return w.astype(types.from_ir(out).dtype, copy=False)
 
-    b = Builder(node, fresh, in_function, home=graph.input_value(node, 1))
+    b = FusedBuilder(node, fresh, in_function, home=graph.input_value(node, 1))
     w = stored = b.constant("weight", out, (k, n), weight)
     if out != a_type:  # --dtype: stored narrower, A's type at run time
         w = b.op("Cast", [w], "cast", {"to": ir.AttrInt64("to", int(a_type))}, a_type, (k, n))

@@ -7,13 +7,14 @@ import numpy as np
 import onnx_ir as ir
 
 from dqtool import graph, types
-from dqtool.families.fused import arrays, packing
-from dqtool.families.fused.onnx_codes import IR_CODE, constant_tensor, default_zero_points
+from dqtool.families.fused import packing
+from dqtool.families.fused.onnx_codes import IR_CODE, default_zero_points
 from dqtool.families.fused.spec import FusedSpec
-from dqtool.families.fused.surgery import Builder
+from dqtool.families.fused.surgery import FusedBuilder
+from dqtool.storage import tensor_reads
 
 
-def gather_block_quantized(node: ir.Node, spec: FusedSpec, b: Builder
+def gather_block_quantized(node: ir.Node, spec: FusedSpec, b: FusedBuilder
                            ) -> tuple[ir.Value, str]:
     """The new nodes of a GatherBlockQuantized (in ``b``); returns (result, how)."""
     data, indices, scales, zp = (graph.input_value(node, i) for i in range(4))
@@ -24,7 +25,9 @@ def gather_block_quantized(node: ir.Node, spec: FusedSpec, b: Builder
     s_type = types.by_name(spec.scale_type).ir_type
     notes = []
     if stored == "uint8" and spec.bits != 8:
-        x = b.existing(arrays.same_bytes(constant_tensor(data), code_t, logical), "x")
+        table = graph.constant_tensor(data)
+        assert table is not None  # (the reading of the node found it constant)
+        x = b.existing(tensor_reads.same_bytes(table, code_t, logical), "x")
         notes.append(f"uint8-packed codes read as {spec.quant_type} {logical} (same bytes)")
     else:
         x = data
@@ -38,7 +41,7 @@ def gather_block_quantized(node: ir.Node, spec: FusedSpec, b: Builder
             if zp is None:
                 codes = np.full(s_shape, spec.default_zero_point, np.uint8)
             else:
-                codes = packing.unpack(arrays.value_array(zp), bits)[..., : s_shape[-1]]
+                codes = packing.unpack(graph.constant_array(zp), bits)[..., : s_shape[-1]]
             codes = np.ascontiguousarray(codes)
             if bits == 8:
                 return ir.Tensor(codes, dtype=code_t)

@@ -9,12 +9,12 @@ import numpy as np
 import onnx_ir as ir
 
 from dqtool import graph, types
-from dqtool.families.fused import arrays, packing
+from dqtool.families.fused import packing
 from dqtool.families.fused.kernel import matmul_nbits_zero_points
 from dqtool.families.fused.onnx_codes import IR_CODE, default_zero_points, stored_transpose
 from dqtool.families.fused.rows import CodeRows
 from dqtool.families.fused.spec import FusedSpec
-from dqtool.families.fused.surgery import Builder
+from dqtool.families.fused.surgery import FusedBuilder
 
 
 def shared_weight_key(node: ir.Node, spec: FusedSpec, target: int, unpacked: bool
@@ -32,12 +32,12 @@ def shared_weight_key(node: ir.Node, spec: FusedSpec, target: int, unpacked: boo
             spec.accuracy_level, *(None if v is None else id(v) for v in ins[1:]))
 
 
-def _weight_for(mm: ir.Node, b: Builder) -> ir.Value | None:
+def _weight_for(mm: ir.Node, b: FusedBuilder) -> ir.Value | None:
     """The dequantized weight ``mm`` (made for another MatMulNBits with the same weight)
     multiplies by, as the node ``b`` builds for can read it: that value in the same graph;
     in another one (the other branch of an If, both reading one stored weight), a
     DequantizeLinear there of the same constants, when they are stored where both graphs
-    see them (with the weight: ``Builder.home``); else None (this node makes its own)."""
+    see them (with the weight: ``FusedBuilder.home``); else None (this node makes its own)."""
     w = mm.inputs[1]
     if mm.graph is b.graph or w is None:
         return w
@@ -50,7 +50,7 @@ def _weight_for(mm: ir.Node, b: Builder) -> ir.Value | None:
                 w.dtype, w.shape)
 
 
-def matmul_nbits(node: ir.Node, spec: FusedSpec, b: Builder, unpacked: bool = False,
+def matmul_nbits(node: ir.Node, spec: FusedSpec, b: FusedBuilder, unpacked: bool = False,
                  shared: tuple[ir.Node, str] | None = None) -> tuple[ir.Value, str]:
     """The new nodes of a MatMulNBits (in ``b``); returns (result, how). ``unpacked``: x
     holds one code a byte (for a fold, which reads codes and never writes x) instead of
@@ -76,7 +76,7 @@ def matmul_nbits(node: ir.Node, spec: FusedSpec, b: Builder, unpacked: bool = Fa
     return y, " → ".join(how_parts)
 
 
-def _by_shared_weight(b: Builder, a: ir.Value, w: ir.Value, bias: ir.Value | None,
+def _by_shared_weight(b: FusedBuilder, a: ir.Value, w: ir.Value, bias: ir.Value | None,
                       other: str) -> tuple[ir.Value, str]:
     """MatMul of A by the dequantized weight ``w`` made for MatMulNBits ``other`` (→ bias)."""
     y = b.op("MatMul", [a, w], "matmul", dtype=a.dtype)
@@ -96,22 +96,22 @@ def _rows(spec: FusedSpec) -> int:
     return k if spec.zero_point != "float" else spec.k_blocks * spec.block_size
 
 
-def _codes(spec: FusedSpec, b: Builder, bq: ir.Value, unpacked: bool) -> ir.Value:
+def _codes(spec: FusedSpec, b: FusedBuilder, bq: ir.Value, unpacked: bool) -> ir.Value:
     """x: B's codes transposed to (rows, N), as the DequantizeLinear reads them."""
     n, bits, rows = spec.x_shape[1], spec.bits, _rows(spec)
     code_t = IR_CODE[spec.quant_type]
 
     def x_bytes() -> ir.TensorProtocol:
-        raw = packing.nbits_to_onnx(arrays.value_array(bq), rows, n, bits)
+        raw = packing.nbits_to_onnx(graph.constant_array(bq), rows, n, bits)
         if bits == 8:
             return ir.Tensor(raw.reshape(rows, n), dtype=code_t)
         return ir.PackedTensor(raw, code_t, shape=(rows, n))
 
     if unpacked:  # codes a band of rows at a time, as the fold streams them
-        return b.existing(CodeRows(lambda: arrays.value_array(bq), rows, n, bits, code_t), "x")
+        return b.existing(CodeRows(lambda: graph.constant_array(bq), rows, n, bits, code_t), "x")
     if n * bits % 8 == 0:  # rows of whole bytes: written a band of K rows at a time
         return b.streamed("x", code_t, (rows, n), x_bytes, lambda file: (
-            packing.write_nbits_as_onnx(arrays.value_array(bq), rows, n, bits, file)))
+            packing.write_nbits_as_onnx(graph.constant_array(bq), rows, n, bits, file)))
     return b.constant("x", code_t, (rows, n), x_bytes)
 
 
@@ -119,7 +119,7 @@ def _scale_kn(scales: ir.Value, n: int, kb: int, s_shape: tuple[int, ...],
               as_float32: bool = False) -> Callable[[], np.ndarray]:
     """A maker of the scales (N, k_blocks) transposed to ``s_shape`` (float32 if told)."""
     def make() -> np.ndarray:
-        s = arrays.value_array(scales).reshape(n, kb).T
+        s = graph.constant_array(scales).reshape(n, kb).T
         return (s.astype(np.float32) if as_float32 else s).reshape(s_shape)
     return make
 
@@ -136,7 +136,7 @@ def _zero_point_codes(spec: FusedSpec, zp: ir.Value | None, s_shape: tuple[int, 
         if zp is None:
             codes = np.full(s_shape, spec.default_zero_point, np.uint8)
         else:
-            codes = matmul_nbits_zero_points(arrays.value_array(zp), n, kb, bits)[0].T \
+            codes = matmul_nbits_zero_points(graph.constant_array(zp), n, kb, bits)[0].T \
                 .reshape(s_shape)
         codes = np.ascontiguousarray(codes)
         if bits == 8:
@@ -146,7 +146,7 @@ def _zero_point_codes(spec: FusedSpec, zp: ir.Value | None, s_shape: tuple[int, 
     return zp_codes
 
 
-def _integer_zp_weight(spec: FusedSpec, b: Builder, x: ir.Value, bq: ir.Value,
+def _integer_zp_weight(spec: FusedSpec, b: FusedBuilder, x: ir.Value, bq: ir.Value,
                        scales: ir.Value, zp: ir.Value | None) -> tuple[ir.Value, str]:
     """The weight with integer zero points: one DequantizeLinear of x; returns (it, how)."""
     k, n = spec.x_shape
@@ -158,7 +158,7 @@ def _integer_zp_weight(spec: FusedSpec, b: Builder, x: ir.Value, bq: ir.Value,
     dq_attrs: dict = {"axis": 1} if per_axis else {"axis": 0, "block_size": block}
     # written transposed a band at a time, in C where it can
     s = b.streamed("scale", s_type, s_shape, _scale_kn(scales, n, kb, s_shape), lambda file: (
-        packing.write_transposed(arrays.value_array(scales).reshape(n, kb), file)))
+        packing.write_transposed(graph.constant_array(scales).reshape(n, kb), file)))
     if k == kb * block:  # x and the scale are B and the scales transposed, exactly
         stored_transpose(x, bq, (n, k))
         stored_transpose(s, scales, (n, kb))
@@ -171,7 +171,7 @@ def _integer_zp_weight(spec: FusedSpec, b: Builder, x: ir.Value, bq: ir.Value,
     return w, how
 
 
-def _float_zp_weight(spec: FusedSpec, b: Builder, x: ir.Value, scales: ir.Value,
+def _float_zp_weight(spec: FusedSpec, b: FusedBuilder, x: ir.Value, scales: ir.Value,
                      zp: ir.Value) -> tuple[ir.Value, str]:
     """The weight with float zero points: DequantizeLinear of x by float32 scales, plus the
     offsets -(zp·s) per block (→ Slice of a ragged tail) (→ Cast); returns (it, how)."""
@@ -186,7 +186,7 @@ def _float_zp_weight(spec: FusedSpec, b: Builder, x: ir.Value, scales: ir.Value,
               (rows, n))
 
     def zp_blocks() -> np.ndarray:
-        return np.ascontiguousarray(arrays.value_array(zp).reshape(n, kb).T).reshape(kb, 1, n)
+        return np.ascontiguousarray(graph.constant_array(zp).reshape(n, kb).T).reshape(kb, 1, n)
 
     # The offsets -(zp·s) are computed by the graph, in float32 as onnxruntime does, so
     # the zero points stay stored as they were (and ``pack`` gives them back).

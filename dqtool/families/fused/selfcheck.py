@@ -26,7 +26,8 @@ from dqtool import graph
 from dqtool.checking import compare, runners
 from dqtool.checking.models import ort_max_ir
 from dqtool.checking.selfcheck import BIT_EXACT, ERROR, KERNEL_ONLY, MISMATCH, SKIPPED, NodeCheck
-from dqtool.families.fused import arrays, kernel, packing, read
+from dqtool.families.fused import kernel, packing, read
+from dqtool.storage import tensor_reads
 
 SAMPLE_ELEMENTS = 1 << 24  # weights per node checked in full; past it, a sample
 CHUNK_BYTES = 16 << 20  # output bytes per onnxruntime run
@@ -116,11 +117,11 @@ def _matmul_nbits(node: ir.Node, ir_version: int) -> tuple[Iterator[Piece], str 
     a = _ints(node)
     k, n, bits, block = a["K"], a["N"], a.get("bits", 4), a["block_size"]
     kb = -(-k // block)
-    b = arrays.constant_array(node.inputs[1]).reshape(n, kb, -1)
-    scales = arrays.constant_array(node.inputs[2])
+    b = tensor_reads.stored_values(node.inputs[1]).reshape(n, kb, -1)
+    scales = tensor_reads.stored_values(node.inputs[2])
     zp_v, g_v = graph.input_value(node, 3), graph.input_value(node, 4)
-    zp = None if zp_v is None else arrays.constant_array(zp_v)
-    g_idx = None if g_v is None else arrays.constant_array(g_v)
+    zp = None if zp_v is None else tensor_reads.stored_values(zp_v)
+    g_idx = None if g_v is None else tensor_reads.stored_values(g_v)
     dtype = np.dtype(scales.dtype)
     proto = ir.serde.serialize_node(node)
     del proto.input[:], proto.output[:]
@@ -166,10 +167,10 @@ def _matmul_nbits(node: ir.Node, ir_version: int) -> tuple[Iterator[Piece], str 
 
 def _gather(node: ir.Node, ir_version: int) -> tuple[Iterator[Piece], str | None]:
     a = _ints(node)
-    data = arrays.constant_array(node.inputs[0])
-    scales = arrays.constant_array(node.inputs[2])
+    data = tensor_reads.stored_values(node.inputs[0])
+    scales = tensor_reads.stored_values(node.inputs[2])
     zp_v = graph.input_value(node, 3)
-    zp = None if zp_v is None else arrays.constant_array(zp_v)
+    zp = None if zp_v is None else tensor_reads.stored_values(zp_v)
     bits, block = a.get("bits", 4), a.get("block_size", 128)
     logical = list(data.shape)
     if data.dtype == np.uint8 and bits != 8:

@@ -1,6 +1,6 @@
-"""Graph surgery the fused rewrites share: lazily computed constants (initializers, or
-Constant nodes inside functions), and replacing one node by a chain that takes over its
-output (name, type, shape, consumers, graph outputs)."""
+"""The fused rewrites' builder (``dqtool.building.Builder`` with their names, constants
+computed ahead and written in pieces or in bands, and replacing one node by a chain that
+takes over its output: name, type, shape, consumers, graph outputs)."""
 
 from __future__ import annotations
 
@@ -14,6 +14,8 @@ import numpy as np
 import onnx_ir as ir
 
 from dqtool import types
+from dqtool.building import Builder, Made, checked
+from dqtool.names import Names
 from dqtool.storage.write_pieces import write_tensor
 
 if TYPE_CHECKING:
@@ -102,60 +104,43 @@ class _ComputedAhead:
         return self.make()
 
 
-def _tensor_of(make: Callable[[], ir.TensorProtocol | np.ndarray], dtype: ir.DataType,
-               shape: tuple[int, ...], name: str) -> Callable[[], ir.TensorProtocol]:
-    """``make`` giving a tensor (an array becomes one), its shape checked."""
-    def tensor() -> ir.TensorProtocol:
-        t = make()
-        if isinstance(t, np.ndarray):
-            t = ir.Tensor(np.ascontiguousarray(t), dtype=dtype, name=name)
-        assert tuple(t.shape) == shape, (name, tuple(t.shape), shape)
-        return t
+class FusedBuilder(Builder):
+    """The nodes that replace one fused node (or the pattern pack packs into one): the
+    names are ``<base>/<role>``, large constants are computed ahead (``_ComputedAhead``)
+    and written in pieces, and ``finish`` puts the new nodes where the node was."""
 
-    return tensor
-
-
-class Builder:
-    """Builds the nodes that replace ``node``; ``fresh`` names values uniquely."""
-
-    def __init__(self, node: ir.Node, fresh: Callable[[str], str],
-                 in_function: bool = False, home: ir.Value | None = None,
-                 early: EarlyWriter | None = None) -> None:
+    def __init__(self, node: ir.Node, names: Names, in_function: bool = False,
+                 home: ir.Value | None = None, early: EarlyWriter | None = None) -> None:
         """``home``: the stored weight the new constants stand for; they go where it is
         stored (an If's or a Loop's outer graph: the new weight stays in the scope the
         original was in, and a round trip gives it back there), else in ``node``'s graph.
         ``early``: the save's writer, when it writes the data file while the model is
         converted: each streamed constant is handed to it as it is made."""
-        self.early = early
-        self.node = node
-        self.graph = node.graph
-        self.home = home.graph if home is not None and home.is_initializer() and \
-            home.graph is not None else node.graph
-        self.fresh = fresh
-        # Functions have no initializers: constants are Constant nodes there.
-        self.in_function = in_function
-        self.nodes: list[ir.Node] = []
-        # constants made here: initializers, or in a function Constant nodes' outputs
-        self.created: set[str] = set()
+        stored = home.graph if home is not None and home.is_initializer() else None
+        super().__init__(node, names, in_function=in_function, home=stored, early=early)
         self.base = node.name or node.outputs[0].name or node.op_type
 
     def node_name(self, base: str) -> str:
-        """``base``, or a variant no node of the model has (when ``fresh`` keeps node
-        names too: ``dqtool.names.Names``)."""
-        unique = getattr(self.fresh, "node", None)
-        return unique(base) if unique is not None else base
+        """``base``, or a variant no node of the model has."""
+        return self.names.node(base)
+
+    def constant_node_name(self, name: str, role: str) -> str | None:
+        return self.node_name(f"{self.base}/{name}")
+
+    def lazy(self, name: str, dtype: ir.DataType, shape: Sequence[int],
+             compute: Callable[[], Made]) -> ir.TensorProtocol:
+        nbytes = int(np.prod(tuple(shape), dtype=np.int64)) * ir.DataType(dtype).bitwidth // 8
+        if _ComputedAhead.MIN_BYTES <= nbytes <= _ComputedAhead.MAX_BYTES and not self.in_function:
+            compute = _ComputedAhead(compute)
+        return _Lazy(checked(compute, dtype, shape, name), dtype=dtype, shape=ir.Shape(shape),
+                     name=name)
 
     def constant(self, role: str, dtype: ir.DataType, shape: Sequence[int],
-                 make: Callable[[], ir.TensorProtocol | np.ndarray]) -> ir.Value:
-        """A constant computed only when the model is saved (``LazyTensor``)."""
-        name = self.fresh(f"{self.base}/{role}")
+                 make: Callable[[], Made]) -> ir.Value:
+        """A constant computed only when the model is saved."""
+        name = self.names.fresh(f"{self.base}/{role}")
         shape = tuple(int(d) for d in shape)
-        nbytes = int(np.prod(shape, dtype=np.int64)) * ir.DataType(dtype).bitwidth // 8
-        if _ComputedAhead.MIN_BYTES <= nbytes <= _ComputedAhead.MAX_BYTES and not self.in_function:
-            make = _ComputedAhead(make)
-        lazy = _Lazy(_tensor_of(make, dtype, shape, name), dtype=dtype, shape=ir.Shape(shape),
-                     name=name)
-        return self.value_of(lazy, name, dtype, shape)
+        return self.place(self.lazy(name, dtype, shape, make), name, role)
 
     def streamed(self, role: str, dtype: ir.DataType, shape: Sequence[int],
                  make: Callable[[], ir.TensorProtocol], write: Callable[[object], int]
@@ -164,35 +149,16 @@ class Builder:
         (``write(file)`` returns the bytes written); ``make()`` gives it whole."""
         if self.in_function:  # a Constant node holds its tensor, lazily made whole
             return self.constant(role, dtype, shape, make)
-        name = self.fresh(f"{self.base}/{role}")
+        name = self.names.fresh(f"{self.base}/{role}")
         shape = tuple(int(d) for d in shape)
-        lazy = Streamed(_tensor_of(make, dtype, shape, name), write, dtype, ir.Shape(shape),
-                        name)
+        lazy = Streamed(checked(make, dtype, shape, name), write, dtype, ir.Shape(shape), name)
         if self.early is not None:
             self.early.submit(lazy)  # written at once, while the conversion goes on
-        return self.value_of(lazy, name, dtype, shape)
+        return self.place(lazy, name, role)
 
     def existing(self, tensor: ir.TensorProtocol, role: str) -> ir.Value:
         """A constant holding an already made tensor (e.g. another view of stored bytes)."""
-        name = self.fresh(f"{self.base}/{role}")
-        tensor.name = name
-        return self.value_of(tensor, name, tensor.dtype, tuple(int(d) for d in tensor.shape))
-
-    def value_of(self, tensor: ir.TensorProtocol, name: str, dtype: ir.DataType,
-                 shape: tuple[int, ...]) -> ir.Value:
-        if self.in_function:
-            cnode = ir.node("Constant", [], {"value": tensor},
-                            name=self.node_name(f"{self.base}/{name}"))
-            self.nodes.append(cnode)
-            out = cnode.outputs[0]
-            out.name, out.dtype, out.shape = name, dtype, ir.Shape(shape)
-            self.created.add(name)
-            return out
-        value = ir.Value(name=name, const_value=tensor, type=ir.TensorType(dtype),
-                         shape=ir.Shape(shape))
-        self.home.register_initializer(value)
-        self.created.add(name)
-        return value
+        return self.place(tensor, self.names.fresh(f"{self.base}/{role}"), role)
 
     def small(self, role: str, arr: np.ndarray) -> ir.Value:
         arr = np.asarray(arr)
@@ -204,12 +170,12 @@ class Builder:
         n = ir.node(op_type, list(inputs), attributes or {},
                     name=self.node_name(f"{self.base}/{role}"))
         out = n.outputs[0]
-        out.name = self.fresh(f"{self.base}/{role}")
+        out.name = self.names.fresh(f"{self.base}/{role}")
         if dtype is not None:
             out.dtype = dtype
         if shape is not None:
             out.shape = ir.Shape(list(shape))
-        self.nodes.append(n)
+        self.add_node(n)
         return out
 
     def finish(self, result: ir.Value) -> None:
@@ -217,7 +183,7 @@ class Builder:
         old = self.node.outputs[0]
         name, dtype, shape, doc = old.name, old.dtype, old.shape, old.doc_string
         meta = dict(old.metadata_props)
-        old.name = self.fresh(f"{name}/replaced")
+        old.name = self.names.fresh(f"{name}/replaced")
         ir.convenience.replace_nodes_and_values(
             self.graph, self.node, [self.node], self.nodes, [old], [result])
         result.name = name

@@ -40,9 +40,8 @@ from dqtool.convert.widen import widened_tensor
 from dqtool.families.fused import ort_facts, read
 from dqtool.families.fused.gather_to_onnx import gather_block_quantized
 from dqtool.families.fused.matmul_to_onnx import matmul_nbits, shared_weight_key
-from dqtool.families.fused.onnx_codes import constant_tensor
 from dqtool.families.fused.spec import FusedSpec
-from dqtool.families.fused.surgery import Builder
+from dqtool.families.fused.surgery import FusedBuilder
 from dqtool.families.fused.upgrade_notes import BITS_KEY, note_original
 
 if TYPE_CHECKING:
@@ -96,7 +95,7 @@ _NARROW_BITS = {ir.DataType.UINT4: 4, ir.DataType.INT4: 4, ir.DataType.UINT2: 2,
                 ir.DataType.INT2: 2}
 
 
-def _widen(b: Builder, note: bool) -> bool:
+def _widen(b: FusedBuilder, note: bool) -> bool:
     """Give every new DequantizeLinear 8-bit codes in place of 2/4-bit ones (exact);
     ``note``: say so on it (``BITS_KEY``)."""
     done = False
@@ -106,8 +105,10 @@ def _widen(b: Builder, note: bool) -> bool:
             if v is None or v.dtype not in _WIDE:
                 continue
             wide_t, np_t = _WIDE[v.dtype]
+            codes = graph.constant_tensor(v)
+            assert codes is not None  # (the reading of the node found it constant)
             # (codes in a file: written a band at a time when saved)
-            wide = b.existing(widened_tensor(constant_tensor(v), np_t, wide_t),
+            wide = b.existing(widened_tensor(codes, np_t, wide_t),
                               f"{'x' if i == 0 else 'zero_point'}_8bit")
             made = wide.producer()
             if made is not None:  # in a function, a Constant node: before its reader
@@ -118,11 +119,7 @@ def _widen(b: Builder, note: bool) -> bool:
                 # the narrow codes go: an initializer, or in a function the Constant node
                 # holding them (left, it kept its 2/4-bit type in a model lowered below
                 # the opset that has it: onnxruntime refused the model)
-                old = v.producer()
-                if old is not None and any(n is old for n in b.nodes):
-                    b.nodes.remove(old)
-                else:
-                    b.home.initializers.pop(v.name, None)
+                b.drop_constant(v)
             # What the codes were, so ``pack`` can give back the original width (it checks
             # that every code still fits before it believes this).
             if note:
@@ -143,7 +140,7 @@ def rewrite(node: ir.Node, opsets: dict[str, int], target: int, fresh,
     save's writer of the data file, when it writes while the model is converted."""
     spec = read.read(node, opsets)
     check(spec, target)
-    b = Builder(node, fresh, in_function,
+    b = FusedBuilder(node, fresh, in_function,
                 home=graph.input_value(node, 1 if spec.op == "MatMulNBits" else 0), early=early)
     old_inputs = [v for v in node.inputs if v is not None]
     if spec.op == "MatMulNBits":

@@ -10,9 +10,8 @@ import numpy as np
 import onnx_ir as ir
 
 from dqtool import graph
-from dqtool.families.fused import arrays
 from dqtool.families.fused.spec import FusedSpec
-from dqtool.families.fused.surgery import Builder
+from dqtool.families.fused.surgery import FusedBuilder
 
 BITS_KEY = "dqtool.fused.bits"
 # The original MatMulNBits' accuracy_level (> 0), on its DequantizeLinear: pack writes it
@@ -39,7 +38,7 @@ NAME_ROLES = {"MatMulNBits": {"B": 1, "scales": 2, "zero_points": 3},
               "GatherBlockQuantized": {"data": 0, "scales": 2, "zero_points": 3}}
 
 
-def note_original(node: ir.Node, spec: FusedSpec, b: Builder, y: ir.Value) -> None:
+def note_original(node: ir.Node, spec: FusedSpec, b: FusedBuilder, y: ir.Value) -> None:
     """Write the notes of ``node`` (the fused original) on the nodes ``b`` made for it."""
     dqs = [n for n in b.nodes if n.op_type == "DequantizeLinear"]
     names = _names(node)
@@ -77,7 +76,7 @@ def _tail(node: ir.Node, spec: FusedSpec) -> str | None:
     if place is None or bq is None or graph.constant_tensor(bq) is None:
         return None
     byte, shift = place
-    rows = np.asarray(arrays.value_array(bq), np.uint8).reshape(n, -1)
+    rows = np.asarray(graph.constant_array(bq), np.uint8).reshape(n, -1)
     tail = rows[:, byte] >> shift
     return tail.astype(np.uint8).tobytes().hex() if tail.any() else None
 

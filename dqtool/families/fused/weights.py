@@ -18,7 +18,8 @@ import onnx_ir as ir
 
 from dqtool import graph
 from dqtool.evaluator import reference_evaluator
-from dqtool.families.fused import arrays, kernel, read
+from dqtool.families.fused import kernel, read
+from dqtool.storage import tensor_reads
 
 
 @dataclass(frozen=True)
@@ -43,10 +44,6 @@ class WeightComparison:
                 "detail": self.detail}
 
 
-def _arr(v: ir.Value | None) -> np.ndarray | None:
-    return arrays.constant_array(v)
-
-
 def fused_weight(node: ir.Node) -> np.ndarray | None:
     """The dequantized weight of a fused node with constant inputs (MatMulNBits: (K, N);
     GatherBlockQuantized: the table), None if not constant."""
@@ -55,24 +52,27 @@ def fused_weight(node: ir.Node) -> np.ndarray | None:
         return None
     a = {k: v.as_int() for k, v in node.attributes.items()
          if v.type == ir.AttributeType.INT}
+    def arr(v: ir.Value | None) -> np.ndarray | None:
+        return None if v is None else tensor_reads.stored_values(v)
+
     if node.op_type == "MatMulNBits":
         return kernel.dequantize_matmul_nbits(
-            _arr(node.inputs[1]), _arr(node.inputs[2]), _arr(graph.input_value(node, 3)),
+            arr(node.inputs[1]), arr(node.inputs[2]), arr(graph.input_value(node, 3)),
             K=a["K"], N=a["N"], bits=a.get("bits", 4), block_size=a["block_size"],
-            g_idx=_arr(graph.input_value(node, 4)))
+            g_idx=arr(graph.input_value(node, 4)))
     return kernel.dequantize_gather_block_quantized(
-        _arr(node.inputs[0]), _arr(node.inputs[2]), _arr(graph.input_value(node, 3)),
+        arr(node.inputs[0]), arr(node.inputs[2]), arr(graph.input_value(node, 3)),
         quantize_axis=a.get("quantize_axis", 1), block_size=a.get("block_size", 128),
         bits=a.get("bits", 4))
 
 
 def _in_memory(tensor: ir.TensorProtocol) -> ir.TensorProtocol:
-    """Its values read on their own map (``arrays``): asked for them, a tensor in a file
-    keeps them as long as the model lives (a 1 GB model's check held 2 GB more by its last
-    weight)."""
+    """Its values read on their own map (``tensor_reads.tensor_array``): asked for them,
+    onnx_ir's tensor in a file keeps them as long as the model lives (a 1 GB model's check held 2 GB
+    more by its last weight)."""
     if isinstance(tensor, ir.Tensor):
         return tensor
-    return ir.Tensor(arrays.tensor_array(tensor), dtype=tensor.dtype, name=tensor.name)
+    return ir.Tensor(tensor_reads.tensor_array(tensor), dtype=tensor.dtype, name=tensor.name)
 
 
 def _evaluate(value: ir.Value) -> np.ndarray | None:

@@ -1,4 +1,4 @@
-"""What both directions of the integer ⇄ QDQ rewrite share: fresh names, constants, the
+"""What both directions of the integer ⇄ QDQ rewrite share: fresh names, the
 report of what changed and what was refused."""
 
 from __future__ import annotations
@@ -6,12 +6,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
 import onnx_ir as ir
 
 from dqtool import graph
 from dqtool.convert.report import NodeRefusal as Refusal  # one refusal record for every rewrite
-from dqtool.names import Names
 
 
 @dataclass(frozen=True)
@@ -44,20 +42,6 @@ class Refused(Exception):
 
 def node_label(node: ir.Node) -> str:
     return node.name or f"<unnamed {node.op_type}>"
-
-
-def make_constant(g: ir.Graph | ir.Function, names: Names, base: str, arr: np.ndarray
-                  ) -> tuple[ir.Value, ir.Node | None]:
-    """A constant not yet in the graph: an initializer value for a graph (register it
-    with ``g.register_initializer``), a Constant node for a function (insert it)."""
-    tensor = ir.tensor(arr, name=names.fresh(base))
-    if isinstance(g, ir.Graph):
-        return ir.Value(name=tensor.name, shape=ir.Shape(arr.shape),
-                        type=ir.TensorType(tensor.dtype), const_value=tensor), None
-    node = ir.Node("", "Constant", [], [ir.AttrTensor("value", tensor)], name=tensor.name,
-                   num_outputs=1)
-    node.outputs[0].name = tensor.name
-    return node.outputs[0], node
 
 
 def drop_if_unused(values: list[ir.Value | None]) -> None:

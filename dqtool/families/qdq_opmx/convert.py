@@ -63,7 +63,7 @@ def _rewrite(node: ir.Node, step: Step, spec: QuantSpec, x, scale, zp, x_shape) 
         dtype = ml_dtypes.uint4 if integer_zp else ml_dtypes.int4
 
         def q_values() -> np.ndarray:
-            nib = unpack_opmx_int4(params.values(x))
+            nib = unpack_opmx_int4(graph.constant_array(x))
             return nib.astype(np.int8 if not integer_zp else np.uint8) - (
                 0 if integer_zp else 8)
 
@@ -82,7 +82,7 @@ def _rewrite(node: ir.Node, step: Step, spec: QuantSpec, x, scale, zp, x_shape) 
 
     def reshaped(v, dtype, shape, base):
         return step.constant(f"{v.name}_{base}", dtype, shape,
-                             lambda: params.values(v).astype(types.from_ir(dtype).dtype)
+                             lambda: graph.constant_array(v).astype(types.from_ir(dtype).dtype)
                              .reshape(shape))
 
     new_scale = scale if new_shape == s_shape and not float_scale else \
@@ -107,7 +107,7 @@ def _rewrite(node: ir.Node, step: Step, spec: QuantSpec, x, scale, zp, x_shape) 
     how = f"{spec.domain} → ai.onnx DequantizeLinear ({qt}, {spec.granularity})"
     if float_scale:
         z = step.constant(f"{zp.name}_bias", ir.DataType.FLOAT, x_shape, lambda: np.broadcast_to(
-            params.broadcastable(params.values(zp).astype(np.float32), spec, x_shape),
+            params.broadcastable(graph.constant_array(zp).astype(np.float32), spec, x_shape),
             x_shape))
         step.append([("Add", [z], {}, "add_zero_point"),
                      ("Cast", [], {"to": ir.DataType.FLOAT16}, "cast")], ir.DataType.FLOAT)
