@@ -45,7 +45,7 @@ class Builder:
         self.node = node
         self.graph = node.graph
         self.names = names
-        self.in_function = in_function
+        self.in_function = in_function or names.in_function(node)
         self.home = home if home is not None else node.graph
         self.early = early
         self.defer = defer

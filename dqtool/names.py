@@ -28,8 +28,11 @@ class Names:
         # value names per scope: the main graph with its subgraphs (None), each function
         # with its subgraphs (two functions may both have a value named ``B``)
         self._scopes: dict[int | None, set[str]] = {None: set()}
+        self._in_functions: set[int] = set()  # the graphs of functions and their subgraphs
         for site in graph.walk(model):
             scope = self._scopes.setdefault(_scope(site.function), set())
+            if site.function is not None and site.node.graph is not None:
+                self._in_functions.add(id(site.node.graph))
             if site.node.name:
                 self._nodes.add(site.node.name)
             for v in (*site.node.inputs, *site.node.outputs):
@@ -64,6 +67,11 @@ class Names:
             name, i = f"{base}_{i}", i + 1
         self._nodes.add(name)
         return name
+
+    def in_function(self, node: ir.Node) -> bool:
+        """Whether ``node`` is in a function (or a subgraph of one), where a constant is a
+        Constant node: a function has no initializers."""
+        return node.graph is not None and id(node.graph) in self._in_functions
 
     def claim(self, name: str, function: ir.Function | None = None) -> bool:
         """Take ``name`` itself for a value of ``function``'s scope (None: the main

@@ -229,3 +229,38 @@ def test_a_per_column_zero_point_beside_a_run_time_scale_is_refused():
     assert "0.0123" not in text
     with pytest.raises(api.IntegerConversionRefused, match="computed at run time"):
         api.to_qdq(ir.from_onnx_text(text))
+
+
+FUNCTION_ZP = """<ir_version: 8, opset_import: ["" : 13, "local" : 1]>
+g (float[2,4] x) => (float[2,3] y) {
+    y = local.mlp (x)
+}
+<domain: "local", opset_import: ["" : 13]>
+mlp (x) => (y) {
+    w = Constant <value = int8[4,3] {1,2,3,4,5,6,7,8,9,10,11,-12}> ()
+    wscale = Constant <value = float {0.0123}> ()
+    wzp = Constant <value = int8[3] {0, 1, -1}> ()
+    bias = Constant <value = float[3] {0.5, -0.5, 1}> ()
+    xq, xs, xz = DynamicQuantizeLinear (x)
+    s = Mul (xs, wscale)
+    acc = MatMulInteger (xq, w, xz, wzp)
+    accf = Cast <to = 1> (acc)
+    m = Mul (accf, s)
+    y = Add (m, bias)
+}
+"""
+
+
+def test_a_rewrite_inside_a_function_makes_its_constants_constant_nodes(tmp_path):
+    # A function has no initializers: the per-axis scale made for the column zero point
+    # was registered as one and lost when the model was saved (onnx's checker refused it).
+    src = tmp_path / "fn.onnx"
+    onnx.save(onnx.parser.parse_model(FUNCTION_ZP), src)
+    report = api.to_qdq(src, tmp_path / "q.onnx")
+    assert [c.graph for c in report.changes] == ["function:local.mlp"]
+    q = onnx.load(tmp_path / "q.onnx")
+    onnx.checker.check_model(q, full_check=True)
+    assert not q.graph.initializer
+    x = np.random.default_rng(3).standard_normal((2, 4)).astype(np.float32)
+    want, got = run_ort(onnx.load(src), {"x": x})[0], run_ort(q, {"x": x})[0]
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
