@@ -8,7 +8,7 @@ import onnx_ir as ir
 import pytest
 
 from dqtool.families.fused import packing
-from dqtool.families.fused.rows import CodeRows
+from dqtool.families.fused.code_rows import CodeRows
 
 _TYPE = {2: ir.DataType.UINT2, 4: ir.DataType.UINT4, 8: ir.DataType.UINT8}
 

@@ -154,7 +154,7 @@ def test_the_fused_converter_does_not_load_the_fold() -> None:
         import dqtool.families.fused.to_onnx
         before = "dqtool.folding" in sys.modules
         import numpy as np
-        from dqtool.families.fused.rows import CodeRows
+        from dqtool.families.fused.code_rows import CodeRows
         import onnx_ir as ir
         b = np.arange(16, dtype=np.uint8).reshape(2, 1, 8)  # N=2, K=16, 4-bit
         t = CodeRows(lambda: b, 16, 2, 4, ir.DataType.UINT4)

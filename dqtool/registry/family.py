@@ -80,8 +80,8 @@ Key = tuple[str, str, int]  # (domain, op_type, since_version); ai.onnx is "ai.o
 
 
 class FoldCall(Protocol):
-    """One kernel call of a fold, as the fold pass plans it (``dqtool.folding.compute``'s
-    ``Step``): the kernel's name and the node's quantization parameters."""
+    """One kernel call of a fold, as the fold pass plans it (``dqtool.folding.kernel_call``'s
+    ``KernelCall``): the kernel's name and the node's quantization parameters."""
 
     kind: str
     scale: ir.TensorProtocol
@@ -160,7 +160,7 @@ class FoldSupport:
 
     - ``roots``: op types the fold pass starts from (their output becomes a constant).
     - ``kernels``: kernel name → kernel; ``folding.kernel_call.KernelCall.kind`` names one of them.
-    - ``step``: ``(node, spec, output dtype or None) → Step``, the kernel call that computes
+    - ``step``: ``(node, spec, output dtype or None) → FoldCall``, the kernel call that computes
       ``node``'s output from its constant inputs (also used for a producer of the root's x,
       e.g. the QuantizeLinear of a Q→DQ pair); None for a family with no roots.
     - ``replace``: for an operator whose output is not the dequantized weight (a fused

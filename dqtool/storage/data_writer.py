@@ -407,7 +407,7 @@ def _materialize_small(values: list[ir.Value]) -> None:
     tensor as one the writer computes, and onnx_ir's loading of an external tensor is not
     thread-safe ("The array should be loaded only once"). (Writers started early,
     ``EarlyWriter``, only write tensors that stream themselves; those read their inputs
-    through ``fused.arrays``, never through onnx_ir's loading.)"""
+    through ``dqtool.storage.tensor_reads``, never through onnx_ir's loading.)"""
     for v in values:
         t = v.const_value
         if t.nbytes <= SIZE_THRESHOLD and isinstance(t, (ir.ExternalTensor, ir.LazyTensor)):

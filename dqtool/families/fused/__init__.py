@@ -49,14 +49,14 @@ def _converters(reg: Registry) -> None:
 
 
 def _replaces(node: ir.Node, options: Any, target: int) -> int:
-    from dqtool.families.fused import facts
+    from dqtool.families.fused import reporting
 
     # With --per-axis, or below opset 21 (no blocked DequantizeLinear), a blocked weight
     # is laid out as per-axis rows: B's own bytes, which the save copies from the input's
     # data file (its copy made ahead, then, is kept).
     if options.per_axis or target < 21:
         return 0
-    return facts.weight_bytes(node)
+    return reporting.weight_bytes(node)
 
 
 def _inspect() -> InspectSupport:

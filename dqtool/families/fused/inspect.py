@@ -7,7 +7,7 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from dqtool.families.fused import facts, read
+from dqtool.families.fused import read, reporting
 from dqtool.inspection import NodeReport, consumers
 from dqtool.registry.family import InspectSupport
 
@@ -21,11 +21,11 @@ def node(n: ir.Node, opsets: Mapping[str, int], graph_name: str) -> NodeReport |
     if not read.is_fused(n):
         return None
     spec = read.read(n, dict(opsets))
-    stored, folded = facts.bytes_of(spec)
+    stored, folded = reporting.bytes_of(spec)
     return NodeReport(name=n.name or "", graph=graph_name, spec=spec, consumers=consumers(n),
                       bytes_stored=stored, bytes_folded=folded,
-                      lowest_onnx_opset=facts.lowest_onnx_opset(spec), kind="fused",
-                      extras=tuple(facts.json_extras(spec).items()))
+                      lowest_onnx_opset=reporting.lowest_onnx_opset(spec), kind="fused",
+                      extras=tuple(reporting.json_extras(spec).items()))
 
 
 def summary(nodes: Sequence[NodeReport]) -> dict[str, Any]:

@@ -7,8 +7,8 @@ from collections.abc import Iterator
 
 from dqtool.families.fused import ort_facts, read, to_onnx
 from dqtool.families.fused import spec as S
-from dqtool.families.fused.facts import lowest_onnx_opset
 from dqtool.families.fused.lint_fix import clean_fixes, common_fix
+from dqtool.families.fused.reporting import lowest_onnx_opset
 from dqtool.families.fused.to_onnx import needed_opset
 from dqtool.linting.context import ModelContext
 from dqtool.linting.finding import Finding

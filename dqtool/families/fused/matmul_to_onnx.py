@@ -10,9 +10,9 @@ import onnx_ir as ir
 
 from dqtool import graph, types
 from dqtool.families.fused import packing
+from dqtool.families.fused.code_rows import CodeRows
 from dqtool.families.fused.kernel import matmul_nbits_zero_points
 from dqtool.families.fused.onnx_codes import IR_CODE, default_zero_points, stored_transpose
-from dqtool.families.fused.rows import CodeRows
 from dqtool.families.fused.spec import FusedSpec
 from dqtool.families.fused.surgery import FusedBuilder
 
