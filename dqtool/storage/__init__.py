@@ -6,8 +6,9 @@ The rest of dqtool reaches files only through this package's interface: ``load``
 ``validation`` (a protobuf's fields), ``checked_files`` (external data opened once),
 ``inline_read``/``inline_write`` (large inline tensors left in and streamed to files),
 ``write_pieces``, ``data_writer`` (external data files), ``tensor_reads`` (a constant's
-values without keeping its file mapped), ``data_readers``, ``leftovers`` and ``commit``
-(what a save may remove, crash recovery, the atomic commit), ``early_copy``, ``loading``,
+values without keeping its file mapped), ``file_identity`` (what tells a file from its
+replacement), ``data_readers``, ``leftovers`` and ``commit`` (what a save may remove, crash
+recovery, the atomic commit), ``early_copy``, ``loading``,
 ``saving``, ``ir_version``, and ``driver``: load → transform → check → save, the one
 way every writing command runs.
 """

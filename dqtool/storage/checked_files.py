@@ -23,6 +23,7 @@ import numpy as np
 import onnx_ir as ir
 
 from dqtool.storage import tensor_reads
+from dqtool.storage.file_identity import identity
 
 _PROC = "/proc/self/fd"
 # (resolved model folder, location as written) -> the path reads use
@@ -54,7 +55,8 @@ def open_checked(base: Path, loc: str, target: Path, st: os.stat_result) -> str:
         try:
             opened = os.fstat(fd)
             where = os.readlink(f"{_PROC}/{fd}")
-            if _state(opened) != _state(st) or Path(where) != target:
+            if identity(opened, status_change=True) != identity(st, status_change=True) \
+                    or Path(where) != target:
                 raise Changed(where)
         except BaseException:
             os.close(fd)
@@ -62,12 +64,6 @@ def open_checked(base: Path, loc: str, target: Path, st: os.stat_result) -> str:
         _FDS[ident] = fd
     _READ_PATHS[key] = f"{_PROC}/{fd}"
     return _READ_PATHS[key]
-
-
-def _state(st: os.stat_result) -> tuple[int, ...]:
-    # The inode alone is not the file: a file made just after another was removed often
-    # gets its number back. Its size and times tell them apart.
-    return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns
 
 
 def _open(target: Path) -> int:

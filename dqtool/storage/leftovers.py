@@ -29,7 +29,7 @@ import shutil
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
-from dqtool.storage import data_readers
+from dqtool.storage import data_readers, file_identity
 
 try:
     import fcntl
@@ -67,15 +67,14 @@ class Temp:
 
 
 def identity(path: Path) -> Identity | None:
-    """(device, inode, size, modification time) of the file itself (a link is not
-    followed); None if absent. The inode alone is not the file: one made just after
-    another was removed often gets its number back. A rename, link or chmod keeps all
-    four (a placed file is journaled before it is moved)."""
+    """The file itself (a link is not followed), as ``file_identity`` tells it without the
+    status-change time: a rename, link or chmod keeps it (a placed file is journaled before
+    it is moved); None if absent."""
     try:
         st = os.lstat(path)
     except OSError:
         return None
-    return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns
+    return file_identity.identity(st, status_change=False)  # type: ignore[return-value]
 
 
 def write_journal(folder: Path, out_name: str, model: Path, placed: Iterable[tuple[str, Path]],
