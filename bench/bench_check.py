@@ -11,8 +11,9 @@ RSS read by ``wait4``: ``upgrade --opset 21``, then ``check UP --against MODEL``
 ``check MODEL``. The model's outputs overflow float16 for any input (no normalization
 between layers): the checks run with ``--accept-nonfinite``, and the verdict is printed.
 
-Targets (issue 32): ``check --against`` and ``check`` at most 10x upgrade's time and 1 GB
-peak each; the 7B-class variant checked with --against in at most 180 s and 2 GB.
+Targets (docs/benchmarks.md, "Check at LLM size"): ``check --against`` and ``check`` at
+most 10x upgrade's time and 1 GB peak each; the 7B-class variant checked with --against
+in at most 180 s and 2 GB.
 """
 
 from __future__ import annotations
