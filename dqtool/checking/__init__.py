@@ -17,7 +17,7 @@ import onnx_ir as ir
 
 from dqtool import registry
 from dqtool.checking import against as against_mod
-from dqtool.checking import bounded, faithful, path_deviations, runners, selfcheck
+from dqtool.checking import bounded, deployed, faithful, path_deviations, runners, selfcheck
 from dqtool.checking import inputs as inputs_mod
 from dqtool.checking.compare import OutputComparison
 from dqtool.checking.models import KEEP_IN_FILES_BYTES, Loaded, ModelLike, load
@@ -35,6 +35,7 @@ def check(
     shapes: Mapping[str, tuple[int, ...]] | None = None,
     inputs: Mapping[str, np.ndarray] | None = None,
     accept_nonfinite: bool = False,
+    runtime: str = "onnxruntime",
 ) -> CheckReport:
     """Check a model alone, or against the model it was converted from.
 
@@ -42,10 +43,14 @@ def check(
     name; other unknown dimensions are 1. ``inputs`` gives feeds by name (the rest are
     generated from ``seed``). Tolerances apply to ``against`` comparisons; per-node checks
     are always bit-exact. An output NaN or ±inf in every element of both models compared
-    nothing and fails, unless ``accept_nonfinite``. Raises ``InputError``/``UsageError`` for
-    unreadable models or inputs that do not fit.
+    nothing and fails, unless ``accept_nonfinite``. ``runtime``: ``onnxruntime`` (CPU), or a
+    deployment runtime (``qnn-htp``, ``openvino``: ``deployed``), run beside the reference
+    evaluator; a deployment runtime's outputs are measured in quantization steps and
+    reported, never judged (alone: against the reference evaluator's). Raises
+    ``InputError``/``UsageError`` for unreadable models or inputs that do not fit.
     """
     _refuse_bad_options(rtol, atol, seed)
+    deployed.refuse_unknown(runtime)
     loaded = load(model_or_path, keep_over=KEEP_IN_FILES_BYTES)
     try:
         feeds, defaulted = inputs_mod.generate(loaded.proto, seed=seed, shapes=shapes,
@@ -62,14 +67,18 @@ def check(
                          specs[k].type_name, bounds.get(k))})}
                  for k, v in feeds.items()}
     notes: list[str] = [n for n in (loaded.note(),) if n]
-    common = {"runtimes": (runners.ort_runtime(), runners.reference_runtime()),
+    first = runners.ort_runtime() if runtime == "onnxruntime" else deployed.describe(runtime)
+    common = {"runtimes": (first, runners.reference_runtime()),
               "seed": seed, "rtol": rtol, "atol": atol, "inputs": feed_info,
               "defaulted_dims": tuple(defaulted)}
     if against is not None:
         other = load(against, keep_over=KEEP_IN_FILES_BYTES)
-        report = _against(loaded, other, feeds, rtol, atol, notes, common)
+        report = _against(loaded, other, feeds, rtol, atol, notes, common, runtime)
         return _accepting(report) if accept_nonfinite else report
-    return _alone(loaded, feeds, notes, common)
+    report = _alone(loaded, feeds, notes, common)
+    if runtime == "onnxruntime":
+        return report
+    return replace(report, comparisons=(deployed_alone(loaded, feeds, runtime, notes),))
 
 
 def _accepting(report: CheckReport) -> CheckReport:
@@ -108,8 +117,8 @@ def _alone(loaded: Loaded, feeds: dict[str, np.ndarray], notes: list[str],
 
 
 def _against(loaded: Loaded, other_loaded: Loaded, feeds: dict[str, np.ndarray],
-             rtol: float, atol: float, notes: list[str], common: dict[str, Any]
-             ) -> CheckReport:
+             rtol: float, atol: float, notes: list[str], common: dict[str, Any],
+             runtime: str = "onnxruntime") -> CheckReport:
     """``check MODEL --against ORIGINAL``: both models' outputs, and each family's
     weights, bounds and rewritten operators."""
     name, proto = loaded.name, loaded.proto
@@ -127,7 +136,7 @@ def _against(loaded: Loaded, other_loaded: Loaded, feeds: dict[str, np.ndarray],
     comparisons = against_mod.compare_models(
         proto, other, feeds, rtol=rtol, atol=atol, notes=notes,
         model_dir=loaded.external_dir, original_dir=other_loaded.external_dir,
-        range_steps=any(e.comparison is not None for e in per_op))
+        range_steps=any(e.comparison is not None for e in per_op), runtime=runtime)
     weights, bounds, exposed = _family_weights(loaded, other_loaded, feeds, comparisons)
     if bounds:
         comparisons = bounded.apply(
@@ -216,3 +225,20 @@ def _describe(specs: dict[str, inputs_mod.InputSpec]) -> str:
 
 
 __all__ = ["CheckReport", "OutputComparison", "check"]
+
+
+def deployed_alone(loaded: Loaded, feeds: dict[str, np.ndarray], runtime: str,
+                   notes: list[str]) -> against_mod.RuntimeComparison:
+    """``check MODEL --runtime R``: the model on a deployment runtime against the reference
+    evaluator's run of it, each output in quantization steps; reported, not judged."""
+    ref = (loaded.proto, loaded.external_dir)
+
+    def run(model: Any, f: Any, d: Any, *, on_reference: bool = False) -> dict:
+        if on_reference:
+            return runners.run_reference(model, f, external_dir=d)
+        return deployed.run(runtime, model, f, d)
+
+    comparison = against_mod.compare_runs(
+        runtime, lambda m, f, d: run(m, f, d), lambda m, f, d: run(m, f, d, on_reference=True),
+        ref, feeds, notes)
+    return replace(comparison, judged=False)

@@ -18,15 +18,18 @@ from typing import Any
 import numpy as np
 import onnx
 
-from dqtool.checking import compare, float_steps, runners
+from dqtool.checking import compare, deployed, float_steps, runners
 from dqtool.checking.models import for_ort
 
 
 @dataclass(frozen=True)
 class RuntimeComparison:
-    runtime: str  # "onnxruntime" or "reference"
+    runtime: str  # "onnxruntime", "reference", or a deployment runtime (``deployed``)
     outputs: tuple[compare.OutputComparison, ...]
     skipped: str | None = None  # why nothing was compared on this runtime
+    # False for a deployment runtime (``check --runtime``): its faithful arithmetic is
+    # measured in quantization steps and reported; the verdict is the others'.
+    judged: bool = True
     # Values inside the graph both models compute (same name), compared along the
     # original's node order: where the difference appears and grows. Reported, not judged;
     # on the reference runtime only (keeping a value changes nothing it computes).
@@ -41,7 +44,8 @@ class RuntimeComparison:
         return replace(self, outputs=tuple(o.judge(rtol, atol) for o in self.outputs))
 
     def to_json(self) -> dict[str, Any]:
-        return {"runtime": self.runtime, "passed": self.passed, "skipped": self.skipped,
+        return {"runtime": self.runtime, "passed": self.passed, "judged": self.judged,
+                "skipped": self.skipped,
                 "outputs": [o.to_json() for o in self.outputs],
                 "depth": [d.to_json() for d in self.depth]}
 
@@ -178,12 +182,14 @@ def compare_models(model: onnx.ModelProto, original: onnx.ModelProto,
                    feeds: Mapping[str, np.ndarray], *, rtol: float, atol: float,
                    notes: list[str], model_dir: Path | None = None,
                    original_dir: Path | None = None,
-                   range_steps: bool = False) -> list[RuntimeComparison]:
+                   range_steps: bool = False,
+                   runtime: str = "onnxruntime") -> list[RuntimeComparison]:
     """``model_dir``/``original_dir``: where a model's external tensors stay (see
     ``models.Loaded.external_dir``); None when they are in the protobuf. ``range_steps``:
     a float output that no scale measures is measured in its own run-time 8-bit step
     (``float_steps``), for a conversion of a quantized model whose outputs pass through
-    float operators (a Softmax after the last rescale)."""
+    float operators (a Softmax after the last rescale). ``runtime``: the runtime beside the
+    reference evaluator; a deployment runtime's comparison is reported, not judged."""
     names = [o.name for o in model.graph.output]
     extra = sorted(set(names) - {o.name for o in original.graph.output})
     if extra:
@@ -194,8 +200,13 @@ def compare_models(model: onnx.ModelProto, original: onnx.ModelProto,
                 ) -> dict[str, np.ndarray]:
         return _run_ref(m, f, d, [p for p, _ in probes])
 
-    ort = _on("onnxruntime", _run_ort, (model, model_dir), (original, original_dir), feeds,
-              rtol, atol, range_steps, notes)
+    if runtime == "onnxruntime":
+        ort = _on("onnxruntime", _run_ort, (model, model_dir), (original, original_dir),
+                  feeds, rtol, atol, range_steps, notes)
+    else:
+        ort = replace(_on(runtime, lambda m, f, d: deployed.run(runtime, m, f, d),
+                          (model, model_dir), (original, original_dir), feeds, rtol, atol,
+                          True, notes), judged=False)
     ref = _on("reference", run_ref, (model, model_dir), (original, original_dir), feeds,
               rtol, atol, range_steps, notes, probes=probes)
     return [ort, ref]
@@ -204,17 +215,20 @@ def compare_models(model: onnx.ModelProto, original: onnx.ModelProto,
 def _on(runtime: str, run: Runner, model: tuple[onnx.ModelProto, Path | None],
         original: tuple[onnx.ModelProto, Path | None], feeds: Mapping[str, np.ndarray],
         rtol: float, atol: float, range_steps: bool = False,
-        notes: list[str] | None = None, probes: Sequence[tuple[str, int]] = ()
-        ) -> RuntimeComparison:
+        notes: list[str] | None = None, probes: Sequence[tuple[str, int]] = (),
+        run_original: Runner | None = None) -> RuntimeComparison:
     """``notes``: where an output is NaN or ±inf everywhere in both models, it says so
     (they are equal, and that says nothing of the conversion: the output fails unless
-    accepted). ``probes``: values inside both models to compare too (``depth``)."""
+    accepted). ``probes``: values inside both models to compare too (``depth``).
+    ``run_original``: the original's runner, when it is not ``run`` (one model on two
+    runtimes)."""
     results = []
     runtime_steps = runtime_step_sources(original[0])
-    run_original = original
-    for label, (m, d) in (("the checked model", model), ("the original", run_original)):
+    runs = ((run, "the checked model", model),
+            (run_original or run, "the original", original))
+    for how, label, (m, d) in runs:
         try:
-            results.append(run(m, feeds, d))
+            results.append(how(m, feeds, d))
         except runners.RuntimeFailure as e:
             return RuntimeComparison(runtime, (), f"{runtime} cannot run {label}: {e}")
     got, want = results
@@ -242,3 +256,13 @@ def _on(runtime: str, run: Runner, model: tuple[onnx.ModelProto, Path | None],
     depth = tuple(DepthPoint(name, i, of, compare.compare(name, got[name], want[name]))
                   for name, i in probes if name in got and name in want)
     return RuntimeComparison(runtime, tuple(outputs), depth=depth)
+
+
+def compare_runs(runtime: str, run: Runner, reference: Runner,
+                 model: tuple[onnx.ModelProto, Path | None], feeds: Mapping[str, np.ndarray],
+                 notes: list[str]) -> RuntimeComparison:
+    """One model on ``runtime`` (``run``) against the reference evaluator (``reference``),
+    every output exactly compared and measured in its quantization step (a float output
+    no scale measures: its own run-time 8-bit step)."""
+    return _on(runtime, run, model, model, feeds, 0.0, 0.0, True, notes,
+               run_original=reference)

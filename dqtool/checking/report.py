@@ -45,13 +45,14 @@ class CheckReport:
         structure = self.structure is None or self.structure.passed
         if self.against is not None:
             return structure and self.compared and all(
-                c.passed for c in self.comparisons) and all(w.passed for w in self.weights)
+                c.passed for c in self.comparisons if c.judged) and all(
+                w.passed for w in self.weights)
         return structure and all(n.passed for n in self.nodes)
 
     @property
     def compared(self) -> bool:
-        """With --against: at least one runtime ran both models."""
-        return any(c.skipped is None for c in self.comparisons)
+        """With --against: at least one judged runtime ran both models."""
+        return any(c.skipped is None for c in self.comparisons if c.judged)
 
     @property
     def exit_code(self) -> int:
@@ -81,6 +82,8 @@ class CheckReport:
                               for s in ("bit-exact", "within-tolerance",
                                         "runtime-deviation", "mismatch", "kernel-only",
                                         "skipped", "error")}
+            # --runtime: the model on a deployment runtime against the reference evaluator
+            doc["comparisons"] = [c.to_json() for c in self.comparisons]
         else:
             doc["comparisons"] = [c.to_json() for c in self.comparisons]
             doc["weights"] = [w.to_json() for w in self.weights]

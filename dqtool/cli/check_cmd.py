@@ -61,12 +61,20 @@ def _render_structure(app: App, doc: dict) -> None:
 
 def _render_against(app: App, doc: dict) -> None:
     _render_structure(app, doc)
+    _render_comparisons(app, doc)
+    _render_fused(app, doc)
+
+
+def _render_comparisons(app: App, doc: dict) -> None:
     for c in doc["comparisons"]:
         if c["skipped"]:
             app.out.print(f"{c['runtime']}: skipped: {c['skipped']}")
             continue
-        table = Table(title=f"{c['runtime']}: {doc['input']} vs {doc['against']}",
-                      title_justify="left")
+        against = doc["against"] or "reference evaluator"
+        title = f"{c['runtime']}: {doc['input']} vs {against}"
+        if not c.get("judged", True):
+            title += " (measured in steps, reported, not judged)"
+        table = Table(title=title, title_justify="left")
         for col in ("output", "ok", "max abs", "max rel", "mean abs", "worst index",
                     "values (checked / original)", "min atol / rtol",
                     "steps: max, ~1, >1"):
@@ -82,11 +90,16 @@ def _render_against(app: App, doc: dict) -> None:
                 if o["passed"] else f"NO {o['failure'] or ''}"
             if o.get("finite") == 0 and o["size"] and o["failure"] is None:
                 ok = "accepted: nothing finite" if o["passed"] else "NO: nothing finite"
+            if not c.get("judged", True):
+                ok = "same" if o["passed"] else "reported"
             table.add_row(o["name"], ok,
                           _num(o["max_abs"]), _num(o["max_rel"]), _num(o["mean_abs"]),
                           worst, vals, f"{_num(o['min_atol'])} / {_num(o['min_rtol'])}",
                           _steps(o))
         app.out.print(table)
+
+
+def _render_fused(app: App, doc: dict) -> None:
     _render_per_op(app, doc.get("per_op") or [])
     fused = doc.get("fused")
     if fused is not None:
@@ -163,6 +176,7 @@ def render(app: App, doc: dict) -> None:
                       + ", ".join(doc["defaulted_dims"]))
     if doc["mode"] == "self":
         _render_self(app, doc)
+        _render_comparisons(app, doc)
     else:
         tol = doc["tolerance"]
         app.out.print(f"tolerance: rtol {tol['rtol']}, atol {tol['atol']} ({tol['criterion']})")
@@ -195,12 +209,18 @@ def render(app: App, doc: dict) -> None:
               help="Report the pieces of a streamed run on stderr as they finish.")
 @click.option("--report", "report_file", type=str, default=None, metavar="FILE.html",
               help="Also write a self-contained HTML report with charts.")
+@click.option("--runtime", type=click.Choice(["onnxruntime", "qnn-htp", "openvino"]),
+              default="onnxruntime", show_default=True,
+              help="The runtime beside dqtool's reference evaluator: onnxruntime's CPU "
+              "provider, or a deployment runtime (qnn-htp: QNN's HTP through onnxruntime; "
+              "openvino: its CPU plugin), whose outputs are measured in quantization steps "
+              "and reported, not judged.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
 @click.pass_obj
 @user_errors
 def check_cmd(app: App, model: str, original: str | None, rtol: float, atol: float, seed: int,
               shapes: tuple[str, ...], inputs_file: str | None, accept_nonfinite: bool,
-              progress: bool, report_file: str | None, as_json: bool) -> None:
+              progress: bool, report_file: str | None, runtime: str, as_json: bool) -> None:
     """Check MODEL alone (structure, and every DequantizeLinear on onnxruntime against the
     kernel, bit for bit), or against ORIGINAL (every output, on onnxruntime with
     ORT_DISABLE_ALL and on dqtool's reference evaluator).
@@ -221,7 +241,7 @@ def check_cmd(app: App, model: str, original: str | None, rtol: float, atol: flo
     with runners.reporting(say if progress else None):
         report = check(model, against=original, rtol=rtol, atol=atol, seed=seed,
                        shapes=parse_shapes(shapes), inputs=given,
-                       accept_nonfinite=accept_nonfinite)
+                       accept_nonfinite=accept_nonfinite, runtime=runtime)
     doc = report.to_json()
     if report_file is not None:
         from dqtool.report import check_page
