@@ -26,7 +26,7 @@ from dqtool import types
 from dqtool.names import Names
 
 if TYPE_CHECKING:
-    from dqtool.storage.data_writer import EarlyWriter
+    from dqtool.storage import EarlyWriter
 
 Made = ir.TensorProtocol | np.ndarray
 

@@ -96,3 +96,19 @@ def test_no_public_name_is_shadowed_by_a_module():
     import dqtool.evaluator
 
     assert callable(dqtool.reference_evaluator)
+
+
+def test_the_storage_interface_loads_each_name_from_its_module():
+    """``dqtool.storage``'s names are its interface (``.importlinter``); importing it loads
+    none of its modules, so ``dqtool --version`` may name it without NumPy or onnx_ir."""
+    code = ("import sys, dqtool.storage as s; "
+            "print(sorted(m for m in sys.modules if m.startswith('dqtool.storage.') "
+            "or m in ('numpy', 'onnx_ir')))")
+    res = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
+                         text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.strip() == "[]"
+    import dqtool.storage as storage
+
+    assert sorted(storage.__all__) == sorted(storage._WHERE)
+    assert all(getattr(storage, name) is not None for name in storage.__all__)

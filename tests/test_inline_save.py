@@ -322,7 +322,7 @@ def early(monkeypatch, stream_everything):
 
     monkeypatch.setattr(early_copy, "MIN_BYTES", 0)
     yield early_copy
-    early_copy.discard_all()
+    early_copy.discard_early_copies()
 
 
 def _kept_spy(monkeypatch) -> list[tuple[int, int]]:
@@ -345,7 +345,7 @@ def test_an_early_copy_of_the_input_is_kept_where_it_matches(tmp_path, early, mo
     ir.save(ir.load(MODELS / "ort_qdq_per_channel.onnx"), src)
     dqtool.upgrade(src, 25, tmp_path / "plain.onnx")
     seen = _kept_spy(monkeypatch)
-    early.start(src, tmp_path / "out.onnx")
+    early.start_early_copy(src, tmp_path / "out.onnx")
     dqtool.upgrade(src, 25, tmp_path / "out.onnx")
     assert seen and seen[0][0] == seen[0][1] > 0  # every payload was already in place
     assert (tmp_path / "out.onnx").read_bytes() == (tmp_path / "plain.onnx").read_bytes()
@@ -357,7 +357,7 @@ def test_an_early_copy_of_a_replaced_input_is_not_used(tmp_path, early, monkeypa
 
     src = tmp_path / "m.onnx"
     src.write_bytes((MODELS / "ort_qdq_per_tensor.onnx").read_bytes())
-    early.start(src, tmp_path / "out.onnx")
+    early.start_early_copy(src, tmp_path / "out.onnx")
     copy = early._pending[early._key(src, tmp_path / "out.onnx")]
     copy.join()
     other = tmp_path / "other.onnx"

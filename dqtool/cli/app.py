@@ -139,11 +139,11 @@ def user_errors(func: F) -> F:
 
 def _data_files(model: str) -> set[Path]:
     """The data files a model file names (its payloads unread), resolved."""
-    from dqtool.storage import commit
+    from dqtool.storage import locations
 
     path = Path(model)
     try:
-        return {(path.parent / loc).resolve() for loc in commit.locations(path)}
+        return {(path.parent / loc).resolve() for loc in locations(path)}
     except (OSError, RuntimeError, ValueError):  # a link loop, a NUL: nothing to say
         return set()
 

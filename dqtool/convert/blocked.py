@@ -22,7 +22,7 @@ from dqtool.convert import params
 from dqtool.convert.context import Step
 from dqtool.convert.registry import Outcome
 from dqtool.spec import QuantSpec
-from dqtool.storage import tensor_reads
+from dqtool.storage import same_bytes
 
 
 def to_per_axis(step: Step, spec: QuantSpec, why: str) -> Outcome:
@@ -124,7 +124,7 @@ def _layout(step: Step, spec: QuantSpec, x_shape: tuple[int, ...], s_shape: tupl
                 return step.constant(f"{v.name}_rows", v.dtype or _dtype_of(v), shape,
                                      rows_x if v is x else rows_of(v))
             t = graph.constant_tensor(v)
-            return step.holding(f"{v.name}_rows", tensor_reads.same_bytes(source(), t.dtype, shape))
+            return step.holding(f"{v.name}_rows", same_bytes(source(), t.dtype, shape))
     else:
         def laid_out(v: ir.Value, shape: tuple[int, ...]) -> ir.Value:
             return step.constant(f"{v.name}_rows", v.dtype or _dtype_of(v), shape,

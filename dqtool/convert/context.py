@@ -21,10 +21,10 @@ from dqtool import graph, types
 from dqtool.building import Builder
 from dqtool.convert.report import ConvertReport
 from dqtool.names import Names
-from dqtool.storage import tensor_reads
+from dqtool.storage import WidenedCodes, file_range, same_bytes
 
 if TYPE_CHECKING:
-    from dqtool.storage.data_writer import EarlyWriter
+    from dqtool.storage import EarlyWriter
 
 
 @dataclass(frozen=True)
@@ -94,16 +94,16 @@ class Step:
 
     def reshaped(self, base: str, v: ir.Value, shape: tuple[int, ...]) -> ir.Value:
         """A new constant next to the node: constant ``v`` reshaped. Where ``v`` is in a
-        file, its stored bytes as they are (``tensor_reads.same_bytes``): the save copies them
+        file, its stored bytes as they are (``same_bytes``): the save copies them
         there, a weight is never read into memory; else computed when saved."""
         stored = graph.constant_tensor(v)
         assert stored is not None, f"{v.name} is not constant"
         # (a Constant node of a function is saved inline, from its values)
-        if self.in_function or (tensor_reads.file_range(stored) is None
-                                and not isinstance(stored, tensor_reads.WidenedCodes)):
+        if self.in_function or (file_range(stored) is None
+                                and not isinstance(stored, WidenedCodes)):
             return self.constant(base, stored.dtype, shape,
                                  lambda: graph.tensor_values(stored).reshape(shape))
-        return self.holding(base, tensor_reads.same_bytes(stored, stored.dtype, shape))
+        return self.holding(base, same_bytes(stored, stored.dtype, shape))
 
     def holding(self, base: str, tensor: ir.TensorProtocol) -> ir.Value:
         """A new constant next to the node holding ``tensor`` (renamed)."""

@@ -23,7 +23,7 @@ from dqtool.errors import InputError, UsageError
 from dqtool.spec import op_id
 
 if TYPE_CHECKING:
-    from dqtool.storage.data_writer import EarlyWriter
+    from dqtool.storage import EarlyWriter
 
 
 def run(model_or_path: ir.Model | str | os.PathLike, opset: int,

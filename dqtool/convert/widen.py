@@ -18,7 +18,7 @@ from dqtool.convert import params
 from dqtool.convert.context import Step
 from dqtool.convert.registry import Outcome
 from dqtool.spec import QuantSpec
-from dqtool.storage import tensor_reads
+from dqtool.storage import int_array, widened
 
 SUB_BYTE_INT = {"int2": ("int4", "int8"), "uint2": ("uint4", "uint8"), "int4": ("int8",),
                 "uint4": ("uint8",)}
@@ -65,12 +65,12 @@ def _retype(step: Step, index: int, to: str) -> None:
 def widened_tensor(codes: ir.TensorProtocol, dtype: np.dtype, ir_type: ir.DataType
                    ) -> ir.TensorProtocol:
     """``codes`` (2/4-bit integers) widened to ``dtype``: from its file a band at a time
-    (``tensor_reads.WidenedCodes``), else computed when needed. Where ``codes`` is another
+    (``WidenedCodes``), else computed when needed. Where ``codes`` is another
     constant transposed (``transposed``: MatMulNBits' B as ai.onnx's (K, N)), so is the
     result: a layout that wants that transpose widens the other constant's codes."""
-    wide = tensor_reads.widened(codes, dtype)
+    wide = widened(codes, dtype)
     if wide is None:
-        wide = ir.LazyTensor(lambda: ir.Tensor(tensor_reads.int_array(codes, dtype), dtype=ir_type),
+        wide = ir.LazyTensor(lambda: ir.Tensor(int_array(codes, dtype), dtype=ir_type),
                              dtype=ir_type, shape=ir.Shape(tuple(int(d) for d in codes.shape)),
                              name=codes.name)
     source = getattr(codes, "transposed", None)

@@ -32,8 +32,7 @@ from dqtool import types
 from dqtool.folding import by_table, kernel_call
 from dqtool.folding.kernel_call import KernelCall
 from dqtool.kernel.parallel import num_threads
-from dqtool.storage import checked_files, inline_read
-from dqtool.storage.write_pieces import piecewise
+from dqtool.storage import MappedTensor, external_like, piecewise
 
 # Output elements per chunk when streaming: 8 MiB of float32 stays under glibc's mmap
 # ceiling, so a freed chunk is reused from the heap (docs/decisions.md, "Sizes the code holds").
@@ -111,7 +110,7 @@ class Folding:
         if callable(packed_rows):  # a fused weight's codes: transposed, still packed
             return packed_rows(r0, r1)
         et = types.from_ir(t.dtype)
-        if not isinstance(t, (ir.ExternalTensor, inline_read.MappedTensor)) or et is None \
+        if not isinstance(t, (ir.ExternalTensor, MappedTensor)) or et is None \
                 or not et.is_integer or et.bits not in (2, 4):
             return None
         dims = tuple(int(d) for d in t.shape.numpy())
@@ -133,7 +132,7 @@ class Folding:
         if callable(rows_of):
             return rows_of(r0, r1)
         et = types.from_ir(t.dtype)
-        if isinstance(t, (ir.ExternalTensor, inline_read.MappedTensor)) and et is not None:
+        if isinstance(t, (ir.ExternalTensor, MappedTensor)) and et is not None:
             rows = _read_rows(t, et, r0, r1)
             if rows is not None:
                 return rows
@@ -195,7 +194,7 @@ def _helper() -> ThreadPoolExecutor:
         return _pool
 
 
-def _read_rows(t: ir.ExternalTensor | inline_read.MappedTensor, et: types.ElemType, r0: int,
+def _read_rows(t: ir.ExternalTensor | MappedTensor, et: types.ElemType, r0: int,
                r1: int) -> np.ndarray | None:
     """Rows r0:r1 of an external tensor, read from its file; None when the rows do not
     start and end on byte boundaries (packed types with odd rows).
@@ -225,8 +224,7 @@ def _read_rows(t: ir.ExternalTensor | inline_read.MappedTensor, et: types.ElemTy
         return codes[:elements].view(t.dtype.numpy()).reshape((r1 - r0, *dims[1:]))
     # onnx_ir unpacks a tensor of just these rows into a new array (not a view of its
     # memory map), so the map can be released at once.
-    part = checked_files.external_like(t, offset, (count + 7) // 8, t.dtype,
-                                       ir.Shape((r1 - r0, *dims[1:])))
+    part = external_like(t, offset, (count + 7) // 8, t.dtype, ir.Shape((r1 - r0, *dims[1:])))
     try:
         return part.numpy()
     finally:

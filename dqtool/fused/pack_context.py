@@ -17,7 +17,7 @@ from dqtool.families.fused.upgrade_notes import BITS_KEY, NAMES_KEY
 from dqtool.spec import QuantSpec
 
 if TYPE_CHECKING:
-    from dqtool.storage.data_writer import EarlyWriter
+    from dqtool.storage import EarlyWriter
 
 BITS = {"uint2": 2, "int2": 2, "uint4": 4, "int4": 4, "uint8": 8, "int8": 8}
 

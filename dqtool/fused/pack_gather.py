@@ -21,7 +21,7 @@ from dqtool.fused.pack_context import (
     remove_unused,
 )
 from dqtool.spec import QuantSpec
-from dqtool.storage import tensor_reads
+from dqtool.storage import same_bytes
 
 
 @dataclass
@@ -122,7 +122,7 @@ def _as_uint8_packed(b: FusedBuilder, dq: ir.Node, t: _Table
     stored = graph.constant_tensor(t.x)
     if stored is None:
         raise NoMatch("not a constant")
-    data = b.existing(tensor_reads.same_bytes(
+    data = b.existing(same_bytes(
         stored, ir.DataType.UINT8, (*shape[:-1], shape[-1] // 2)), "data")
     z = None
     if zp is not None:

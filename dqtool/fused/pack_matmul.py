@@ -31,7 +31,7 @@ from dqtool.fused.pack_context import (
     unsigned_codes,
 )
 from dqtool.spec import QuantSpec
-from dqtool.storage import tensor_reads
+from dqtool.storage import raw_bytes
 
 
 def weight_facts(spec: QuantSpec, x_shape) -> tuple[int, int, int, int]:
@@ -152,7 +152,7 @@ def _b_bytes(dq: ir.Node, x: ir.Value, geometry: tuple[int, int, int, int], sign
 
     def b_bytes() -> np.ndarray:
         if on_bytes:  # (the tensor as it is when saved: ``data_writer.PlacedTensor``)
-            raw = tensor_reads.raw_bytes(graph.constant_tensor(x))
+            raw = raw_bytes(graph.constant_tensor(x))
             return packing.onnx_to_nbits(raw if bits == 4 else raw.reshape(k, n), k, n,
                                          bits, block, flip=flip)
         return packing.onnx_to_nbits(unsigned_codes(graph.constant_array(x), bits, signed), k,
@@ -182,7 +182,7 @@ def _b_and_scales(b: FusedBuilder, x: ir.Value, geometry: tuple[int, int, int, i
     if on_bytes:  # saved to a data file: written a band of N rows at a time
         bq = b.streamed("B", ir.DataType.UINT8, (n, kb, block * bits // 8), b_bytes,
                         lambda file: packing.write_onnx_as_nbits(
-                            tensor_reads.raw_bytes(graph.constant_tensor(x)), k, n, bits,
+                            raw_bytes(graph.constant_tensor(x)), k, n, bits,
                             block, file,
                             flip=flip))
     else:

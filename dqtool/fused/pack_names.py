@@ -7,7 +7,7 @@ import onnx_ir as ir
 from dqtool import graph
 from dqtool.families.fused.upgrade_notes import NAME_ROLES
 from dqtool.names import Names
-from dqtool.storage import tensor_reads
+from dqtool.storage import raw_bytes
 
 
 def restore_names(model: ir.Model, named: list[tuple[ir.Node, dict, set[str]]]) -> None:
@@ -72,7 +72,7 @@ def _share_stored(node: ir.Node, i: int, made: ir.Value, name: str) -> None:
         return
     a, b = stored.const_value, made.const_value
     if a.dtype != b.dtype or tuple(a.shape) != tuple(b.shape) \
-            or tensor_reads.raw_bytes(a).tobytes() != tensor_reads.raw_bytes(b).tobytes():
+            or raw_bytes(a).tobytes() != raw_bytes(b).tobytes():
         return
     node.replace_input_with(i, stored)
     home.initializers.pop(made.name, None)

@@ -40,7 +40,7 @@ from dqtool.names import Names
 from dqtool.spec import QuantSpec
 
 if TYPE_CHECKING:
-    from dqtool.storage.data_writer import EarlyWriter
+    from dqtool.storage import EarlyWriter
 
 
 @dataclass

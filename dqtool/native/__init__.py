@@ -85,11 +85,11 @@ def write_transposed(src: int, src_stride: int, squares: int, words: int, band_w
     output rows are written. ``buf`` holds ``band_words`` x E x ``out_row`` bytes.
     Returns the bytes written, or -EINVAL (another width, rows narrower than the codes,
     no words a band), -ENOSYS where the extension is off; a failed write raises OSError."""
-    # Imported here: `dqtool --version` reads this module, and NumPy and storage (onnx_ir)
-    # would add ~0.3 s to it.
+    # Imported here: `dqtool --version` reads this module, and NumPy and onnx_ir (which
+    # pwrite_all's module loads) would slow it down.
     import numpy as np
 
-    from dqtool.storage.write_pieces import pwrite_all
+    from dqtool.storage import pwrite_all
 
     ext = _ext
     if ext is None:

@@ -15,7 +15,7 @@ import numpy as np
 
 from dqtool import codecs, graph, storage, types
 from dqtool.report import html, svg
-from dqtool.storage import tensor_reads
+from dqtool.storage import tensor_array
 
 BINS = 16  # code histogram buckets over a type's range
 
@@ -43,7 +43,7 @@ def _stats(site: graph.Site, spec: Any) -> WeightStats | None:
     x = graph.constant_tensor(node.inputs[0]) if node.inputs else None
     if et is None or not et.is_integer or x is None or et.bits > 16:
         return None
-    codes = tensor_reads.tensor_array(x).astype(np.int32).reshape(-1)
+    codes = tensor_array(x).astype(np.int32).reshape(-1)
     lo, hi = int(et.min), int(et.max)
     counts = np.bincount(codes - lo, minlength=hi - lo + 1)
     edges = np.linspace(0, hi - lo + 1, BINS + 1).astype(int)

@@ -67,7 +67,7 @@ def _key(src: str | os.PathLike, out: str | os.PathLike) -> tuple[str, str]:
     return os.path.realpath(src), os.path.realpath(out)
 
 
-def start(src: str | os.PathLike, out: str | os.PathLike | None) -> None:
+def start_early_copy(src: str | os.PathLike, out: str | os.PathLike | None) -> None:
     """Start copying ``src`` for a save to ``out`` when it is a large regular file and the
     output's folder takes a temporary folder; otherwise nothing (the save writes as
     always)."""
@@ -96,7 +96,7 @@ def take(src: str | os.PathLike, out: str | os.PathLike) -> EarlyCopy | None:
     return _pending.pop(_key(src, out), None)
 
 
-def discard_all() -> None:
+def discard_early_copies() -> None:
     """Stop and remove every copy not taken (a command that failed or wrote nothing)."""
     while _pending:
         _, copy = _pending.popitem()

@@ -11,7 +11,7 @@ from dqtool.families.fused import packing
 from dqtool.families.fused.onnx_codes import IR_CODE, default_zero_points
 from dqtool.families.fused.spec import FusedSpec
 from dqtool.families.fused.surgery import FusedBuilder
-from dqtool.storage import tensor_reads
+from dqtool.storage import same_bytes
 
 
 def gather_block_quantized(node: ir.Node, spec: FusedSpec, b: FusedBuilder
@@ -27,7 +27,7 @@ def gather_block_quantized(node: ir.Node, spec: FusedSpec, b: FusedBuilder
     if stored == "uint8" and spec.bits != 8:
         table = graph.constant_tensor(data)
         assert table is not None  # (the reading of the node found it constant)
-        x = b.existing(tensor_reads.same_bytes(table, code_t, logical), "x")
+        x = b.existing(same_bytes(table, code_t, logical), "x")
         notes.append(f"uint8-packed codes read as {spec.quant_type} {logical} (same bytes)")
     else:
         x = data

@@ -7,7 +7,7 @@ import numpy as np
 import onnx_ir as ir
 
 from dqtool import graph
-from dqtool.storage import tensor_reads
+from dqtool.storage import same_bytes
 
 IR_CODE = {"uint2": ir.DataType.UINT2, "uint4": ir.DataType.UINT4, "uint8": ir.DataType.UINT8,
            "int4": ir.DataType.INT4}
@@ -21,7 +21,7 @@ def stored_transpose(made: ir.Value, stored: ir.Value, shape: tuple[int, int]) -
     t, source = graph.constant_tensor(made), graph.constant_tensor(stored)
     if t is not None and source is not None:
         dtype = t.dtype
-        t.transposed = lambda: tensor_reads.same_bytes(source, dtype, shape)  # type: ignore[attr-defined]
+        t.transposed = lambda: same_bytes(source, dtype, shape)  # type: ignore[attr-defined]
 
 
 def default_zero_points(code: int, bits: int, shape: tuple[int, ...],

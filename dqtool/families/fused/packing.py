@@ -18,8 +18,7 @@ import numpy as np
 
 from dqtool.kernel import parallel
 from dqtool.native import stream_fn, transpose_fn
-from dqtool.storage.tensor_reads import unpack
-from dqtool.storage.write_pieces import Pieces
+from dqtool.storage import Pieces, unpack
 from dqtool.transposes import _whole_squares, transpose_codes
 
 # Bytes of unpacked codes one band may hold (bands keep temporaries in cache-sized pieces).

@@ -16,10 +16,10 @@ import onnx_ir as ir
 from dqtool import types
 from dqtool.building import Builder, Made, checked
 from dqtool.names import Names
-from dqtool.storage.write_pieces import write_tensor
+from dqtool.storage import write_tensor
 
 if TYPE_CHECKING:
-    from dqtool.storage.data_writer import EarlyWriter
+    from dqtool.storage import EarlyWriter
 
 
 class _Lazy(ir.LazyTensor):

@@ -45,7 +45,7 @@ from dqtool.families.fused.surgery import FusedBuilder
 from dqtool.families.fused.upgrade_notes import BITS_KEY, note_original
 
 if TYPE_CHECKING:
-    from dqtool.storage.data_writer import EarlyWriter
+    from dqtool.storage import EarlyWriter
 
 _NEEDS = {"uint2": 25, "int2": 25, "uint4": 21, "int4": 21}
 
