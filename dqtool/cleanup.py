@@ -25,11 +25,31 @@ def _remove(v: ir.Value, producers: frozenset[str]) -> list[ir.Value] | None:
     producer = v.producer()
     if producer is None or producer.op_type not in producers:
         return None
-    if any(_used(o) for o in producer.outputs):
+    return _remove_node(producer)
+
+
+def _remove_node(node: ir.Node) -> list[ir.Value] | None:
+    """Remove ``node`` if nothing uses its outputs: its inputs, else None."""
+    if node.graph is None or any(_used(o) for o in node.outputs):
         return None
-    assert producer.graph is not None
-    inputs = [i for i in producer.inputs if i is not None]  # removal detaches them
-    producer.graph.remove(producer, safe=True)
+    inputs = [i for i in node.inputs if i is not None]  # removal detaches them
+    node.graph.remove(node, safe=True)
+    return inputs
+
+
+def remove_unused_nodes(nodes: list[ir.Node]) -> list[ir.Value]:
+    """Remove those of ``nodes`` whose outputs nothing uses (repeatedly, so a chain goes
+    consumer first), whatever their operator; returns the inputs they had. What those
+    inputs leave unused is for ``remove_unused``."""
+    inputs: list[ir.Value] = []
+    changed = True
+    while changed:
+        changed = False
+        for node in nodes:
+            freed = _remove_node(node)
+            if freed is not None:
+                inputs.extend(freed)
+                changed = True
     return inputs
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from dqtool.kernel.layout import normalize_axis
 from dqtool.spec import P_AXIS, P_BLOCK, P_SHAPE, Dim, Granularity, Problem
 
 
@@ -31,13 +32,15 @@ def _one_element(shape: tuple[Dim, ...]) -> bool:
     return len(shape) == 0 or (len(shape) == 1 and shape[0] == 1)
 
 
-def normalize_axis(axis: int, rank: int | None) -> tuple[int, Problem | None]:
+def _axis(axis: int, rank: int | None) -> tuple[int, Problem | None]:
+    """(``axis`` normalized, or as given with the problem it has)."""
     if rank is None:
         return axis, None
-    if rank == 0 or not -rank <= axis < rank:
+    norm = normalize_axis(axis, rank)
+    if norm is None:
         rng = f"[{-rank}, {rank - 1}]" if rank else "none: x is a scalar"
         return axis, Problem(P_AXIS, f"axis {axis} is out of range {rng} for x of rank {rank}")
-    return axis % rank, None
+    return norm, None
 
 
 def classify(
@@ -94,7 +97,7 @@ def _per_axis(x_shape, scale_shape, axis, block_size, allowed, where, problems) 
             Problem(P_BLOCK, f"block_size {block_size} given with a 1-D scale "
                     f"{_fmt(scale_shape)}: blocked quantization needs a scale of x's rank")
         )
-    norm, bad = normalize_axis(axis, rank)
+    norm, bad = _axis(axis, rank)
     if bad:
         problems.append(bad)
         return Layout("per-axis", axis, None, tuple(problems))
@@ -115,7 +118,7 @@ def _blocked(x_shape, scale_shape, axis, block_size, allowed, where, problems) -
             Problem(P_SHAPE, f"scale shape {_fmt(scale_shape)} is blocked (same rank as x), "
                     f"which {where} does not allow")
         )
-    norm, bad = normalize_axis(axis, rank)
+    norm, bad = _axis(axis, rank)
     if bad:
         problems.append(bad)
         return Layout("blocked", axis, block_size or None, tuple(problems))

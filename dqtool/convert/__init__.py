@@ -95,7 +95,7 @@ def _checker(path: Path | None, out: Path | None) -> Callable[[ir.Model], Any]:
     data is checked from its files, the converted one as written (before it is renamed
     into place): no tensor is copied into a protobuf, so any size works. Otherwise both are
     checked in memory, which protobuf limits to 2 GB."""
-    def make(model: ir.Model) -> storage.Check:
+    def make(model: ir.Model) -> storage.Verifier:
         from_files = out is not None and path is not None and storage.uses_external_data(model)
         if not from_files and storage.tensor_bytes(model) > MAX_IN_PROTO:
             raise UsageError("check on a model past protobuf's 2 GB limit needs the model's "
@@ -111,7 +111,7 @@ def _checker(path: Path | None, out: Path | None) -> Callable[[ir.Model], Any]:
             if not report.check.ok:
                 raise CheckFailed(report)
 
-        return storage.Check(run, from_files)
+        return storage.Verifier(run, from_files)
 
     return make
 

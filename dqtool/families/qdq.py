@@ -44,7 +44,7 @@ def params(node: ir.Node) -> tuple[ir.TensorProtocol, ir.TensorProtocol | None]:
     return scale, zp
 
 
-def step(node: ir.Node, spec: QuantSpec, out: np.dtype | None) -> KernelCall:
+def fold_call(node: ir.Node, spec: QuantSpec, out: np.dtype | None) -> KernelCall:
     """The kernel call computing ``node``, a QuantizeLinear ("q") or a DequantizeLinear
     ("dq") of ai.onnx or com.microsoft (same inputs; axis defaults to 1 in both)."""
     from dqtool.codecs import base
@@ -65,4 +65,4 @@ def fold_support() -> FoldSupport:
     QuantizeLinear of constants first when one feeds it."""
     return FoldSupport(roots=frozenset({"DequantizeLinear"}),
                        kernels={"dq": Kernel(run_dq, elementwise=True), "q": Kernel(run_q)},
-                       step=step)
+                       call=fold_call)

@@ -47,14 +47,14 @@ def levels_of(et: types.ElemType) -> np.ndarray:
     return codes.astype(et.dtype)
 
 
-def _groups(step: KernelCall, et: types.ElemType, rows: int, cols: int
+def _groups(call: KernelCall, et: types.ElemType, rows: int, cols: int
             ) -> tuple[int, int] | None:
     """(rows, columns) of a group sharing one table, where a table pays for itself (its
     group holds at least twice as many codes as levels); None where none applies."""
-    if not getattr(step._kernel(), "elementwise", False) or not et.is_integer \
+    if not getattr(call._kernel(), "elementwise", False) or not et.is_integer \
             or et.bits not in (2, 4) or not rows or not cols:
         return None
-    gran, axis, block = step.granularity, step.norm_axis, step.block_size
+    gran, axis, block = call.granularity, call.norm_axis, call.block_size
     if gran == "blocked" and axis in (0, 1) and block > 0:
         group = (block, 1) if axis == 0 else (1, block)
     elif gran == "per-axis" and axis in (0, 1):
@@ -66,19 +66,19 @@ def _groups(step: KernelCall, et: types.ElemType, rows: int, cols: int
     return group if group[0] * group[1] >= 2 << et.bits else None
 
 
-def takes(step: KernelCall, dtype: np.dtype, rows: int, cols: int) -> bool:
+def takes(call: KernelCall, dtype: np.dtype, rows: int, cols: int) -> bool:
     """Whether ``dequantize`` computes rows of codes of ``dtype`` (checked before the codes
     are read, so that they are not read twice when it does not)."""
     try:
         et = types.from_dtype(dtype)
     except KeyError:
         return False
-    return _groups(step, et, rows, cols) is not None and native.transpose_fn() is not None
+    return _groups(call, et, rows, cols) is not None and native.transpose_fn() is not None
 
 
-def dequantize(step: KernelCall, x: np.ndarray | PackedRows, scale: np.ndarray,
+def dequantize(call: KernelCall, x: np.ndarray | PackedRows, scale: np.ndarray,
                zp: np.ndarray | None, store_dtype: np.dtype) -> np.ndarray | None:
-    """The dequantized rows ``x`` (codes, one a byte, or ``PackedRows``) of ``step`` cast
+    """The dequantized rows ``x`` (codes, one a byte, or ``PackedRows``) of ``call`` cast
     to ``store_dtype``, by table; None where this does not apply (the caller computes them
     as before)."""
     packed = isinstance(x, PackedRows)
@@ -90,19 +90,19 @@ def dequantize(step: KernelCall, x: np.ndarray | PackedRows, scale: np.ndarray,
     except KeyError:
         return None
     rows, cols = shape
-    group = _groups(step, et, rows, cols)
+    group = _groups(call, et, rows, cols)
     if group is None or (packed and x.bits != et.bits):
         return None
-    kernel = step._kernel()
+    kernel = call._kernel()
     levels = levels_of(et)
     n = levels.size
-    gran, axis = step.granularity, step.norm_axis
+    gran, axis = call.granularity, call.norm_axis
     codes = np.ascontiguousarray(x.data if packed else x.view(np.uint8))
     bits = x.bits if packed else 8
     if gran == "blocked" and axis == 0 and scale.ndim == 2:
         groups = scale.shape[0]
         xl = np.repeat(np.tile(levels, groups)[:, None], cols, axis=1)
-        t = kernel(xl, scale, zp, replace(step, block_size=n))
+        t = kernel(xl, scale, zp, replace(call, block_size=n))
         by_column = _select(t.reshape(groups, n, cols), codes, cols, bits, group[0],
                             store_dtype)
         if by_column is not None:
@@ -111,19 +111,19 @@ def dequantize(step: KernelCall, x: np.ndarray | PackedRows, scale: np.ndarray,
     elif gran == "blocked" and axis == 1 and scale.ndim == 2:
         groups = scale.shape[1]
         xl = np.repeat(np.tile(levels, groups)[None, :], rows, axis=0)
-        t = kernel(xl, scale, zp, replace(step, block_size=n))
+        t = kernel(xl, scale, zp, replace(call, block_size=n))
         tables = t.reshape(rows, groups, n)
     elif gran == "per-axis" and axis == 1:
-        t = kernel(np.repeat(levels[:, None], cols, axis=1), scale, zp, step)
+        t = kernel(np.repeat(levels[:, None], cols, axis=1), scale, zp, call)
         by_column = _select(t[None], codes, cols, bits, rows, store_dtype)
         if by_column is not None:
             return by_column
         tables = t.T[None]
     elif gran == "per-axis" and axis == 0:
-        t = kernel(np.repeat(levels[None, :], rows, axis=0), scale, zp, step)
+        t = kernel(np.repeat(levels[None, :], rows, axis=0), scale, zp, call)
         tables = t[:, None, :]
     elif gran == "per-tensor":
-        t = kernel(levels.reshape(n, 1), scale, zp, step)
+        t = kernel(levels.reshape(n, 1), scale, zp, call)
         tables = t.reshape(1, 1, n)
     else:
         return None

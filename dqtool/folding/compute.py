@@ -41,15 +41,15 @@ CHUNK_ELEMENTS = 1 << 21
 
 @dataclass
 class Folding:
-    """How to compute one folded value: a constant source and the steps applied to it."""
+    """How to compute one folded value: a constant source and the kernel calls applied to it."""
 
     source: ir.TensorProtocol  # the quantized x, or the float weight of a Q→DQ pair
-    steps: tuple[KernelCall, ...]
+    calls: tuple[KernelCall, ...]
     shape: tuple[int, ...]  # the output's (logical) shape
     out_dtype: np.dtype  # the node's own output type
     store_dtype: np.dtype  # what is written (--dtype); a cast of the node's output
     _source_cache: np.ndarray | None = field(default=None, repr=False)
-    # Each step's scale and zero point, read once per pass over the rows (a computed
+    # Each call's scale and zero point, read once per pass over the rows (a computed
     # parameter would otherwise be computed again for every chunk).
     _params: dict[int, tuple[np.ndarray, np.ndarray | None]] = field(
         default_factory=dict, repr=False)
@@ -57,7 +57,7 @@ class Folding:
     def row_align(self) -> int | None:
         if not self.shape:
             return None
-        aligns = [s.row_align() for s in self.steps]
+        aligns = [s.row_align() for s in self.calls]
         if any(a is None for a in aligns):
             return None
         return int(np.lcm.reduce([a for a in aligns if a] or [1]))
@@ -78,20 +78,20 @@ class Folding:
         x: np.ndarray | None = None
         rows = (self.shape[0] if r0 is None or r1 is None else r1 - r0) if self.shape else 0
         cols = self.shape[1] if len(self.shape) == 2 else 0
-        if len(self.steps) == 1 and by_table.takes(  # a DequantizeLinear of narrow codes
-                self.steps[0], self.source.dtype.numpy(), rows, cols):
+        if len(self.calls) == 1 and by_table.takes(  # a DequantizeLinear of narrow codes
+                self.calls[0], self.source.dtype.numpy(), rows, cols):
             if 0 not in self._params:
-                self._params[0] = self.steps[0].arrays()
-            scale, zp = self.steps[0].params(r0, r1, self._params[0])
+                self._params[0] = self.calls[0].arrays()
+            scale, zp = self.calls[0].params(r0, r1, self._params[0])
             codes = self._packed(r0, r1)
             if codes is None:
                 codes = x = self._rows(r0, r1)
-            y = by_table.dequantize(self.steps[0], codes, scale, zp, self.store_dtype)
+            y = by_table.dequantize(self.calls[0], codes, scale, zp, self.store_dtype)
             if y is not None:
                 return y
         if x is None:
             x = self._rows(r0, r1)
-        for i, s in enumerate(self.steps):
+        for i, s in enumerate(self.calls):
             if i not in self._params:
                 self._params[i] = s.arrays()
             x = s.run(x, r0, r1, self._params[i])

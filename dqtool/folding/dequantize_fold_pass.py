@@ -246,7 +246,7 @@ class DequantizeFoldPass(ir.passes.InPlacePass):
         n = 1
         for d in folding.shape:
             n *= d
-        pair = len(folding.steps) > 1  # a QuantizeLinear computed first
+        pair = len(folding.calls) > 1  # a QuantizeLinear computed first
         # What the quantized data takes in the model (a pair stores its float weight).
         stored = folding.source.nbytes if pair or spec.packing != "none" \
             else graph.stored_bytes(spec.quant_type, folding.shape)

@@ -47,8 +47,8 @@ def _np_dtype(name: str | None) -> np.dtype | None:
     return types.TYPES[name].dtype if name in types.TYPES else None
 
 
-def _bound(support: registry.FoldSupport, step: KernelCall) -> KernelCall:
-    return dataclasses.replace(step, kernel=support.kernels[step.kind])
+def _bound(support: registry.FoldSupport, call: KernelCall) -> KernelCall:
+    return dataclasses.replace(call, kernel=support.kernels[call.kind])
 
 
 def plan(node: ir.Node, spec: QuantSpec, opsets: dict[str, int],
@@ -59,10 +59,10 @@ def plan(node: ir.Node, spec: QuantSpec, opsets: dict[str, int],
         return f"output type {spec.float_type} is unknown or not a float type"
     store_dtype = out_dtype if store in (None, "keep") else types.by_name(store).dtype
     support = registry.fold_support(spec.domain, node.op_type)
-    if support is None or support.step is None:
+    if support is None or support.call is None:
         return f"no registered family folds {spec.domain}:{node.op_type}"
     # The spec's output type is the one in force (output_dtype, else the scale's type).
-    steps = [_bound(support, support.step(node, spec, out_dtype))]
+    calls = [_bound(support, support.call(node, spec, out_dtype))]
     x = graph.input_value(node, support.weight_input)
     source = graph.constant_tensor(x)
     if source is None:
@@ -73,16 +73,16 @@ def plan(node: ir.Node, spec: QuantSpec, opsets: dict[str, int],
         if q_spec.errors:
             return f"its QuantizeLinear '{q_node.name}': {q_spec.errors[0].message}"
         q_support = registry.fold_support(q_spec.domain, q_node.op_type)
-        if q_support is None or q_support.step is None:
+        if q_support is None or q_support.call is None:
             return f"no registered family folds {q_spec.domain}:{q_node.op_type}"
-        steps.insert(0, _bound(q_support, q_support.step(q_node, q_spec,
-                                                          _np_dtype(q_spec.quant_type))))
+        calls.insert(0, _bound(q_support, q_support.call(q_node, q_spec,
+                                                         _np_dtype(q_spec.quant_type))))
         source = graph.constant_tensor(graph.input_value(q_node, 0))
         assert source is not None
     shape = tuple(int(d) for d in source.shape.numpy())
     if support.shape is not None:
         shape = support.shape(shape, spec)
-    folding = Folding(source, tuple(steps), shape, out_dtype, store_dtype)
+    folding = Folding(source, tuple(calls), shape, out_dtype, store_dtype)
     return _validate(folding)
 
 

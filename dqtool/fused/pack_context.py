@@ -101,19 +101,3 @@ def narrower(dq: ir.Node, spec: QuantSpec, bits: int) -> int | None:
         if v is not None and int(graph.constant_array(v).max(initial=0)) >= 1 << narrow:
             return None
     return narrow
-
-
-def remove_unused(nodes: list[ir.Node]) -> list[ir.Value]:
-    """Remove those of ``nodes`` whose outputs nobody uses (repeatedly, so a chain goes
-    consumer first); returns the inputs they had."""
-    inputs: list[ir.Value] = []
-    changed = True
-    while changed:
-        changed = False
-        for node in nodes:
-            if node.graph is not None and all(not o.uses() and not o.is_graph_output()
-                                              for o in node.outputs):
-                inputs.extend(v for v in node.inputs if v is not None)
-                node.graph.remove(node, safe=True)
-                changed = True
-    return inputs

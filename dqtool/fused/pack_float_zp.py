@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import numpy as np
 import onnx_ir as ir
 
-from dqtool import graph, types
+from dqtool import cleanup, graph, types
 from dqtool.families.fused import packing
 from dqtool.families.fused.surgery import FusedBuilder
 from dqtool.fused.pack_context import (
@@ -17,7 +17,6 @@ from dqtool.fused.pack_context import (
     narrower,
     only_use,
     pow2_16,
-    remove_unused,
     unsigned_codes,
 )
 from dqtool.fused.pack_matmul import bias_of, matmul_nbits_node, weight_facts
@@ -147,7 +146,7 @@ def pack_float_zp_chain(ctx: PackContext, dq: ir.Node, spec: QuantSpec, reshape:
     ctx.note_names(y.producer(), dq, b)
     chain = [mm, c.tail, c.last, c.add, c.neg, c.mul, reshape, dq, c.mul.inputs[0].producer(),
              c.mul.inputs[1].producer(), *(u.node for u in c.last.outputs[0].uses())]
-    old = remove_unused([n for n in chain if n is not None])
+    old = cleanup.remove_unused_nodes([n for n in chain if n is not None])
     how = (f"float-zero-point chain ({spec.quant_type} ({k}, {n})) → MatMulNBits "
            f"bits={bits} block_size={block}, float zero points")
     return how, old

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import numpy as np
 import onnx_ir as ir
 
-from dqtool import graph, types
+from dqtool import cleanup, graph, types
 from dqtool.families.fused import packing
 from dqtool.families.fused.surgery import FusedBuilder
 from dqtool.fused.pack_context import (
@@ -18,7 +18,6 @@ from dqtool.fused.pack_context import (
     next_pow2_16,
     noted,
     pow2_16,
-    remove_unused,
 )
 from dqtool.spec import QuantSpec
 from dqtool.storage import same_bytes
@@ -107,7 +106,7 @@ def pack_gather(ctx: PackContext, dq: ir.Node, spec: QuantSpec, gather: ir.Node
     b.nodes.append(node)
     b.finish(out)
     ctx.note_names(node, dq, b)
-    remove_unused([dq])
+    cleanup.remove_unused_nodes([dq])
     how = (f"{q} table {t.shape} blocked axis {t.quantize_axis} → GatherBlockQuantized "
            f"bits={bits} block_size={t.block} gather_axis={t.gather_axis}")
     return how, old

@@ -8,7 +8,7 @@ from collections.abc import Callable
 import numpy as np
 import onnx_ir as ir
 
-from dqtool import graph, types
+from dqtool import cleanup, graph, types
 from dqtool.codecs.base import output_dtype_attr
 from dqtool.families.fused import packing
 from dqtool.families.fused.surgery import FusedBuilder
@@ -27,7 +27,6 @@ from dqtool.fused.pack_context import (
     next_pow2_16,
     only_use,
     pow2_16,
-    remove_unused,
     unsigned_codes,
 )
 from dqtool.spec import QuantSpec
@@ -128,7 +127,7 @@ def pack_matmul(ctx: PackContext, dq: ir.Node, spec: QuantSpec, mm: ir.Node
     b.nodes.append(y.producer())
     b.finish(y)
     ctx.note_names(y.producer(), dq, b, mm)
-    remove_unused([mm, dq])
+    cleanup.remove_unused_nodes([mm, dq])
     how = (f"{spec.quant_type} ({k}, {n}) {spec.granularity} → MatMulNBits bits={bits} "
            f"block_size={block}" + (" + bias" if bias is not None else "")
            + ("" if omit_zp else ", packed zero points")

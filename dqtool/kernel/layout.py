@@ -45,12 +45,17 @@ def _shapes(x: np.ndarray, scale: np.ndarray, zp: np.ndarray | None) -> str:
     return f"(x shape {x.shape}, scale shape {scale.shape}{zps})"
 
 
-def normalize_axis(axis: int, rank: int, what: str = "axis") -> int:
-    if not -rank <= axis < rank:
-        raise KernelError(
-            f"{what} must be in [-r, r-1] for x of rank r={rank}; got {what}={axis}"
-        )
-    return axis + rank if axis < 0 else axis
+def normalize_axis(axis: int, rank: int) -> int | None:
+    """``axis`` counted from the front of a shape of rank ``rank``; None outside
+    [-rank, rank - 1] (a scalar has no axis)."""
+    return axis % rank if -rank <= axis < rank else None
+
+
+def _axis(axis: int, rank: int) -> int:
+    norm = normalize_axis(axis, rank)
+    if norm is None:
+        raise KernelError(f"axis must be in [-r, r-1] for x of rank r={rank}; got axis={axis}")
+    return norm
 
 
 def is_per_tensor(a: np.ndarray) -> bool:
@@ -71,7 +76,7 @@ def _check_single_block(
             f"block_size={block_size} with a 1-element scale: blocked needs the scale to have "
             f"x's rank (onnxruntime rejects any block_size > 0 here) {_shapes(x, scale, zp)}"
         )
-    ax = normalize_axis(axis, x.ndim)
+    ax = _axis(axis, x.ndim)
     if -(-x.shape[ax] // block_size) != 1:
         raise KernelError(
             f"blocked (block_size={block_size}, axis={axis}): the scale shape must be "
@@ -106,7 +111,7 @@ def resolve(
             "a scalar x allows only a per-tensor (scalar or 1-element) scale "
             f"{_shapes(x, scale, zp)}"
         )
-    ax = normalize_axis(axis, x.ndim)
+    ax = _axis(axis, x.ndim)
     p, d, q = math.prod(x.shape[:ax]), x.shape[ax], math.prod(x.shape[ax + 1 :])
     if block_size == 0:
         if scale.ndim != 1 or scale.shape[0] != d:

@@ -160,7 +160,7 @@ class FoldSupport:
 
     - ``roots``: op types the fold pass starts from (their output becomes a constant).
     - ``kernels``: kernel name → kernel; ``folding.kernel_call.KernelCall.kind`` names one of them.
-    - ``step``: ``(node, spec, output dtype or None) → FoldCall``, the kernel call that computes
+    - ``call``: ``(node, spec, output dtype or None) → FoldCall``, the kernel call that computes
       ``node``'s output from its constant inputs (also used for a producer of the root's x,
       e.g. the QuantizeLinear of a Q→DQ pair); None for a family with no roots.
     - ``replace``: for an operator whose output is not the dequantized weight (a fused
@@ -179,7 +179,7 @@ class FoldSupport:
 
     roots: frozenset[str] = frozenset()
     kernels: Mapping[str, FoldKernel] = field(default_factory=dict)
-    step: Callable[[ir.Node, QuantSpec, np.dtype | None], FoldCall] | None = None
+    call: Callable[[ir.Node, QuantSpec, np.dtype | None], FoldCall] | None = None
     replace: Callable[[ir.Node, ir.Value], Sequence[ir.Node]] | None = None
     shape: Callable[[tuple[int, ...], QuantSpec], tuple[int, ...]] | None = None
     weight_input: int = 0

@@ -15,7 +15,7 @@ What it offers:
   inline input (``start_early_copy``, ``discard_early_copies``), and the data files a
   model file names (``locations``);
 - the one driver of every writing command: ``request``, ``Request``, ``Job``,
-  ``Writing``, ``Check``;
+  ``Writing``, ``Verifier`` (``Check``, its old name, while dqtool/integer/api.py uses it);
 - a constant's values read without keeping its file mapped (``tensor_array``,
   ``stored_values``, ``raw_bytes``, ``same_bytes``, ``int_array``, ``widened``,
   ``WidenedCodes``, ``unpack``, ``file_range``, ``from_file``, ``file_codes``);
@@ -44,7 +44,7 @@ if TYPE_CHECKING:
     from dqtool.storage.checked_files import bind, external_like
     from dqtool.storage.commit import locations
     from dqtool.storage.data_writer import EarlyWriter
-    from dqtool.storage.driver import Check, Job, Request, Writing, request
+    from dqtool.storage.driver import Check, Job, Request, Verifier, Writing, request
     from dqtool.storage.early_copy import discard_early_copies, start_early_copy
     from dqtool.storage.inline_read import Holes, MappedTensor, mark_of
     from dqtool.storage.ir_version import lowest_ir_version
@@ -88,7 +88,7 @@ _MODULES = {
     "checked_files": ("bind", "external_like"),
     "commit": ("locations",),
     "data_writer": ("EarlyWriter",),
-    "driver": ("Check", "Job", "Request", "Writing", "request"),
+    "driver": ("Check", "Job", "Request", "Verifier", "Writing", "request"),
     "early_copy": ("discard_early_copies", "start_early_copy"),
     "inline_read": ("Holes", "MappedTensor", "mark_of"),
     "ir_version": ("lowest_ir_version",),
@@ -115,6 +115,7 @@ __all__ = [
     "MappedTensor",
     "Pieces",
     "Request",
+    "Verifier",
     "WidenedCodes",
     "Writing",
     "bind",

@@ -43,7 +43,7 @@ Early = Literal["copy", "write"] | None
 
 
 @dataclass(frozen=True)
-class Check:
+class Verifier:
     """A check made from the model as loaded: ``run(made, result)`` is called with the
     model made (or, ``from_files``, the path of the written model before it is renamed
     into place: for a model past protobuf's 2 GB limit) and the transform's result (to
@@ -51,6 +51,10 @@ class Check:
 
     run: Callable[[ir.Model | Path, Any], None]
     from_files: bool = False
+
+
+# The old name, kept while dqtool/integer/api.py (edited elsewhere, 2026-11-28) uses it.
+Check = Verifier
 
 
 @dataclass(frozen=True)
@@ -112,7 +116,7 @@ class Job(Generic[R]):
     - ``transform(model, early) → (result, model to save)``: ``early`` is the save's
       ``EarlyWriter`` when ``early`` chose "write" (the transform hands it the tensors it
       makes), else None. It may raise to refuse: nothing is then written.
-    - ``check(model as loaded) → Check``, or None: the verifier of the result.
+    - ``check(model as loaded) → Verifier``, or None: the verifier of the result.
     - ``early(model) → Early``: asked only when the output is written, unchecked and not
       sharded.
     - ``while_writing(result)``: once the model file is written, while its data may still
@@ -121,7 +125,7 @@ class Job(Generic[R]):
 
     transform: Callable[[ir.Model, data_writer.EarlyWriter | None], tuple[R, ir.Model]]
     writing: Writing = Writing()
-    check: Callable[[ir.Model], Check] | None = None
+    check: Callable[[ir.Model], Verifier] | None = None
     early: Callable[[ir.Model], Early] | None = None
     while_writing: Callable[[R], None] | None = None
 

@@ -33,6 +33,8 @@ from onnx_ir import _core
 from dqtool import wire
 from dqtool.kernel.parallel import num_threads
 from dqtool.storage import inline_read
+from dqtool.storage.file_identity import identity
+from dqtool.storage.tensor_reads import file_range
 from dqtool.storage.write_pieces import WRITE_PIECE, Pieces, write_tensor
 
 # Tensors of at least this many bytes are streamed; smaller ones are serialized in place
@@ -265,7 +267,7 @@ def write(model: ir.Model, path: str | os.PathLike,
                 if not isinstance(part, Payload):
                     f.seek(offset)
                     f.write(part)
-                elif (source := file_range(part.tensor)) is not None:
+                elif (source := copyable_range(part.tensor)) is not None:
                     copies.append(pool.submit(_copy, *source, part.length, f.fileno(),
                                               offset))
                 else:
@@ -298,7 +300,7 @@ def _in_place(placed: list[tuple[int, Segment]], copied: os.stat_result) -> set[
     same: dict[str, bool] = {}
     kept = set()
     for i, (offset, part) in enumerate(placed):
-        if not isinstance(part, Payload) or (source := file_range(part.tensor)) is None:
+        if not isinstance(part, Payload) or (source := copyable_range(part.tensor)) is None:
             continue
         path, at = source
         if path not in same:
@@ -306,22 +308,24 @@ def _in_place(placed: list[tuple[int, Segment]], copied: os.stat_result) -> set[
                 st = os.stat(path)
             except OSError:
                 st = None
-            same[path] = st is not None and (st.st_dev, st.st_ino, st.st_size,
-                                             st.st_mtime_ns) == (
-                copied.st_dev, copied.st_ino, copied.st_size, copied.st_mtime_ns)
+            same[path] = st is not None and identity(st, status_change=False) == identity(
+                copied, status_change=False)
         if same[path] and at == offset:
             kept.add(i)
     return kept
 
 
-def file_range(t: ir.TensorProtocol) -> tuple[str, int] | None:
-    """(path, offset) of a tensor whose bytes, as written, are a byte range of a file:
-    a tensor left in an inline model's file, or a little-endian external tensor."""
-    if isinstance(t, inline_read.MappedTensor):
-        return t.path, t.offset
-    if isinstance(t, ir.ExternalTensor) and sys.byteorder == "little" and (
-            t.length is None or t.length == t.nbytes):
-        return str(t.path), t.offset or 0
+def copyable_range(t: ir.TensorProtocol) -> tuple[str, int] | None:
+    """(path, offset) of a tensor whose bytes, as written, are a byte range of a file
+    (``tensor_reads.file_range``): a tensor left in an inline model's file, or a
+    little-endian external tensor whose range is its bytes."""
+    where = file_range(t)
+    if where is None:
+        return None
+    path, offset, length = where
+    if isinstance(t, inline_read.MappedTensor) or (
+            sys.byteorder == "little" and (length is None or length == t.nbytes)):
+        return str(path), offset
     return None
 
 

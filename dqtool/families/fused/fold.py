@@ -77,7 +77,7 @@ def unfuse(model: ir.Model, selection: Any = None, store: np.dtype | None = None
                 and np.dtype(store) != np.float32:
             try:
                 to_onnx.check(spec, 21)
-            except to_onnx.Refusal as e:
+            except to_onnx.NoExactForm as e:
                 left.append((name, str(e)))
                 continue
             old, weight = _fold_float_zero_points(node, spec, fresh, store,
@@ -92,7 +92,7 @@ def unfuse(model: ir.Model, selection: Any = None, store: np.dtype | None = None
             old, _, _, new = to_onnx.rewrite(node, site.opsets, version, fresh,
                                              site.function is not None, unpacked=True,
                                              shared=shared)
-        except to_onnx.Refusal as e:
+        except to_onnx.NoExactForm as e:
             left.append((name, str(e)))
             continue
         for n in new:

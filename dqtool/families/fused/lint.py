@@ -163,7 +163,7 @@ def _fix(spec, opset: int, target: int | None = None, tried: str | None = None,
         try:
             to_onnx.check(spec, need)
             ways.append(f"`dqtool upgrade --opset {need}` ({form}, exact)")
-        except to_onnx.Refusal:
+        except to_onnx.NoExactForm:
             pass
     if spec.constant and ort_facts.g_idx_refusal(spec.g_idx, spec.zero_point) is None:
         ways.append("`dqtool fold` (float weights)")

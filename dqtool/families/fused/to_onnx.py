@@ -50,25 +50,25 @@ if TYPE_CHECKING:
 _NEEDS = {"uint2": 25, "int2": 25, "uint4": 21, "int4": 21}
 
 
-class Refusal(Exception):
+class NoExactForm(Exception):
     """Why a fused node cannot be rewritten exactly (the node is left as it is)."""
 
 
 def check(spec: FusedSpec, target: int) -> None:
-    """Raise ``Refusal`` when ``spec`` has no exact ai.onnx form at opset ``target``."""
+    """Raise ``NoExactForm`` when ``spec`` has no exact ai.onnx form at opset ``target``."""
     if spec.errors:
-        raise Refusal("invalid: " + "; ".join(p.message for p in spec.errors))
+        raise NoExactForm("invalid: " + "; ".join(p.message for p in spec.errors))
     why = ort_facts.g_idx_refusal(spec.g_idx, spec.zero_point)
     if why is not None:
-        raise Refusal(why)
+        raise NoExactForm(why)
     if spec.attribute("weight_prepacked", 0):
-        raise Refusal("B is prepacked for an execution provider")
+        raise NoExactForm("B is prepacked for an execution provider")
     if not spec.constant:
-        raise Refusal("the quantized weight, scales or zero points are computed at run time")
+        raise NoExactForm("the quantized weight, scales or zero points are computed at run time")
     need = needed_opset(spec)
     if target < need:
         what = spec.quant_type if need != 19 else f"a {spec.scale_type} scale in"
-        raise Refusal(f"{what} DequantizeLinear needs ai.onnx opset {need}+")
+        raise NoExactForm(f"{what} DequantizeLinear needs ai.onnx opset {need}+")
 
 
 def native_opset(spec: FusedSpec) -> int:
@@ -133,7 +133,7 @@ def rewrite(node: ir.Node, opsets: dict[str, int], target: int, fresh,
             early: EarlyWriter | None = None
             ) -> tuple[list[ir.Value], str, str, list[ir.Node]]:
     """Rewrite ``node`` in place; returns (values it no longer uses, how, why, new nodes).
-    Raises ``Refusal`` (nothing changed) when it has no exact ai.onnx form at ``target``.
+    Raises ``NoExactForm`` (nothing changed) when it has no exact ai.onnx form at ``target``.
     ``unpacked``: see ``matmul_nbits``. ``shared``: the caller's memo of the weights made so
     far in this conversion: a MatMulNBits with the same weight as one before multiplies by
     its dequantized weight (a weight two nodes shared was stored twice). ``early``: the
@@ -190,7 +190,7 @@ def convert(node: ir.Node, step) -> object:
                                      step.in_function,
                                      shared=_MADE.setdefault(step.ctx, {}),
                                      early=step.ctx.early)
-    except Refusal as e:
+    except NoExactForm as e:
         return Outcome("kept", "left as com.microsoft", str(e))
     step.ctx.replaced.extend(old)
     out = Outcome("changed", f"com.microsoft {node.op_type} → {how}", why)

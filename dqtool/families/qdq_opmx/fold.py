@@ -27,7 +27,7 @@ def run(x: np.ndarray, scale: np.ndarray, zp: np.ndarray | None, step: KernelCal
     return kernel.dequantize_opmx(x, scale, zp, **dict(step.opmx))
 
 
-def step(node: ir.Node, spec: QuantSpec, out: np.dtype | None) -> KernelCall:
+def fold_call(node: ir.Node, spec: QuantSpec, out: np.dtype | None) -> KernelCall:
     scale, zp = qdq.params(node)
     a = dict(spec.attributes)
     if not a["has_zeropoint"]:
@@ -46,4 +46,4 @@ def shape(source: tuple[int, ...], spec: QuantSpec) -> tuple[int, ...]:
 
 def fold_support() -> FoldSupport:
     return FoldSupport(roots=frozenset({"DequantizeLinear"}),
-                       kernels={"opmx": Kernel(run, sliceable=False)}, step=step, shape=shape)
+                       kernels={"opmx": Kernel(run, sliceable=False)}, call=fold_call, shape=shape)
