@@ -121,7 +121,7 @@ def _estimate(model: str) -> int:
 
 @contextlib.contextmanager
 def progress_bar(app: App, model: str, show: bool | None) -> Iterator[Progress | None]:
-    """A progress bar for the save (the ``progress`` callback of ``io.save``), or None:
+    """A progress bar for the save (the ``progress`` callback of ``storage.save``), or None:
     ``show`` None decides by the estimated output size and whether stderr is a terminal
     (cheap: file sizes only, no tensor data is read)."""
     if show is None:

@@ -32,8 +32,9 @@ class Selection:
     exclude: tuple[str, ...] = ()
     x_types: tuple[str, ...] = ()  # quantized types, ONNX spelling
     min_elements: int = 0
-    # Output names of DequantizeLinear nodes a family's fold_prepare made from nodes this
-    # selection picked: selected whatever their names (the user named the original node).
+    # Output names of DequantizeLinear nodes a family's fold preparation
+    # (``FoldSupport.prepare``) made from nodes this selection picked: selected whatever
+    # their names (the user named the original node).
     made: frozenset[str] = frozenset()
 
     @classmethod

@@ -1,6 +1,6 @@
 """External data files: opened once, the opened file checked, and read through it.
 
-A location is checked by resolving it as the operating system does (``io._data_file``).
+A location is checked by resolving it as the operating system does (``loading._data_file``).
 Checking a name and opening it later leaves a gap: another process could swap a component
 for a symbolic link in between, and every later open by name resolves the path again. So
 the file is opened once, and what was opened is checked (on Linux the kernel names the

@@ -239,7 +239,7 @@ class DataFileCopy(threading.Thread):
     def __init__(self, src: Path, folder: Path, data_name: str) -> None:
         super().__init__(name="dqtool-prefill", daemon=True)
         self.src, self.folder, self.path = src, folder, folder / data_name
-        self.temp = None  # the save's ``commit.Temp``, set by ``io.start_prefill``
+        self.temp = None  # the save's ``commit.Temp``, set by ``saving.start_prefill``
         self.size = src.stat().st_size
         self.error: BaseException | None = None
         self.cancelled = threading.Event()
@@ -286,7 +286,7 @@ class EarlyWriter:
     def __init__(self, folder: Path, data_name: str, callback: Callable | None = None
                  ) -> None:
         self.path = folder / data_name
-        self.temp = None  # the save's ``commit.Temp``, set by ``io.start_eager``
+        self.temp = None  # the save's ``commit.Temp``, set by ``saving.start_eager``
         self.placed: dict[int, tuple[int, int]] = {}  # id(tensor) → (offset, length)
         self.end = 0  # where the next tensor goes
         self._tensors: list[ir.TensorProtocol] = []  # alive: their ids stay theirs

@@ -165,7 +165,7 @@ def read_proto(path: str | os.PathLike,
 def _read_proto(path: str | os.PathLike, holes: inline_read.Holes | None = None,
                 ) -> tuple[onnx.ModelProto, set[Path]]:
     """``holes``: a dict to receive the large initializers left in the file (see
-    ``inline_load``); their raw data is then a mark in the returned protobuf."""
+    ``inline_read``); their raw data is then a mark in the returned protobuf."""
     p = Path(path)
     if not p.exists():
         raise InputError(f"{p}: no such file")
@@ -247,7 +247,7 @@ def read_all_external(proto: onnx.ModelProto, base: Path) -> None:
 
 def load(path: str | os.PathLike) -> ir.Model:
     """Load a model with external data memory-mapped (read lazily), and the large raw
-    tensors of an inline model left in its file (see ``inline_load``); tensors held by
+    tensors of an inline model left in its file (see ``inline_read``); tensors held by
     node attributes are read in (see ``inline_external``)."""
     holes = inline_read.Holes()
     proto, data_files = _read_proto(path, holes)

@@ -6,7 +6,7 @@ traceback, print several lines, or — worse — pass: names that are not UTF-8,
 bytes disagree with their dims and type, unknown element types, negative dims, values
 defined twice or never, cycles (in any order of the nodes), opsets out of range, functions
 that call themselves. Every check is linear in the size of the protobuf and none reads
-external data (``io`` checks its references) or recurses per node.
+external data (``loading`` checks its references) or recurses per node.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ MAX_OPSET = onnx.defs.onnx_opset_version()
 def validate(path: Path, proto: onnx.ModelProto,
              in_file: Mapping[bytes, tuple[int, int]] | None = None) -> None:
     """Raise ``InputError`` naming ``path`` and the first rule the model breaks.
-    ``in_file``: raw data left in the model's file (``inline_load``), mark → (offset,
+    ``in_file``: raw data left in the model's file (``inline_read``), mark → (offset,
     length); such a tensor's length is checked, not its bytes."""
     try:
         _text(proto)

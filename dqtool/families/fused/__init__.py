@@ -5,7 +5,7 @@ Everything about them is in this folder: reading them into a ``FusedSpec`` (``re
 kernel (``kernel``, ``packing``), the exact rewrite to ai.onnx DequantizeLinear + MatMul /
 Gather (``to_onnx``, the family's "onnx" converter, with ``matmul_to_onnx`` and
 ``gather_to_onnx``; what it notes for the way back in ``upgrade_notes``) and back
-(``pack_pass``, with ``pack_matmul``, ``pack_float_zp`` and ``pack_gather``), folding
+(the ``pack`` application, in ``dqtool/fused/``, builds on them), folding
 (``fold``), the weights ``check --against`` compares (``weights``) and the lint facts
 (``lint``). See ``docs/fused.md``.
 """

@@ -4,8 +4,9 @@ DynamicQuantizeMatMul, DynamicQuantizeLSTM).
 
 Everything about these operators lives here: the operator table (``ops``), reading a node
 into its meaning (``describe``), the exact integer kernels (``kernel``) and their
-evaluator ops (``evaluator_ops``), the rewrite to QDQ (``to_qdq``) and back
-(``to_qoperator``), and what lint targets lack (``lint``). See ``docs/integer-ops.md``.
+evaluator ops (``evaluator_ops``), what the rewrites to QDQ and back share (``rewrite``;
+the rewrites themselves, the ``qdq`` and ``qoperator`` applications, are in
+``dqtool/integer/``), and what lint targets lack (``lint``). See ``docs/integer-ops.md``.
 """
 
 from __future__ import annotations
