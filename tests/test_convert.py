@@ -464,7 +464,7 @@ def test_unchanged_data_keeps_its_offsets_and_the_copy_overlaps_the_conversion(t
         "again.onnx", "again.onnx.data", "up.onnx", "up.onnx.data"]
 
 
-def _external_with_prefill_log(g, tmp_path, monkeypatch):
+def _external_with_copy_log(g, tmp_path, monkeypatch):
     """Graph ``g`` saved at opset 21 with external data (tmp_path/in/model.onnx); the list
     each ``DataFileCopy.finish`` call appends its ``cancel`` to."""
     from onnx import helper
@@ -500,7 +500,7 @@ def test_when_most_data_changes_the_copy_is_dropped_and_the_output_packed(tmp_pa
         [helper.make_tensor_value_info("Y", TensorProto.FLOAT, [1, 64])],
         [onnx.numpy_helper.from_array(w, "W"),
          onnx.numpy_helper.from_array(np.full((64, 2), 0.01, np.float32), "S")])
-    src, cancelled = _external_with_prefill_log(g, tmp_path, monkeypatch)
+    src, cancelled = _external_with_copy_log(g, tmp_path, monkeypatch)
     out = tmp_path / "out" / "down.onnx"
     out.parent.mkdir()
     report = dqtool.downgrade(src, 19, out)
@@ -538,7 +538,7 @@ def test_a_copy_that_would_keep_a_quarter_unused_is_dropped(tmp_path, monkeypatc
          onnx.numpy_helper.from_array(np.full(64, 0.01, np.float32), "KS"),
          onnx.numpy_helper.from_array(w, "W"),
          onnx.numpy_helper.from_array(np.full((64, 2), 0.01, np.float32), "S")])
-    src, cancelled = _external_with_prefill_log(g, tmp_path, monkeypatch)
+    src, cancelled = _external_with_copy_log(g, tmp_path, monkeypatch)
     data = (src.parent / "model.onnx.data").stat().st_size
     out = tmp_path / "out" / "down.onnx"
     out.parent.mkdir()

@@ -129,27 +129,27 @@ def test_a_reservation_changes_no_byte(tmp_path, monkeypatch, answer: str) -> No
 
 
 def _early(tmp_path, out_name: str = "m.onnx"):
-    """An ``EarlyWriter`` for a save to ``tmp_path / out_name`` (as ``storage.start_eager``
+    """An ``EarlyWriter`` for a save to ``tmp_path / out_name`` (as ``storage.start_early_writer``
     makes it)."""
-    return storage.start_eager(_model([]), tmp_path / out_name)
+    return storage.start_early_writer(_model([]), tmp_path / out_name)
 
 
-def _submitted(eager, tensor):
+def _submitted(early_writer, tensor):
     """``tensor``, handed to the early writer as a conversion's builder hands it."""
-    eager.submit(tensor)
+    early_writer.submit(tensor)
     return tensor
 
 
 def test_tensors_written_early_come_first_and_read_back(tmp_path) -> None:
     # Streamed tensors handed to a save that writes early go to the data file at once, in
     # the order they are made; the save puts the others after them.
-    eager = _early(tmp_path)
+    early_writer = _early(tmp_path)
     data = _tensors(3)
-    early = [_submitted(eager, _streamed(n, a, band=777)) for n, a in data[:4]]
+    early = [_submitted(early_writer, _streamed(n, a, band=777)) for n, a in data[:4]]
     late = [ir.Tensor(a, name=n) for n, a in data[4:]]
-    assert next(iter(eager.placed.values()))[0] == 0 and eager.end > 0
+    assert next(iter(early_writer.placed.values()))[0] == 0 and early_writer.end > 0
     model = _model([*late, *early])  # the model's own order differs
-    storage.save(model, tmp_path / "m.onnx", external=True, prefill=eager)
+    storage.save(model, tmp_path / "m.onnx", external=True, early=early_writer)
     back = storage.load(tmp_path / "m.onnx")
     for name, a in data:
         assert np.array_equal(back.graph.initializers[name].const_value.numpy(), a), name
@@ -170,11 +170,11 @@ def test_a_tensor_written_early_but_not_saved_starts_the_file_over(tmp_path) -> 
     # the save writes the file again, compactly (the same file as with no early writes).
     (tmp_path / "a").mkdir()
     (tmp_path / "b").mkdir()
-    eager = _early(tmp_path / "a")
+    early_writer = _early(tmp_path / "a")
     data = _tensors(4)
-    kept = [_submitted(eager, _streamed(n, a)) for n, a in data]
-    _submitted(eager, _streamed("dropped", np.arange(9000, dtype=np.uint8) % 251))
-    storage.save(_model(kept), tmp_path / "a" / "m.onnx", external=True, prefill=eager)
+    kept = [_submitted(early_writer, _streamed(n, a)) for n, a in data]
+    _submitted(early_writer, _streamed("dropped", np.arange(9000, dtype=np.uint8) % 251))
+    storage.save(_model(kept), tmp_path / "a" / "m.onnx", external=True, early=early_writer)
     storage.save(_model([_streamed(n, a) for n, a in data]), tmp_path / "b" / "m.onnx",
                  external=True)
     assert (tmp_path / "a" / "m.onnx.data").read_bytes() == \
@@ -182,28 +182,28 @@ def test_a_tensor_written_early_but_not_saved_starts_the_file_over(tmp_path) -> 
 
 
 def test_an_error_while_writing_early_stops_the_save(tmp_path) -> None:
-    eager = _early(tmp_path)
-    tensors = [_submitted(eager, _streamed(n, a, fail=(n == "w2"))) for n, a in _tensors()]
+    early_writer = _early(tmp_path)
+    tensors = [_submitted(early_writer, _streamed(n, a, fail=(n == "w2"))) for n, a in _tensors()]
     with pytest.raises(OSError, match="the disk is full"):
-        storage.save(_model(tensors), tmp_path / "m.onnx", external=True, prefill=eager)
+        storage.save(_model(tensors), tmp_path / "m.onnx", external=True, early=early_writer)
     assert list(tmp_path.iterdir()) == []  # no model, no data file, no temporary folder
 
 
 def test_writing_early_discarded_leaves_nothing(tmp_path) -> None:
-    eager = _early(tmp_path)
+    early_writer = _early(tmp_path)
     for n, a in _tensors():
-        _submitted(eager, _streamed(n, a))
-    storage.discard_prefill(eager)
+        _submitted(early_writer, _streamed(n, a))
+    storage.discard_early(early_writer)
     assert list(tmp_path.iterdir()) == []
 
 
 def test_nothing_is_written_early_but_what_the_conversion_hands_over(tmp_path) -> None:
-    eager = _early(tmp_path)
+    early_writer = _early(tmp_path)
     _streamed("w", np.zeros(5000, np.uint8))  # made, never submitted: a streamed tensor
-    assert eager.placed == {}  # does not hand itself to any writer
-    _submitted(eager, _streamed("v", np.zeros(5000, np.uint8)))
-    assert len(eager.placed) == 1
-    storage.discard_prefill(eager)
+    assert early_writer.placed == {}  # does not hand itself to any writer
+    _submitted(early_writer, _streamed("v", np.zeros(5000, np.uint8)))
+    assert len(early_writer.placed) == 1
+    storage.discard_early(early_writer)
 
 
 @pytest.mark.parametrize("external", [True, False])
@@ -257,7 +257,7 @@ def test_writers_leave_the_interpreters_settings_alone(tmp_path, fail: bool) -> 
     sys.setswitchinterval(0.004)
     try:
         (tmp_path / "early").mkdir()
-        eager = _early(tmp_path / "early")
+        early_writer = _early(tmp_path / "early")
         weight = Streamed(lambda: ir.Tensor(data, name="w"), write, ir.DataType.UINT8,
                           ir.Shape(data.shape), "w")
         if fail:
@@ -265,7 +265,7 @@ def test_writers_leave_the_interpreters_settings_alone(tmp_path, fail: bool) -> 
                 storage.save(_model([weight]), tmp_path / "m.onnx", external=True)
         else:
             storage.save(_model([weight]), tmp_path / "m.onnx", external=True)
-        storage.discard_prefill(eager)
+        storage.discard_early(early_writer)
         assert seen == [0.004] and sys.getswitchinterval() == 0.004
     finally:
         sys.setswitchinterval(before)

@@ -455,8 +455,8 @@ def test_a_conversion_that_fails_after_writing_early_leaves_nothing(tmp_path, mo
     started = []
     from dqtool.storage import driver
 
-    start_eager = driver.start_eager
-    monkeypatch.setattr(driver, "start_eager", lambda *a: started.append(start_eager(*a))
+    start = driver.start_early_writer
+    monkeypatch.setattr(driver, "start_early_writer", lambda *a: started.append(start(*a))
                         or started[-1])
     monkeypatch.setattr(pipeline, "run", fails)
     with pytest.raises(RuntimeError, match="interrupted"):

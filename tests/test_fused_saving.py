@@ -200,17 +200,17 @@ def test_progress_counts_every_tensor_written_early_too(tmp_path, monkeypatch):
     from dqtool.convert import pipeline
 
     src = _nbits_model(tmp_path, [(1024, 512), (512, 1024), (1024, 512)])
-    eagers = []
+    early_writers = []
     from dqtool.storage import driver
 
-    start_eager = driver.start_eager
-    monkeypatch.setattr(driver, "start_eager", lambda *a: eagers.append(start_eager(*a))
-                        or eagers[-1])
+    start = driver.start_early_writer
+    monkeypatch.setattr(driver, "start_early_writer", lambda *a: early_writers.append(start(*a))
+                        or early_writers[-1])
     run = pipeline.run
 
     def slow(*args, **kwargs):
         report = run(*args, **kwargs)
-        writer = eagers[-1].writer
+        writer = early_writers[-1].writer
         deadline = time.monotonic() + 30
         while writer._taken < len(writer.plan) and time.monotonic() < deadline:
             time.sleep(0.01)

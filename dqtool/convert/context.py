@@ -50,7 +50,7 @@ class Context:
     # (node, op, from, to, the values without a recorded type); warned of by groups.
     untyped: list[tuple[str, str, int, int, tuple[str, ...]]] = field(default_factory=list)
     # The save's writer when it writes the data file while the model is converted
-    # (``storage.start_eager``): adapters hand it the tensors that stream themselves.
+    # (``storage.start_early_writer``): adapters hand it the tensors that stream themselves.
     early: EarlyWriter | None = None
     # ``fresh(base)``: a value name not used anywhere in the model.
     fresh: Names = field(init=False)

@@ -36,7 +36,7 @@ def run(model_or_path: ir.Model | str | os.PathLike, opset: int,
     or not. ``copy=False`` converts it in place, for a caller that owns the only reference
     and drops it on refusal. ``path`` names the file it was loaded from, if any (the
     report's source, and the value_info it declared). ``early``: the save's writer when it
-    writes the data file during the conversion (``storage.start_eager``)."""
+    writes the data file during the conversion (``storage.start_early_writer``)."""
     if isinstance(model_or_path, ir.Model):
         model, source = model_or_path, "<model>" if path is None else str(path)
     else:

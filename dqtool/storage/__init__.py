@@ -10,8 +10,8 @@ What it offers:
   descriptors (``bind``, ``external_like``);
 - saving: ``save`` and its choices (``external_choice``, ``output_path``,
   ``no_overwrite_of_input``, ``uses_external_data``, ``tensor_bytes``, ``INLINE_LIMIT``,
-  ``lowest_ir_version``), the data file started before a transform (``start_prefill``,
-  ``start_eager``, ``EarlyWriter``, ``discard_prefill``), the early copy of a large
+  ``lowest_ir_version``), the data file started before a transform (``start_data_copy``,
+  ``start_early_writer``, ``EarlyWriter``, ``discard_early``), the early copy of a large
   inline input (``start_early_copy``, ``discard_early_copies``), and the data files a
   model file names (``locations``);
 - the one driver of every writing command: ``request``, ``Request``, ``Job``,
@@ -58,13 +58,13 @@ if TYPE_CHECKING:
     )
     from dqtool.storage.saving import (
         INLINE_LIMIT,
-        discard_prefill,
+        discard_early,
         external_choice,
         no_overwrite_of_input,
         output_path,
         save,
-        start_eager,
-        start_prefill,
+        start_data_copy,
+        start_early_writer,
         tensor_bytes,
         uses_external_data,
     )
@@ -94,8 +94,8 @@ _MODULES = {
     "ir_version": ("lowest_ir_version",),
     "loading": ("MAX_ONNX_OPSET", "SOURCES", "inline_external", "load", "read_all_external",
                 "read_proto"),
-    "saving": ("INLINE_LIMIT", "discard_prefill", "external_choice", "no_overwrite_of_input",
-               "output_path", "save", "start_eager", "start_prefill",
+    "saving": ("INLINE_LIMIT", "discard_early", "external_choice", "no_overwrite_of_input",
+               "output_path", "save", "start_early_writer", "start_data_copy",
                "tensor_bytes", "uses_external_data"),
     "tensor_reads": ("WidenedCodes", "file_codes", "file_range", "from_file", "int_array",
                      "raw_bytes", "same_bytes", "stored_values", "tensor_array", "unpack",
@@ -119,8 +119,8 @@ __all__ = [
     "WidenedCodes",
     "Writing",
     "bind",
+    "discard_early",
     "discard_early_copies",
-    "discard_prefill",
     "external_choice",
     "external_like",
     "file_codes",
@@ -142,9 +142,9 @@ __all__ = [
     "request",
     "same_bytes",
     "save",
-    "start_eager",
+    "start_data_copy",
     "start_early_copy",
-    "start_prefill",
+    "start_early_writer",
     "stored_values",
     "tensor_array",
     "tensor_bytes",

@@ -28,7 +28,7 @@ SIZE_THRESHOLD = 256
 ALIGNMENT = 64  # keeps every tensor's data aligned for memory-mapped NumPy views
 # A copy of the input's data file (``DataFileCopy``) is kept as the output's only where at most
 # 1/this of it is bytes the output no longer uses (docs/decisions.md, "Sizes the code holds").
-PREFILL_MAX_UNUSED = 8
+COPY_MAX_UNUSED = 8
 
 
 def _copy_range(src: str, offset: int, length: int, dst, dst_offset: int) -> None:
@@ -115,7 +115,7 @@ class _Writer:
         self._compute = threading.Lock()
         # reentrant: a copy through user space writes within its own turn
         self._io = threading.RLock()
-        if not append:  # append: past a prefill's bytes, the file exists
+        if not append:  # append: past a data-file copy's bytes, the file exists
             with open(path, "wb") as f:
                 reserve_or_fail(f, path, 0, max((o + n for _, o, n in plan), default=0))
         count = max(1, threads if open_ended else min(threads, len(plan)))
@@ -237,9 +237,9 @@ class DataFileCopy(threading.Thread):
     CHUNK = 64 << 20  # cancellation is checked between chunks
 
     def __init__(self, src: Path, folder: Path, data_name: str) -> None:
-        super().__init__(name="dqtool-prefill", daemon=True)
+        super().__init__(name="dqtool-data-copy", daemon=True)
         self.src, self.folder, self.path = src, folder, folder / data_name
-        self.temp = None  # the save's ``commit.Temp``, set by ``saving.start_prefill``
+        self.temp = None  # the save's ``commit.Temp``, set by ``saving.start_data_copy``
         self.size = src.stat().st_size
         self.error: BaseException | None = None
         self.cancelled = threading.Event()
@@ -286,7 +286,7 @@ class EarlyWriter:
     def __init__(self, folder: Path, data_name: str, callback: Callable | None = None
                  ) -> None:
         self.path = folder / data_name
-        self.temp = None  # the save's ``commit.Temp``, set by ``saving.start_eager``
+        self.temp = None  # the save's ``commit.Temp``, set by ``saving.start_early_writer``
         self.placed: dict[int, tuple[int, int]] = {}  # id(tensor) → (offset, length)
         self.end = 0  # where the next tensor goes
         self._tensors: list[ir.TensorProtocol] = []  # alive: their ids stay theirs
@@ -348,15 +348,15 @@ class Resolver(dict):
         return self[path]
 
 
-def _reusable(t: ir.TensorProtocol, prefill: DataFileCopy | None, paths: Resolver) -> bool:
-    return (prefill is not None and isinstance(t, ir.ExternalTensor)
-            and paths[str(t.path)] == prefill.src)
+def _reusable(t: ir.TensorProtocol, copy: DataFileCopy | None, paths: Resolver) -> bool:
+    return (copy is not None and isinstance(t, ir.ExternalTensor)
+            and paths[str(t.path)] == copy.src)
 
 
 @contextmanager
 def externalized(model: ir.Model, folder: Path, data_name: str,
                  callback: Callable | None = None,
-                 prefill: DataFileCopy | None = None) -> Iterator[None]:
+                 early: DataFileCopy | EarlyWriter | None = None) -> Iterator[None]:
     """Write the model's large tensors to ``folder/data_name`` and, while the context is
     open, point its initializers there (saving the model then writes references only).
     Small external tensors are read into memory. The model is restored on exit.
@@ -372,29 +372,29 @@ def externalized(model: ir.Model, folder: Path, data_name: str,
     originals = {id(v): v.const_value for v in values}
     try:
         _materialize_small(values)
-        prefill, eager = _still_worth_it(prefill, big, Resolver())
-        plan = _place(big, folder, data_name, prefill, eager)
+        copy, early_writer = _still_worth_it(early, big, Resolver())
+        plan = _place(big, folder, data_name, copy, early_writer)
 
-        if eager is not None:  # its threads write the rest too
-            writer = eager.writer
+        if early_writer is not None:  # its threads write the rest too
+            writer = early_writer.writer
             writer.callback = callback
         else:
-            writer = _Writer(folder / data_name, plan, callback, append=prefill is not None,
+            writer = _Writer(folder / data_name, plan, callback, append=copy is not None,
                              threads=num_threads())
         try:
-            if eager is not None:
+            if early_writer is not None:
                 writer.add(plan, last=True)
                 writer.close()
             else:
                 writer.start()
             yield
             writer.finish()
-            if prefill is not None:
-                prefill.finish()
+            if copy is not None:
+                copy.finish()
         except BaseException:  # also Ctrl-C while waiting: stop the writers before leaving
             writer.finish(cancel=True)
-            if prefill is not None:
-                prefill.finish(cancel=True)
+            if copy is not None:
+                copy.finish(cancel=True)
             raise
     finally:
         for v in values:
@@ -414,40 +414,41 @@ def _materialize_small(values: list[ir.Value]) -> None:
             v.const_value = ir.Tensor(t.numpy(), name=t.name, doc_string=t.doc_string)
 
 
-def _still_worth_it(prefill: DataFileCopy | EarlyWriter | None, big: list[ir.Value],
+def _still_worth_it(early: DataFileCopy | EarlyWriter | None, big: list[ir.Value],
                     paths: Resolver) -> tuple[DataFileCopy | None, EarlyWriter | None]:
     """The copy of the input's data file, kept only while little of it would be left
     unused; the writers started early, kept only while every tensor they wrote is saved."""
-    eager = prefill if isinstance(prefill, EarlyWriter) else None
-    copy = prefill if isinstance(prefill, DataFileCopy) else None
-    if eager is not None and not eager.placed.keys() <= {id(v.const_value) for v in big}:
-        eager.finish(cancel=True)  # one written early was dropped: start over
-        eager = None
+    early_writer = early if isinstance(early, EarlyWriter) else None
+    copy = early if isinstance(early, DataFileCopy) else None
+    saved = {id(v.const_value) for v in big}
+    if early_writer is not None and not early_writer.placed.keys() <= saved:
+        early_writer.finish(cancel=True)  # one written early was dropped: start over
+        early_writer = None
     if copy is not None:
         kept = sum(_length(v.const_value) for v in big
                    if _reusable(v.const_value, copy, paths))
-        if (copy.size - kept) * PREFILL_MAX_UNUSED > copy.size:
+        if (copy.size - kept) * COPY_MAX_UNUSED > copy.size:
             copy.finish(cancel=True)
             copy = None
-    return copy, eager
+    return copy, early_writer
 
 
-def _place(big: list[ir.Value], folder: Path, data_name: str, prefill: DataFileCopy | None,
-           eager: EarlyWriter | None) -> list[tuple[ir.TensorProtocol, int, int]]:
+def _place(big: list[ir.Value], folder: Path, data_name: str, copy: DataFileCopy | None,
+           early_writer: EarlyWriter | None) -> list[tuple[ir.TensorProtocol, int, int]]:
     """Point each large initializer at its place in the data file; the tensors still to
     write, with their offsets. With a copy of the input's data file, unchanged tensors stay
     where the copy puts them (their input offsets) and the others follow the copied bytes;
     with tensors written early, the others follow them; else all are packed in order."""
     paths = Resolver()
-    offset = _align(prefill.size) if prefill is not None else \
-        eager.end if eager is not None else 0
+    offset = _align(copy.size) if copy is not None else \
+        early_writer.end if early_writer is not None else 0
     plan = []
     for v in big:
         t = v.const_value
         length = _length(t)
-        if eager is not None and id(t) in eager.placed:
-            place = eager.placed[id(t)][0]  # written (or being written) there
-        elif _reusable(t, prefill, paths):
+        if early_writer is not None and id(t) in early_writer.placed:
+            place = early_writer.placed[id(t)][0]  # written (or being written) there
+        elif _reusable(t, copy, paths):
             place = t.offset or 0  # the copy already holds its bytes there
         else:
             place = offset

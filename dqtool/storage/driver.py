@@ -24,13 +24,13 @@ from dqtool.errors import UsageError
 from dqtool.storage import data_writer
 from dqtool.storage.loading import load
 from dqtool.storage.saving import (
-    discard_prefill,
+    discard_early,
     external_choice,
     no_overwrite_of_input,
     output_path,
     save,
-    start_eager,
-    start_prefill,
+    start_data_copy,
+    start_early_writer,
     uses_external_data,
 )
 
@@ -139,14 +139,14 @@ class Job(Generic[R]):
         used_external = external_choice(model, None)
         verify = self.check(model) if self.check is not None else None
         from_files = verify is not None and verify.from_files and req.out is not None
-        prefill = self._start_early(model, req)
+        early = self._start_early(model, req)
         try:
             result, made = self.transform(
-                model, prefill if isinstance(prefill, data_writer.EarlyWriter) else None)
+                model, early if isinstance(early, data_writer.EarlyWriter) else None)
             if verify is not None and not from_files:
                 verify.run(made, result)
         except BaseException:  # the save never started: its writers and folder go too
-            discard_prefill(prefill)
+            discard_early(early)
             raise
         if req.out is None:
             return result, made, []
@@ -157,7 +157,7 @@ class Job(Generic[R]):
         written = save(made, req.out, external=external, shard_size=self.writing.shard_size,
                        callback=self.writing.progress,
                        verify=None if verify is None or not from_files else
-                       lambda path: verify.run(path, result), prefill=prefill,
+                       lambda path: verify.run(path, result), early=early,
                        while_writing=None if tell is None else lambda: tell(result))
         return result, made, written
 
@@ -168,8 +168,8 @@ class Job(Generic[R]):
             return None
         choice = self.early(model)
         if choice == "copy":
-            return start_prefill(model, req.out)
+            return start_data_copy(model, req.out)
         if choice == "write" and req.path is not None and uses_external_data(model) \
                 and self.writing.external_data is not False:
-            return start_eager(model, req.out, self.writing.progress)
+            return start_early_writer(model, req.out, self.writing.progress)
         return None

@@ -223,14 +223,14 @@ def _coalesce(parts: list[Segment]) -> Iterator[Segment]:
 
 
 def write(model: ir.Model, path: str | os.PathLike,
-          prefilled: os.stat_result | None = None) -> int:
+          copied: os.stat_result | None = None) -> int:
     """Write ``model`` inline to ``path``; returns the bytes written. The file holds
     exactly what ``ir.save(model, path)`` would write.
 
     Every part's place in the file is known before anything is written, so payloads that
     are byte ranges of files (tensors of the input, inline or external) are copied in the
     kernel by two threads at their places while the rest is written in order.
-    ``prefilled``: ``path`` already holds a copy of the input file with this status
+    ``copied``: ``path`` already holds a copy of the input file with this status
     (``early_copy``); payloads at the same place in it are kept, the rest is written over
     it (or, when less than half of it would be kept, the file is written from scratch)."""
     proto, payloads = skeleton(model)
@@ -247,15 +247,15 @@ def write(model: ir.Model, path: str | os.PathLike,
     for part in _coalesce(parts):
         placed.append((offset, part))
         offset += part.length if isinstance(part, Payload) else len(part)
-    kept = _in_place(placed, prefilled) if prefilled is not None else set()
+    kept = _in_place(placed, copied) if copied is not None else set()
     if 2 * sum(placed[i][1].length for i in kept) < total:
-        kept, prefilled = set(), None
+        kept, copied = set(), None
     from concurrent.futures import ThreadPoolExecutor
 
 
     # Every write goes to the file in pieces (dqtool.storage.write_pieces), small ones
     # gathered up to one.
-    with open(Path(path), "r+b" if prefilled is not None else "wb",
+    with open(Path(path), "r+b" if copied is not None else "wb",
               buffering=WRITE_PIECE) as raw, \
             ThreadPoolExecutor(num_threads(), thread_name_prefix="dqtool-copy") as pool:
         f = Pieces(raw)
@@ -285,7 +285,7 @@ def write(model: ir.Model, path: str | os.PathLike,
         finally:
             for c in copies:
                 c.cancel()
-        if prefilled is not None:
+        if copied is not None:
             f.truncate(total)
         written = os.fstat(f.fileno()).st_size
     if written != total:

@@ -60,7 +60,7 @@ def save(
     shard_size: int | None = None,
     callback: Callable | None = None,
     verify: Callable[[Path], None] | None = None,
-    prefill: data_writer.DataFileCopy | data_writer.EarlyWriter | None = None,
+    early: data_writer.DataFileCopy | data_writer.EarlyWriter | None = None,
     while_writing: Callable[[], None] | None = None,
 ) -> list[Path]:
     """Write ``model`` to ``out`` atomically; returns the files written.
@@ -73,16 +73,16 @@ def save(
     tensors would pass protobuf's 2 GiB limit. Everything is written into a temporary
     folder beside ``out`` and committed with the model file renamed last (see
     ``commit``): a failure or a crash leaves the old output whole, or the new one.
-    ``prefill`` (from ``start_prefill``, before the model was changed) is that folder with
-    the input's data already being copied in; or (from ``start_eager``) with the tensors
-    the conversion made already being written. ``while_writing()`` is called once the
+    ``early`` (from ``start_data_copy``, before the model was changed) is that folder with
+    the input's data already being copied in; or (from ``start_early_writer``) with the
+    tensors the conversion made already being written. ``while_writing()`` is called once the
     model file is written, while its external data may still be (a command prints its
     summary meanwhile); nothing is in place yet.
     """
     out = output_path(out)
     external = external_choice(model, external)
-    if prefill is not None:
-        temp, data = prefill.temp, prefill.path.name
+    if early is not None:
+        temp, data = early.temp, early.path.name
     else:
         parent = _output_folder(model, out, external)
         temp = _temp(parent, out)
@@ -90,12 +90,12 @@ def save(
     tmp = temp.path
     parent = tmp.parent
     try:
-        if not (external and shard_size is None) and prefill is not None:
-            prefill.finish(cancel=True)
-            prefill.path.unlink()
-            prefill = None
+        if not (external and shard_size is None) and early is not None:
+            early.finish(cancel=True)
+            early.path.unlink()
+            early = None
         if external and shard_size is None:
-            with data_writer.externalized(model, tmp, data, callback, prefill):
+            with data_writer.externalized(model, tmp, data, callback, early):
                 ir.save(model, tmp / out.name)
                 if while_writing is not None:  # the data's writers are still at work
                     while_writing()
@@ -121,8 +121,8 @@ def save(
         raise OutputError(e.errno, f"{out}: cannot write it ({e.strerror or e}); nothing "
                           "was written") from None
     finally:
-        if prefill is not None:
-            prefill.finish(cancel=True)
+        if early is not None:
+            early.finish(cancel=True)
         temp.remove()
 
 
@@ -140,7 +140,7 @@ def _write_inline(model: ir.Model, path: Path, out: Path) -> None:
             inline_write.write(model, path)
             return
         os.replace(early.path, path)
-        inline_write.write(model, path, prefilled=copied)
+        inline_write.write(model, path, copied=copied)
     finally:
         early.discard()
 
@@ -199,11 +199,11 @@ def _refuse_non_text_location(out: Path) -> None:
                          "choose a UTF-8 name; nothing was written") from None
 
 
-def start_prefill(model: ir.Model, out: str | os.PathLike) -> data_writer.DataFileCopy | None:
+def start_data_copy(model: ir.Model, out: str | os.PathLike) -> data_writer.DataFileCopy | None:
     """Start copying the model's external data file to where ``save(model, out)`` will
     write it, before the model is changed (see ``data_writer.DataFileCopy``); None when the
     model's large tensors are not all in one data file. The caller passes the result to
-    ``save``, or calls ``discard_prefill`` if it will not save."""
+    ``save``, or calls ``discard_early`` if it will not save."""
     paths = data_writer.Resolver()
     sources = {paths[str(v.const_value.path)] for g in model.graphs()
                for v in g.initializers.values()
@@ -215,39 +215,39 @@ def start_prefill(model: ir.Model, out: str | os.PathLike) -> data_writer.DataFi
     parent = _output_folder(model, out)
     temp = _temp(parent, out)
     try:
-        prefill = data_writer.DataFileCopy(sources.pop(), temp.path,
-                                        commit.data_name(parent, out.name))
-        prefill.temp = temp
-        prefill.start()
+        early = data_writer.DataFileCopy(sources.pop(), temp.path,
+                                         commit.data_name(parent, out.name))
+        early.temp = temp
+        early.start()
     except BaseException:
         temp.remove()
         raise
-    return prefill
+    return early
 
 
-def start_eager(model: ir.Model, out: str | os.PathLike, callback: Callable | None = None
-                ) -> data_writer.EarlyWriter:
+def start_early_writer(model: ir.Model, out: str | os.PathLike,
+                       callback: Callable | None = None) -> data_writer.EarlyWriter:
     """Start the writers of ``save(model, out)``'s data file before the model is converted
     (see ``data_writer.EarlyWriter``). The caller hands it to the conversion (which
     submits each tensor that streams itself as it is made) and passes the result to
-    ``save`` as its ``prefill``, or calls ``discard_prefill`` if it will not save. ``callback``: the
-    save's progress callback (called from the first tensor on)."""
+    ``save`` as its ``early``, or calls ``discard_early`` if it will not save.
+    ``callback``: the save's progress callback (called from the first tensor on)."""
     out = output_path(out)
     parent = _output_folder(model, out)
     temp = _temp(parent, out)
     try:
-        eager = data_writer.EarlyWriter(temp.path, commit.data_name(parent, out.name), callback)
-        eager.temp = temp
+        writer = data_writer.EarlyWriter(temp.path, commit.data_name(parent, out.name), callback)
+        writer.temp = temp
     except BaseException:
         temp.remove()
         raise
-    return eager
+    return writer
 
 
-def discard_prefill(prefill: data_writer.DataFileCopy | data_writer.EarlyWriter | None) -> None:
-    if prefill is not None:
-        prefill.finish(cancel=True)
-        prefill.temp.remove()
+def discard_early(early: data_writer.DataFileCopy | data_writer.EarlyWriter | None) -> None:
+    if early is not None:
+        early.finish(cancel=True)
+        early.temp.remove()
 
 
 def _refuse_overwriting_sources(model: ir.Model, out: Path, targets: list[Path]) -> None:
