@@ -92,8 +92,8 @@ def _layout(step: Step, spec: QuantSpec, x_shape: tuple[int, ...], s_shape: tupl
         xs = graph.constant_array(x)
         if a == 0 and rank == 2 and xs.dtype.itemsize == 1:
             # A (K, N) weight's columns as rows: a transpose of its bytes on 64-bit words
-            # (in C where built), not NumPy's strided copy (~0.3 GB/s of int8: 7 of the 14 s
-            # a downgrade of a 985 MB int4 model took).
+            # (in C where built), not NumPy's slow strided copy (docs/decisions.md,
+            # "2026-11-28: sizes the code holds").
             xs = transposes.transpose_codes(xs.view(np.uint8), d, others[0], 8).view(xs.dtype)
         else:
             xs = np.moveaxis(xs, a, -1)

@@ -186,8 +186,8 @@ def _b_and_scales(b: FusedBuilder, x: ir.Value, geometry: tuple[int, int, int, i
                             flip=flip))
     else:
         bq = b.constant("B", ir.DataType.UINT8, (n, kb, block * bits // 8), b_bytes)
-    # written transposed a band at a time, in C where it can (NumPy's transpose
-    # of (k_blocks, N) float16 runs at ~0.8 GB/s: ~70 ms of the bench model's pack)
+    # written transposed a band at a time, in C where it can: NumPy's transpose of
+    # (k_blocks, N) float16 is slow (docs/decisions.md, "2026-11-28: sizes the code holds")
     s = b.streamed("scales", s_type, (n, kb), lambda: np.ascontiguousarray(
         kn_scales().T), lambda file: (
         packing.write_transposed(kn_scales(), file)))
@@ -196,8 +196,9 @@ def _b_and_scales(b: FusedBuilder, x: ir.Value, geometry: tuple[int, int, int, i
 
 def _all_default(zp_codes: Callable[[], np.ndarray], bits: int) -> bool:
     """Whether every zero-point code is 2^(bits-1), which MatMulNBits takes without them."""
-    # on the codes as stored: the transpose the packed form needs costs more than
-    # the test (0.1 ms a weight of the bench model), and is made only if they are kept
+    # on the codes as stored: the transpose the packed form needs costs more than the
+    # test, and is made only if they are kept (docs/decisions.md,
+    # "2026-11-28: sizes the code holds")
     return bool(np.all(zp_codes() == (1 << (bits - 1))))
 
 

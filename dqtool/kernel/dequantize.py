@@ -249,11 +249,10 @@ def _direct_cast(x_dtype: np.dtype, zp: np.ndarray | None) -> bool:
 
     It reads the value from the low bits of each byte, ignoring the others (as
     ``int_values``; checked for all 256 bytes of every sub-byte type by the tests), so the
-    float32 values are the same. It is a scalar loop, ~20% slower per element in cache than
-    the two vectorized passes of ``int_values`` plus NumPy's cast, but it reads x and writes
-    the output in one loop, so the two memory streams overlap instead of following each other:
-    4096x4096 on 2 cores, interleaved runs, int4 blocks of 32 on axis 1 ~12% faster, on axis 0
-    and int2 per-axis ~25%; from 128x128 up it never measured slower. With a zero point the
+    float32 values are the same. It is a scalar loop, slower per element in cache than the
+    two vectorized passes of ``int_values`` plus NumPy's cast, but it reads x and writes the
+    output in one loop, so the two memory streams overlap instead of following each other:
+    faster overall (docs/decisions.md, "2026-11-28: sizes the code holds"). With a zero point the
     subtraction stays in integers (``_minus_zero_point``), where it is cheapest.
     """
     return x_dtype in _SUBBYTE_INT_SHIFT and zp is None

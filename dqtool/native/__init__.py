@@ -61,9 +61,9 @@ def stream_fn() -> Callable[..., int] | None:
 def _first_band(src: int, src_stride: int, band_words: int) -> tuple[int, int]:
     """(words of the first band, of every later one). Bands are whole 64-byte lines of the
     source where a band is a few lines wide: a line split between two bands is read from
-    memory twice (measured on the bench model, one core: bands of 15 words instead of 16
-    made its 8192-row weights' transposes 30% slower). The first is cut short so that the
-    others start on a line, where rows do (a stride a multiple of 64)."""
+    memory twice (docs/decisions.md, "2026-11-28: sizes the code holds"). The first is
+    cut short so that the others start on a line, where rows do (a stride a multiple of
+    64)."""
     if band_words < 16:
         return band_words, band_words
     band_words -= band_words % 8

@@ -2,9 +2,9 @@
 
 A conversion rewrites a few tensors of a multi-GB model and keeps the rest. onnx_ir's saver
 reads every kept tensor through a memory map and writes it back from user space; the
-kernel's ``copy_file_range`` does the same copy without the round trip (measured here:
-0.59 s/GB against 1.39 s/GB). New tensors are written as onnx_ir would (``tofile`` when the
-tensor streams itself, as fold's lazily computed tensors do).
+kernel's ``copy_file_range`` does the same copy without the round trip, in half the time
+(docs/decisions.md, "2026-11-28: sizes the code holds"). New tensors are written as onnx_ir
+would (``tofile`` when the tensor streams itself, as fold's lazily computed tensors do).
 """
 
 from __future__ import annotations
@@ -94,9 +94,9 @@ class _Writer:
     that writes it; with two threads one computes a band while the other writes one.
     The writes themselves take turns (``_io``; an unchanged tensor's copy in the kernel is
     one write): the kernel lets one write() into a file at a time anyway, and a thread
-    waiting on it in the kernel spins (measured: 10% of a ``pack``'s CPU), where one
-    waiting here sleeps. Tensors that do not stream are computed one at a time (under
-    ``_compute``): their ``make`` may read a tensor through onnx_ir, whose loading of an
+    waiting on it in the kernel spins, where one waiting here sleeps (docs/decisions.md,
+    "2026-11-28: sizes the code holds"). Tensors that do not stream are computed one at a
+    time (under ``_compute``): their ``make`` may read a tensor through onnx_ir, whose loading of an
     external tensor is not thread-safe."""
 
     def __init__(self, path: Path, plan: list[tuple[ir.TensorProtocol, int, int]],
@@ -276,7 +276,7 @@ class EarlyWriter:
     it is made (``submit``): writer threads write it at once, at the next place in the
     data file, and written while the conversion goes on with the next node, the save
     prepares and the model is serialized: the start-up's single-threaded tail overlaps
-    the writes (measured on a 1.8 GB model: ~0.04 s of ~1 s). The save then places the
+    the writes (docs/decisions.md, "2026-11-28: sizes the code holds"). The save then places the
     other tensors after these (``externalized``). If a tensor written early is not in the
     saved model after all, the save starts the file over, compactly.
 

@@ -9,8 +9,7 @@ that way ends up holding all of them. Here a small external tensor is read with 
 ``pread``, and a large one is mapped on its own (copy-on-write, so the array is
 writable and the file never changes): its map, and the pages it touched, go with the
 array. Mapping skips what a read costs, zero-filling fresh memory and copying the page
-cache into it (measured: a 12.6 MB weight read and transposed in 8-10 ms mapped, 15-17 ms
-read).
+cache into it (docs/decisions.md, "2026-11-28: sizes the code holds").
 """
 
 from __future__ import annotations
@@ -152,9 +151,8 @@ def _bytes_as(data: bytes, dtype: ir.DataType, shape: tuple[int, ...], name: str
     return ir.Tensor(raw.view(et.dtype).reshape(shape), dtype=dtype, name=name)
 
 
-# Packed bytes one pass of ``unpack`` works on: its temporaries stay in L2. Over a whole
-# weight at once they took 2-3x its codes' size (a downgrade of a 32000 x 4096 int4
-# embedding to int8 held ~400 MB for its 131 MB of codes).
+# Packed bytes one pass of ``unpack`` works on: its temporaries stay in L2, not 2-3x a whole
+# weight's codes (docs/decisions.md, "2026-11-28: sizes the code holds").
 UNPACK_CHUNK = 1 << 17
 
 
@@ -169,8 +167,9 @@ def unpack(packed: np.ndarray, bits: int, signed: bool = False) -> np.ndarray:
     src, dst = np.ascontiguousarray(packed).reshape(-1), out.reshape(-1)
     for s in range(0, src.size, UNPACK_CHUNK):
         _unpack_chunk(src[s:s + UNPACK_CHUNK], dst[s * per:(s + UNPACK_CHUNK) * per], bits)
-        if signed:  # the sign bit shifted to the top of the byte and back (in place; ~12x
-            # a masked subtraction, which was 80% of an int4 downgrade's writers)
+        if signed:  # the sign bit shifted to the top of the byte and back, in place: far
+            # cheaper than a masked subtraction (docs/decisions.md,
+            # "2026-11-28: sizes the code holds")
             d = dst[s * per:(s + UNPACK_CHUNK) * per]
             np.left_shift(d, 8 - bits, out=d)
             v = d.view(np.int8)
