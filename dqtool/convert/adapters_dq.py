@@ -10,10 +10,11 @@ newer version accepts (onnxruntime's per-axis at 10/11, nncf's uint4 at 17) is r
 
 from __future__ import annotations
 
+import numpy as np
 import onnx_ir as ir
 
 from dqtool import codecs, graph, types, versions
-from dqtool.codecs import onnx_std
+from dqtool.codecs import base, onnx_std
 from dqtool.convert import blocked, decompose, generic, outputs, widen
 from dqtool.convert.context import Step
 from dqtool.convert.registry import Outcome, Registry
@@ -187,8 +188,6 @@ def unknown_type(node: ir.Node, index: int, step: Step, allowed: frozenset[str],
 
 
 def graph_attr(node: ir.Node, name: str) -> int | None:
-    from dqtool.codecs import base
-
     return base.attr_int(node, name, None)
 
 
@@ -203,7 +202,7 @@ def lower_q(node: ir.Node, step: Step) -> Outcome:
             qt = types.by_name(spec.quant_type)
             shape = tuple(d for d in (spec.scale_shape or ()) if isinstance(d, int))
             zp = step.small_constant(f"{node.name}_zero_point",
-                                     __import__("numpy").zeros(shape, qt.dtype), qt.ir_type)
+                                     np.zeros(shape, qt.dtype), qt.ir_type)
             step.set_input(2, zp)
             done.append(Outcome("changed", f"output_dtype → explicit zero {qt.name} zero point",
                                 f"output_dtype needs {Q}-21"))

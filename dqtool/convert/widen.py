@@ -14,7 +14,8 @@ import numpy as np
 import onnx_ir as ir
 
 from dqtool import graph, types
-from dqtool.convert import params
+from dqtool.codecs import onnx_std
+from dqtool.convert import generic, params
 from dqtool.convert.context import Step
 from dqtool.convert.registry import Outcome
 from dqtool.spec import QuantSpec
@@ -121,9 +122,6 @@ def small_float_to_f8(step: Step, spec: QuantSpec) -> Outcome:
 
 
 def _since(type_name: str) -> int:
-    from dqtool.codecs import onnx_std
-    from dqtool.convert import generic
-
     for v in generic.since_versions("DequantizeLinear"):
         if type_name in onnx_std.schema_facts("DequantizeLinear", v).quant_types:
             return v

@@ -10,6 +10,7 @@ from typing import Any
 
 import onnx_ir as ir
 
+from dqtool import storage
 from dqtool.errors import UsageError
 from dqtool.fused.pack_pass import FusedPackPass, PackReport
 
@@ -36,8 +37,6 @@ def pack(model_or_path: ir.Model | str | os.PathLike, out: str | os.PathLike | N
     (``dqtool.storage.save``'s ``external``, ``shard_size``, ``callback``); ``while_writing``
     is called with the report while the data is written (``report.written`` not yet
     set). ``report.model`` is the result."""
-    from dqtool import storage
-
     if accuracy_level not in (None, 0, 1, 2, 3, 4):
         raise UsageError(f"--accuracy-level must be 0..4, got {accuracy_level}")
     if zero_points not in ("auto", "packed"):

@@ -24,6 +24,7 @@ import numpy as np
 from dqtool import graph, types, versions
 from dqtool.handwritten import layout as lay
 from dqtool.handwritten.chains import Match
+from dqtool.handwritten.integers import evaluate
 from dqtool.spec import QuantSpec
 
 # The largest integer magnitude below which every integer is exact in the type.
@@ -110,8 +111,6 @@ def _int_zero_point(m: Match, q: np.ndarray) -> tuple[np.ndarray, np.ndarray | N
     zc = graph.constant_array(b)
     if zc is None or a is None:
         return q, None, None
-    from dqtool.handwritten.integers import evaluate
-
     x = evaluate(a, m.codes.nodes)
     z = -zc.astype(np.int64) if node.op_type == "Add" else zc.astype(np.int64)
     if x.shape != q.shape:

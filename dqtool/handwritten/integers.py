@@ -16,6 +16,7 @@ import numpy as np
 import onnx_ir as ir
 
 from dqtool import graph, types
+from dqtool.handwritten.layout import reshape_target
 
 # Operators whose output is an exact function of integer inputs; a chain of anything else
 # before the Cast is not read as codes.
@@ -120,8 +121,6 @@ def _squeeze(node: ir.Node, a: np.ndarray, env: dict[int, np.ndarray]) -> np.nda
 
 
 def _reshape(node: ir.Node, a: np.ndarray, env: dict[int, np.ndarray]) -> np.ndarray:
-    from dqtool.handwritten.layout import reshape_target
-
     target = reshape_target(a.shape, [int(d) for d in env[id(node.inputs[1])].reshape(-1)],
                             bool(_attr(node, "allowzero", 0)))
     if target is None:

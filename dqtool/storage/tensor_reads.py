@@ -22,6 +22,7 @@ import numpy as np
 import onnx_ir as ir
 
 from dqtool import graph, types
+from dqtool.storage.write_pieces import piecewise
 
 # From this many bytes a tensor is mapped rather than read.
 MAP_BYTES = 1 << 20
@@ -263,8 +264,6 @@ class WidenedCodes(ir.LazyTensor):
         return self._codes(0, self.count).reshape(tuple(int(d) for d in self.shape))
 
     def tofile(self, file) -> None:
-        from dqtool.storage.write_pieces import piecewise
-
         write = piecewise(file)
         for start in range(0, self.count, self.BAND):
             write(self._codes(start, min(self.count, start + self.BAND)))
