@@ -139,6 +139,7 @@ def user_errors(func: F) -> F:
 
 def _data_files(model: str) -> set[Path]:
     """The data files a model file names (its payloads unread), resolved."""
+    # Imported here: the module that reads them loads onnx, which `dqtool --help` never needs.
     from dqtool.storage import locations
 
     path = Path(model)
