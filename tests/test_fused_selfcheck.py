@@ -1,5 +1,5 @@
 """``check MODEL`` alone: every fused node's weight on onnxruntime (identity A / every index
-gathered) against the kernel, bit for bit; large weights in chunks, sampled past a size."""
+gathered) against the kernel, bit for bit; large weights in chunks, every weight compared."""
 
 from __future__ import annotations
 
@@ -36,7 +36,8 @@ def test_matmul_nbits_weights_match_onnxruntime(k, n, bits, block, dtype, zp):
     report, [node] = _nodes(model)
     assert node.status == "bit-exact", node.reason
     assert node.op == "com.microsoft:MatMulNBits-1"
-    assert node.reason == "identity A, one weight per output"
+    assert node.reason == "blocks side by side, identity A of block_size rows, one weight " \
+        "per output"
     assert report.passed
 
 
@@ -56,13 +57,8 @@ def test_gather_block_quantized_table_matches_onnxruntime(table_type):
     assert node.reason == "every index gathered"
 
 
-def test_large_weights_go_in_chunks_and_are_sampled(monkeypatch):
-    rng = np.random.default_rng(9)
-    k, n = 1024, 16
-    model = nbits_model(k, n, 4, 32, nbits_inputs(rng, k, n, 4, 32), m=2)
-    monkeypatch.setattr(selfcheck, "CHUNK_BYTES", 64 * n * 4)  # 64 rows of W a run
-    monkeypatch.setattr(selfcheck, "SAMPLE_ELEMENTS", 4 * 64 * n)  # 4 chunks of 16
-    runs = []
+def _counting(monkeypatch) -> list[tuple[int, ...]]:
+    runs: list[tuple[int, ...]] = []
     real = selfcheck.runners.ort_session
 
     def counting(m, *a, **kw):
@@ -70,16 +66,58 @@ def test_large_weights_go_in_chunks_and_are_sampled(monkeypatch):
 
         def run(feeds, outputs=None):
             if m.graph.name == "fused_alone":
-                runs.append(feeds["A"].shape)
+                runs.append(next(iter(feeds.values())).shape)
             return session(feeds, outputs)
         return run
 
     monkeypatch.setattr(selfcheck.runners, "ort_session", counting)
+    return runs
+
+
+def test_large_weights_go_in_column_chunks_of_block_rows_none_sampled(monkeypatch):
+    rng = np.random.default_rng(9)
+    k, n = 1024, 16
+    model = nbits_model(k, n, 4, 32, nbits_inputs(rng, k, n, 4, 32), m=2)
+    monkeypatch.setattr(selfcheck, "PROBE_BYTES", 5 * k * 4)  # 5 columns of W a run
+    runs = _counting(monkeypatch)
     _, [node] = _nodes(model)
-    assert node.status == "bit-exact"
-    assert node.reason.endswith("sampled: 256 of 1024 rows of K (in 4 evenly spaced chunks, "
-                                "the first and the last among them)")
-    assert runs == [(64, k)] * 4  # never a K×K identity
+    assert node.status == "bit-exact" and "sampled" not in node.reason
+    assert runs == [(32, 32)] * 4  # columns 0-4, 5-9, 10-14, 15: an identity of one block
+
+
+@pytest.mark.parametrize(("row", "col"), [(1023, 15), (0, 0), (517, 9)])
+def test_every_weight_of_a_large_node_is_compared(monkeypatch, row, col):
+    # one weight off by one ulp anywhere, the last of the last chunk included, is found
+    rng = np.random.default_rng(10)
+    k, n = 1024, 16
+    model = nbits_model(k, n, 4, 32, nbits_inputs(rng, k, n, 4, 32), m=2)
+    monkeypatch.setattr(selfcheck, "PROBE_BYTES", 5 * k * 4)
+    real = selfcheck.kernel.dequantize_matmul_nbits
+    first = col // 5 * 5  # the chunk's first column
+
+    def off(*a, **kw):
+        w = real(*a, **kw).copy()
+        if kw["N"] == min(5, n - first) and np.array_equal(a[0], model_b[first:first + 5]):
+            w[row, col - first] = np.nextafter(w[row, col - first], np.float32(np.inf))
+        return w
+
+    model_b = onnx.numpy_helper.to_array(model.graph.initializer[0])
+    monkeypatch.setattr(selfcheck.kernel, "dequantize_matmul_nbits", off)
+    _, [node] = _nodes(model)
+    assert node.status == "mismatch", node.reason
+    assert f"columns {first}..{min(first + 4, n - 1)} of W" in node.reason
+
+
+def test_large_tables_are_gathered_whole_in_chunks(monkeypatch):
+    rng = np.random.default_rng(12)
+    table = rng.integers(-8, 8, size=(40, 64)).astype(ml_dtypes.int4)
+    scales = (rng.random((40, 2)) * 0.1 + 0.01).astype(np.float32)
+    model = gbq_model(table, scales, None, block=32, bits=4)
+    monkeypatch.setattr(selfcheck, "CHUNK_BYTES", 7 * 64 * 4)  # 7 indices a run
+    runs = _counting(monkeypatch)
+    _, [node] = _nodes(model)
+    assert node.status == "bit-exact" and node.reason == "every index gathered"
+    assert runs == [(7,)] * 5 + [(5,)]
 
 
 def test_a_kernel_that_disagrees_is_reported_as_a_mismatch(monkeypatch, tmp_path):

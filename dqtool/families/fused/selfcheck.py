@@ -1,15 +1,18 @@
 """``dqtool check MODEL``: every fused node's dequantization on onnxruntime against the
 kernel, bit for bit, as the Q/DQ self-check does for DequantizeLinear.
 
-- MatMulNBits: the node alone (no bias, ``accuracy_level`` 0), fed rows of an identity A,
-  so each output is ``1 · w`` — exactly one weight, rounded once to the output type: rows
-  ``r0..r1`` of ``W``. The rows go in chunks (a K=8192 weight never takes a K×K input), and
-  the kernel dequantizes the same rows from the blocks that hold them.
+- MatMulNBits: an identity A makes each output ``1 · w`` — exactly one weight, rounded once
+  to the output type. Without ``g_idx`` the weight's blocks along K are laid side by side:
+  one node of ``K = block_size`` and ``N·k_blocks`` columns, the same bytes of B (each
+  row of B' one block of one column), its scales and zero points in the same order, fed an
+  identity of ``block_size`` rows: every weight from one run, O(block·K·N) in place of the
+  O(K²·N) of an identity of K rows (no bias, ``accuracy_level`` 0). With ``g_idx`` (a row
+  may use any block) the node itself is fed every row of an identity of K, in chunks.
 - GatherBlockQuantized: the node alone, fed every index of its gathered axis (in chunks);
   the output is the table, which the kernel dequantizes from the same rows.
 
-Past ``SAMPLE_ELEMENTS`` weights a node is checked on a sample of its chunks (the first,
-the last — a ragged tail — and evenly spaced ones between), and the report says so.
+Every weight is compared; none is sampled (before 2026-11-28 a node past 2^24 weights was
+checked on a sample of its rows or indices).
 """
 
 from __future__ import annotations
@@ -29,8 +32,9 @@ from dqtool.checking.selfcheck import BIT_EXACT, ERROR, KERNEL_ONLY, MISMATCH, S
 from dqtool.families.fused import kernel, packing, read
 from dqtool.storage import tensor_reads
 
-SAMPLE_ELEMENTS = 1 << 24  # weights per node checked in full; past it, a sample
 CHUNK_BYTES = 16 << 20  # output bytes per onnxruntime run
+# Output bytes per run of the block probe: most weights in one run (a session each)
+PROBE_BYTES = 64 << 20
 _FLOAT = {np.dtype(np.float32): TensorProto.FLOAT, np.dtype(np.float16): TensorProto.FLOAT16}
 
 
@@ -59,21 +63,9 @@ def _model(node_proto: onnx.NodeProto, inputs: list[onnx.ValueInfoProto],
     return m
 
 
-def _chunks(total: int, step: int, per_row: int, what: str
-            ) -> tuple[list[tuple[int, int]], str | None]:
-    """Chunks ``[r0, r1)`` of ``range(total)``, ``step`` rows each; past ``SAMPLE_ELEMENTS``
-    (``per_row`` elements a row), a sample of them: the first, the last, evenly spaced."""
-    chunks = [(r, min(r + step, total)) for r in range(0, total, step)]
-    if total * per_row <= SAMPLE_ELEMENTS:
-        return chunks, None
-    budget = max(2, SAMPLE_ELEMENTS // max(1, step * per_row))
-    if len(chunks) <= budget:
-        return chunks, None
-    pick = sorted(set(np.linspace(0, len(chunks) - 1, budget).round().astype(int).tolist()))
-    chosen = [chunks[i] for i in pick]
-    rows = sum(b - a for a, b in chosen)
-    return chosen, f"sampled: {rows} of {total} {what} (in {len(chosen)} evenly spaced " \
-                   f"chunks, the first and the last among them)"
+def _chunks(total: int, step: int) -> list[tuple[int, int]]:
+    """Chunks ``[r0, r1)`` of ``range(total)``, ``step`` rows each."""
+    return [(r, min(r + step, total)) for r in range(0, total, step)]
 
 
 def check_node(site: graph.Site, ir_version: int) -> NodeCheck:
@@ -88,10 +80,13 @@ def check_node(site: graph.Site, ir_version: int) -> NodeCheck:
         return NodeCheck(**base, status=SKIPPED, reason="its weight is computed at run "
                          "time: only a constant weight is compared")
     try:
-        if node.op_type == "MatMulNBits":
-            pieces, sampled = _matmul_nbits(node, ir_version)
+        if node.op_type == "MatMulNBits" and graph.input_value(node, 4) is None:
+            pieces, how = _by_blocks(node, ir_version), "blocks side by side, identity A " \
+                "of block_size rows, one weight per output"
+        elif node.op_type == "MatMulNBits":
+            pieces, how = _matmul_nbits(node, ir_version), "identity A, one weight per output"
         else:
-            pieces, sampled = _gather(node, ir_version)
+            pieces, how = _gather(node, ir_version), "every index gathered"
         for got, want, where in pieces:
             if _same(want, got, node.op_type == "MatMulNBits"):
                 continue
@@ -105,15 +100,71 @@ def check_node(site: graph.Site, ir_version: int) -> NodeCheck:
                          reason=f"onnxruntime cannot run this node: {e}")
     except Exception as e:  # the kernel refusing a node is a finding, not a crash
         return NodeCheck(**base, status=ERROR, reason=f"{type(e).__name__}: {e}")
-    how = ("identity A, one weight per output" if node.op_type == "MatMulNBits"
-           else "every index gathered")
-    return NodeCheck(**base, status=BIT_EXACT, reason=how + (f"; {sampled}" if sampled else ""))
+    return NodeCheck(**base, status=BIT_EXACT, reason=how)
 
 
 Piece = tuple[np.ndarray, np.ndarray, str]  # (onnxruntime, kernel, which rows)
 
 
-def _matmul_nbits(node: ir.Node, ir_version: int) -> tuple[Iterator[Piece], str | None]:
+def _probe_proto(node: ir.Node, inputs: list[str], **ints: int) -> onnx.NodeProto:
+    """``node`` as a probe: its attributes (``ints`` replacing some) without
+    ``accuracy_level`` (a quantized identity A would not be exact), on ``inputs``, output
+    ``y``."""
+    proto = ir.serde.serialize_node(node)
+    del proto.input[:], proto.output[:]
+    proto.input.extend(inputs)
+    proto.output.append("y")
+    for attr in list(proto.attribute):
+        if attr.name == "accuracy_level":
+            proto.attribute.remove(attr)
+        elif attr.name in ints:
+            attr.i = ints[attr.name]
+    return proto
+
+
+def _by_blocks(node: ir.Node, ir_version: int) -> Iterator[Piece]:
+    """Columns ``n0..n1`` of W at a time: their blocks side by side as one node of
+    ``K = block_size`` (module docstring), the output ``(block, (n1-n0)·k_blocks)`` read
+    back as ``W[:, n0:n1]``."""
+    a = _ints(node)
+    k, n, bits, block = a["K"], a["N"], a.get("bits", 4), a["block_size"]
+    kb = -(-k // block)
+    b = tensor_reads.stored_values(node.inputs[1]).reshape(n, kb, -1)
+    scales = tensor_reads.stored_values(node.inputs[2]).reshape(n, kb)
+    zp_v = graph.input_value(node, 3)
+    zp = None if zp_v is None else tensor_reads.stored_values(zp_v)
+    zp_codes, float_zp = kernel.matmul_nbits_zero_points(zp, n, kb, bits)
+    dtype = np.dtype(scales.dtype)
+    eye = np.eye(block, dtype=dtype)
+    step = max(1, PROBE_BYTES // max(1, kb * block * dtype.itemsize))
+    for n0, n1 in _chunks(n, step):
+        m = (n1 - n0) * kb
+        inits = [numpy_helper.from_array(b[n0:n1].reshape(m, 1, -1), "B"),
+                 numpy_helper.from_array(scales[n0:n1].reshape(m), "scales")]
+        names = ["A", "B", "scales"]
+        zp_arg = None
+        if zp is not None:
+            if float_zp:  # as stored, one offset per block
+                zp_arg = np.asarray(zp).reshape(n, kb)[n0:n1]
+                side = zp_arg.reshape(m)
+            else:  # one block per row: one code a byte, in its low bits
+                zp_arg = np.asarray(zp).reshape(n, -1)[n0:n1]
+                side = packing.pack(zp_codes[n0:n1].reshape(m, 1), bits)
+            inits.append(numpy_helper.from_array(side, "zero_points"))
+            names.append("zero_points")
+        proto = _probe_proto(node, names, K=block, N=m)
+        model = _model(proto, [helper.make_tensor_value_info(
+            "A", _FLOAT.get(dtype, 16), [block, block])], inits, ir_version)
+        got = runners.ort_session(model)({"A": eye}, ["y"])["y"]
+        del model, inits
+        # got[r, c·kb + j] = W[j·block + r, n0 + c]
+        got = got.reshape(block, n1 - n0, kb).transpose(2, 0, 1).reshape(kb * block, -1)[:k]
+        want = kernel.dequantize_matmul_nbits(b[n0:n1], scales[n0:n1], zp_arg, K=k,
+                                              N=n1 - n0, bits=bits, block_size=block)
+        yield np.ascontiguousarray(got), want, f"columns {n0}..{n1 - 1} of W"
+
+
+def _matmul_nbits(node: ir.Node, ir_version: int) -> Iterator[Piece]:
     a = _ints(node)
     k, n, bits, block = a["K"], a["N"], a.get("bits", 4), a["block_size"]
     kb = -(-k // block)
@@ -123,26 +174,21 @@ def _matmul_nbits(node: ir.Node, ir_version: int) -> tuple[Iterator[Piece], str 
     zp = None if zp_v is None else tensor_reads.stored_values(zp_v)
     g_idx = None if g_v is None else tensor_reads.stored_values(g_v)
     dtype = np.dtype(scales.dtype)
-    proto = ir.serde.serialize_node(node)
-    del proto.input[:], proto.output[:]
-    proto.input.extend(["A", "B", "scales"])
+    names = ["A", "B", "scales"]
     inits = [numpy_helper.from_array(b, "B"), numpy_helper.from_array(scales, "scales")]
     if zp is not None or g_idx is not None:
-        proto.input.append("zero_points" if zp is not None else "")
+        names.append("zero_points" if zp is not None else "")
         if zp is not None:
             inits.append(numpy_helper.from_array(zp, "zero_points"))
     if g_idx is not None:
-        proto.input.append("g_idx")
+        names.append("g_idx")
         inits.append(numpy_helper.from_array(g_idx, "g_idx"))
-    proto.output.append("y")
-    for attr in list(proto.attribute):
-        if attr.name == "accuracy_level":  # a quantized identity A would not be exact
-            proto.attribute.remove(attr)
+    proto = _probe_proto(node, names)
     model = _model(proto, [helper.make_tensor_value_info("A", _FLOAT.get(dtype, 16),
                                                          ["rows", k])], inits, ir_version)
     session = runners.ort_session(model)
     rows = max(block, (CHUNK_BYTES // max(1, n * dtype.itemsize)) // block * block)
-    chunks, sampled = _chunks(k, rows, n, "rows of K")
+    chunks = _chunks(k, rows)
     zp_codes, float_zp = kernel.matmul_nbits_zero_points(zp, n, kb, bits)
 
     def pieces() -> Iterator[Piece]:
@@ -162,10 +208,10 @@ def _matmul_nbits(node: ir.Node, ir_version: int) -> tuple[Iterator[Piece], str 
                     bits=bits, block_size=block)
             yield got, want, f"rows {r0}..{r1 - 1} of W"
 
-    return pieces(), sampled
+    return pieces()
 
 
-def _gather(node: ir.Node, ir_version: int) -> tuple[Iterator[Piece], str | None]:
+def _gather(node: ir.Node, ir_version: int) -> Iterator[Piece]:
     a = _ints(node)
     data = tensor_reads.stored_values(node.inputs[0])
     scales = tensor_reads.stored_values(node.inputs[2])
@@ -191,7 +237,7 @@ def _gather(node: ir.Node, ir_version: int) -> tuple[Iterator[Piece], str | None
                                                          ["n"])], inits, ir_version)
     session = runners.ort_session(model)
     step = max(1, CHUNK_BYTES // max(1, 4 * per_index))
-    chunks, sampled = _chunks(dim, step, per_index, "indices")
+    chunks = _chunks(dim, step)
     kw = {"quantize_axis": a.get("quantize_axis", 1), "block_size": block, "bits": bits}
 
     def pieces() -> Iterator[Piece]:
@@ -209,7 +255,7 @@ def _gather(node: ir.Node, ir_version: int) -> tuple[Iterator[Piece], str | None
                     data, scales, zp, indices=idx, gather_axis=ga, **kw)
             yield got, want, f"indices {r0}..{r1 - 1}"
 
-    return pieces(), sampled
+    return pieces()
 
 
 def _same(want: np.ndarray, got: np.ndarray, summed: bool) -> bool:
