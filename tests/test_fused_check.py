@@ -104,13 +104,13 @@ def test_upgrade_check_compares_fused_weights_and_tolerates_the_sum_order(tmp_pa
 
 # ---- the verdict: weights bit-identical + reference identical + onnxruntime within bound ----
 
-def _fp16_pair(tmp_path, *, bias=False, k=256, n=64):
+def _fp16_pair(tmp_path, *, bias=False, k=256, n=64, m=8):
     """The issue's case: float16 MatMulNBits (K=256, N=64, block 32, 4 bits, fp16 scales),
     upgraded to opset 21; onnxruntime's outputs of the two differ in their last bits."""
     rng = np.random.default_rng(0)
     b = (rng.standard_normal(n) * 0.5).astype(np.float16) if bias else None
     original = nbits_model(k, n, 4, 32, nbits_inputs(rng, k, n, 4, 32, np.float16, "packed"),
-                           dtype=np.float16, m=8, bias=b)
+                           dtype=np.float16, m=m, bias=b)
     src = _save(original, tmp_path / "orig.onnx")
     up = _save(dqtool.upgrade(ir.load(src), 21).model, tmp_path / "up.onnx")
     return src, up
@@ -238,6 +238,21 @@ def test_a_large_node_is_bounded_on_a_sample_of_columns(tmp_path, monkeypatch):
     [b] = report.bounds
     assert b.status == "within"
     assert b.sampled == "sampled: 16 of 64 output columns (every row)"
+    assert report.passed
+
+
+def test_one_row_of_a_is_bounded_on_every_column(tmp_path, monkeypatch):
+    from dqtool.families.fused import bound
+
+    src, up = _fp16_pair(tmp_path, m=1)  # a sequence of one token
+    monkeypatch.setattr(bound, "WORK", 256 * 16)  # would sample 16 columns of more rows
+    seen = []
+    real = bound._weight_columns
+    monkeypatch.setattr(bound, "_weight_columns",
+                        lambda node, cols: seen.append(len(cols)) or real(node, cols))
+    report = dqtool.check(up, against=src)
+    [b] = report.bounds  # onnxruntime's outputs differ in their last bits: bounded
+    assert b.sampled is None and seen == [64]
     assert report.passed
 
 

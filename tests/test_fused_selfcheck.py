@@ -113,7 +113,7 @@ def test_large_tables_are_gathered_whole_in_chunks(monkeypatch):
     table = rng.integers(-8, 8, size=(40, 64)).astype(ml_dtypes.int4)
     scales = (rng.random((40, 2)) * 0.1 + 0.01).astype(np.float32)
     model = gbq_model(table, scales, None, block=32, bits=4)
-    monkeypatch.setattr(selfcheck, "CHUNK_BYTES", 7 * 64 * 4)  # 7 indices a run
+    monkeypatch.setattr(selfcheck, "PROBE_BYTES", 7 * 64 * 4)  # 7 indices a run
     runs = _counting(monkeypatch)
     _, [node] = _nodes(model)
     assert node.status == "bit-exact" and node.reason == "every index gathered"

@@ -25,8 +25,9 @@ GatherBlockQuantized only gathers: its bound is 0 (bit-identical outputs).
 
 The bound is computed in float64 from the node's own inputs (read back from onnxruntime's
 runs of both models, the fused node's A and output exposed as graph outputs) and the weight
-dqtool's kernel dequantizes. Past ``WORK`` multiply-adds a node is checked on a sample of its
-output columns (every column's bound is exact; the sample is reported).
+dqtool's kernel dequantizes. Past ``WORK`` multiply-adds a node with more than one row of A is
+checked on a sample of its output columns (every column's bound is exact; the sample is
+reported); with one row, every column (since 2026-11-28).
 """
 
 from __future__ import annotations
@@ -147,7 +148,8 @@ def _gamma(n: int, u: float) -> float:
 
 
 def _columns(n_cols: int, rows: int, k: int) -> np.ndarray:
-    if rows * k * n_cols <= WORK:
+    # one row of A (a sequence of one token) costs no more than the weight itself
+    if rows * k * n_cols <= WORK or rows == 1:
         return np.arange(n_cols)
     keep = max(1, WORK // max(1, rows * k))
     return np.unique(np.linspace(0, n_cols - 1, keep).astype(np.int64))

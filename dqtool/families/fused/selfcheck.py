@@ -124,7 +124,7 @@ def _probe_proto(node: ir.Node, inputs: list[str], **ints: int) -> onnx.NodeProt
 
 def _by_blocks(node: ir.Node, ir_version: int) -> Iterator[Piece]:
     """Columns ``n0..n1`` of W at a time: their blocks side by side as one node of
-    ``K = block_size`` (module docstring), the output ``(block, (n1-n0)·k_blocks)`` read
+    ``K = block_size`` (module docstring), the output ``(block, k_blocks·(n1-n0))`` read
     back as ``W[:, n0:n1]``."""
     a = _ints(node)
     k, n, bits, block = a["K"], a["N"], a.get("bits", 4), a["block_size"]
@@ -139,17 +139,21 @@ def _by_blocks(node: ir.Node, ir_version: int) -> Iterator[Piece]:
     step = max(1, PROBE_BYTES // max(1, kb * block * dtype.itemsize))
     for n0, n1 in _chunks(n, step):
         m = (n1 - n0) * kb
-        inits = [numpy_helper.from_array(b[n0:n1].reshape(m, 1, -1), "B"),
-                 numpy_helper.from_array(scales[n0:n1].reshape(m), "scales")]
+        # block-major (row j·(n1-n0) + c: block j of column c), so that the output's
+        # blocks are whole rows of W: read back by moving rows, not single weights
+        inits = [numpy_helper.from_array(np.ascontiguousarray(
+                     b[n0:n1].transpose(1, 0, 2)).reshape(m, 1, -1), "B"),
+                 numpy_helper.from_array(np.ascontiguousarray(scales[n0:n1].T).reshape(m),
+                                         "scales")]
         names = ["A", "B", "scales"]
         zp_arg = None
         if zp is not None:
             if float_zp:  # as stored, one offset per block
                 zp_arg = np.asarray(zp).reshape(n, kb)[n0:n1]
-                side = zp_arg.reshape(m)
+                side = np.ascontiguousarray(zp_arg.T).reshape(m)
             else:  # one block per row: one code a byte, in its low bits
                 zp_arg = np.asarray(zp).reshape(n, -1)[n0:n1]
-                side = packing.pack(zp_codes[n0:n1].reshape(m, 1), bits)
+                side = packing.pack(zp_codes[n0:n1].T.reshape(m, 1), bits)
             inits.append(numpy_helper.from_array(side, "zero_points"))
             names.append("zero_points")
         proto = _probe_proto(node, names, K=block, N=m)
@@ -157,8 +161,8 @@ def _by_blocks(node: ir.Node, ir_version: int) -> Iterator[Piece]:
             "A", _FLOAT.get(dtype, 16), [block, block])], inits, ir_version)
         got = runners.ort_session(model)({"A": eye}, ["y"])["y"]
         del model, inits
-        # got[r, c·kb + j] = W[j·block + r, n0 + c]
-        got = got.reshape(block, n1 - n0, kb).transpose(2, 0, 1).reshape(kb * block, -1)[:k]
+        # got[r, j·(n1-n0) + c] = W[j·block + r, n0 + c]
+        got = got.reshape(block, kb, n1 - n0).transpose(1, 0, 2).reshape(kb * block, -1)[:k]
         want = kernel.dequantize_matmul_nbits(b[n0:n1], scales[n0:n1], zp_arg, K=k,
                                               N=n1 - n0, bits=bits, block_size=block)
         yield np.ascontiguousarray(got), want, f"columns {n0}..{n1 - 1} of W"
@@ -236,7 +240,8 @@ def _gather(node: ir.Node, ir_version: int) -> Iterator[Piece]:
     model = _model(proto, [helper.make_tensor_value_info("indices", TensorProto.INT64,
                                                          ["n"])], inits, ir_version)
     session = runners.ort_session(model)
-    step = max(1, CHUNK_BYTES // max(1, 4 * per_index))
+    # a table past runners.STREAM_BYTES opens its session again each run: few, large runs
+    step = max(1, PROBE_BYTES // max(1, 4 * per_index))
     chunks = _chunks(dim, step)
     kw = {"quantize_axis": a.get("quantize_axis", 1), "block_size": block, "bits": bits}
 
