@@ -218,7 +218,7 @@ class ScaledMatMul(OpRun):
         return (a @ (w.astype(np.float32) * s),)
 
 
-def _scaled_step(node: ir.Node, spec: QuantSpec, out):
+def _scaled_call(node: ir.Node, spec: QuantSpec, out):
     from dqtool import graph
     from dqtool.folding.kernel_call import KernelCall
 
@@ -232,8 +232,8 @@ def _fold_support():
 
     return FoldSupport(
         roots=frozenset({"ScaledMatMul"}),
-        kernels={"scaled": Kernel(lambda x, s, zp, step: x.astype(np.float32) * s)},
-        step=_scaled_step, weight_input=1,
+        kernels={"scaled": Kernel(lambda x, s, zp, call: x.astype(np.float32) * s)},
+        call=_scaled_call, weight_input=1,
         replace=lambda node, w: [ir.node("MatMul", [node.inputs[0], w], name=node.name)])
 
 
