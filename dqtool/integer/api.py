@@ -143,7 +143,7 @@ def _run(model_or_path: ModelArg, out, direction: Direction, make: Any, keep: bo
         report.model = model
         return report, model
 
-    def checker(model: ir.Model) -> storage.Check:
+    def checker(model: ir.Model) -> storage.Verifier:
         original = load_for_check(model).proto
 
         def verify(made: Any, report: IntegerReport) -> None:
@@ -152,7 +152,7 @@ def _run(model_or_path: ModelArg, out, direction: Direction, make: Any, keep: bo
             if not report.check.ok:
                 raise IntegerCheckFailed(report)
 
-        return storage.Check(verify)
+        return storage.Verifier(verify)
 
     job = storage.Job(transform, storage.Writing(external_data, shard_size, progress),
                       check=checker if check else None)

@@ -73,7 +73,10 @@ from typing import TYPE_CHECKING, Any, Protocol
 from dqtool.spec import Codec, QuantSpec
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     import numpy as np
+    import onnx
     import onnx_ir as ir
 
 Key = tuple[str, str, int]  # (domain, op_type, since_version); ai.onnx is "ai.onnx"
@@ -186,6 +189,12 @@ class FoldSupport:
     prepare: FoldPrepare | None = None
 
 
+class Reported(Protocol):
+    """What a family reports of one node to ``dqtool.inspect``."""
+
+    def to_json(self) -> dict[str, Any]: ...
+
+
 @dataclass(frozen=True)
 class InspectTable:
     """A family's own section of ``dqtool inspect``'s text, as data the command line lays
@@ -219,12 +228,84 @@ class InspectSupport:
     - ``short_ops``: a shorter op name for the table (``GatherBlockQuantized`` → ``GatherBQ``).
     """
 
-    node: Callable[[ir.Node, Mapping[str, int], str], Any | None]
+    node: Callable[[ir.Node, Mapping[str, int], str], Reported | None]
     section: str = ""
-    summary: Callable[[Sequence[Any]], dict[str, Any]] | None = None
+    summary: Callable[[Sequence[Reported]], dict[str, Any]] | None = None
     summary_lines: Callable[[Mapping[str, Any]], list[str]] | None = None
+    # (the ``dqtool.inspection.InspectReport``, which lies above the registry)
     table: Callable[[Any], InspectTable | None] | None = None
     short_ops: Mapping[str, str] = field(default_factory=dict)
+
+
+class WeightComparison(Protocol):
+    """One of a family's weights compared between a model and its conversion."""
+
+    node: str
+    op: str
+    status: str  # "bit-identical", or how it differs
+    detail: str
+    same: bool  # the checked model computes it as the original does
+    passed: bool
+
+    def to_json(self) -> dict[str, Any]: ...
+
+
+class NodeBound(Protocol):
+    """A family node's output difference on onnxruntime against a proven bound."""
+
+    node: str
+    op: str
+    status: str  # "within", "beyond", "unbounded"
+    passed: bool
+
+    def describe(self) -> str: ...
+
+    def to_json(self) -> dict[str, Any]: ...
+
+
+class PerOpEntry(Protocol):
+    """A rewritten node run alone on the original's inputs (reported, not judged)."""
+
+    comparison: Any  # its output comparison, None when it could not be measured
+
+    def describe(self) -> str: ...
+
+    def to_json(self) -> dict[str, Any]: ...
+
+
+class NumericCheck(Protocol):
+    """``check MODEL``: the family's nodes against the kernel (``NodeCheck`` each)."""
+
+    def __call__(self, proto: onnx.ModelProto, model: ir.Model,
+                 feeds: Mapping[str, np.ndarray], notes: list[str], *,
+                 external_dir: Path | None = None) -> list[Any]: ...
+
+
+class BoundsCheck(Protocol):
+    """``check --against``: each of the original's family nodes on onnxruntime in both
+    models, judged against its rounding bound."""
+
+    def __call__(self, checked: onnx.ModelProto, original: onnx.ModelProto,
+                 checked_model: ir.Model, original_model: ir.Model,
+                 feeds: Mapping[str, np.ndarray], checked_dir: Path | None,
+                 original_dir: Path | None) -> Sequence[NodeBound]: ...
+
+
+class PerOpCheck(Protocol):
+    """``check --against``: each node the checked model rewrote, run alone."""
+
+    def __call__(self, checked: onnx.ModelProto, original: onnx.ModelProto,
+                 feeds: Mapping[str, np.ndarray], original_dir: Path | None
+                 ) -> Sequence[PerOpEntry]: ...
+
+
+class OptimizedRun(Protocol):
+    """``check --against``: the checked model with every onnxruntime optimization against
+    the original (``identical``, ``mismatched``, ``error``), or None where it says
+    nothing."""
+
+    def __call__(self, checked: onnx.ModelProto, original: onnx.ModelProto,
+                 feeds: Mapping[str, np.ndarray]) -> dict[str, Any] | None: ...
 
 
 @dataclass(frozen=True)
@@ -263,16 +344,16 @@ class CheckSupport:
       optimization against the original (``identical``, ``mismatched``, ``error``).
     """
 
-    holds_weights: Callable[[Any], bool] | None = None
+    holds_weights: Callable[[onnx.ModelProto], bool] | None = None
     kind: str = ""
-    weights: Callable[[ir.Model, ir.Model], Sequence[Any]] | None = None
+    weights: Callable[[ir.Model, ir.Model], Sequence[WeightComparison]] | None = None
     weights_label: str = ""
     tolerated: str = ""
     notes: Mapping[str, str] = field(default_factory=dict)
-    numeric: Callable[..., list[Any]] | None = None
-    bounds: Callable[..., list[Any]] | None = None
-    per_op: Callable[..., Sequence[Any]] | None = None
-    optimized_run: Callable[..., dict[str, Any] | None] | None = None
+    numeric: NumericCheck | None = None
+    bounds: BoundsCheck | None = None
+    per_op: PerOpCheck | None = None
+    optimized_run: OptimizedRun | None = None
 
 
 @dataclass(frozen=True)

@@ -44,7 +44,7 @@ if TYPE_CHECKING:
     from dqtool.storage.checked_files import bind, external_like
     from dqtool.storage.commit import locations
     from dqtool.storage.data_writer import EarlyWriter
-    from dqtool.storage.driver import Check, Job, Request, Verifier, Writing, request
+    from dqtool.storage.driver import Job, Request, Verifier, Writing, request
     from dqtool.storage.early_copy import discard_early_copies, start_early_copy
     from dqtool.storage.inline_read import Holes, MappedTensor, mark_of
     from dqtool.storage.ir_version import lowest_ir_version
@@ -88,7 +88,7 @@ _MODULES = {
     "checked_files": ("bind", "external_like"),
     "commit": ("locations",),
     "data_writer": ("EarlyWriter",),
-    "driver": ("Check", "Job", "Request", "Verifier", "Writing", "request"),
+    "driver": ("Job", "Request", "Verifier", "Writing", "request"),
     "early_copy": ("discard_early_copies", "start_early_copy"),
     "inline_read": ("Holes", "MappedTensor", "mark_of"),
     "ir_version": ("lowest_ir_version",),
@@ -108,7 +108,6 @@ __all__ = [
     "INLINE_LIMIT",
     "MAX_ONNX_OPSET",
     "SOURCES",
-    "Check",
     "EarlyWriter",
     "Holes",
     "Job",

@@ -53,9 +53,6 @@ class Verifier:
     from_files: bool = False
 
 
-# The old name, kept while dqtool/integer/api.py (edited elsewhere, 2026-11-28) uses it.
-Check = Verifier
-
 
 @dataclass(frozen=True)
 class Writing:
