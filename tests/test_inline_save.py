@@ -321,8 +321,7 @@ def early(monkeypatch, stream_everything):
     from dqtool.storage import early_copy
 
     monkeypatch.setattr(early_copy, "MIN_BYTES", 0)
-    yield early_copy
-    early_copy.discard_early_copies()
+    return early_copy
 
 
 def _kept_spy(monkeypatch) -> list[tuple[int, int]]:
@@ -345,8 +344,11 @@ def test_an_early_copy_of_the_input_is_kept_where_it_matches(tmp_path, early, mo
     ir.save(ir.load(MODELS / "ort_qdq_per_channel.onnx"), src)
     dqtool.upgrade(src, 25, tmp_path / "plain.onnx")
     seen = _kept_spy(monkeypatch)
-    early.start_early_copy(src, tmp_path / "out.onnx")
-    dqtool.upgrade(src, 25, tmp_path / "out.onnx")
+    copy = early.start_early_copy(src, tmp_path / "out.onnx")
+    try:
+        dqtool.upgrade(src, 25, tmp_path / "out.onnx", started_copy=copy)
+    finally:
+        copy.discard()
     assert seen and seen[0][0] == seen[0][1] > 0  # every payload was already in place
     assert (tmp_path / "out.onnx").read_bytes() == (tmp_path / "plain.onnx").read_bytes()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["m.onnx", "out.onnx", "plain.onnx"]
@@ -357,15 +359,17 @@ def test_an_early_copy_of_a_replaced_input_is_not_used(tmp_path, early, monkeypa
 
     src = tmp_path / "m.onnx"
     src.write_bytes((MODELS / "ort_qdq_per_tensor.onnx").read_bytes())
-    early.start_early_copy(src, tmp_path / "out.onnx")
-    copy = early._pending[early._key(src, tmp_path / "out.onnx")]
+    copy = early.start_early_copy(src, tmp_path / "out.onnx")
     copy.join()
     other = tmp_path / "other.onnx"
     other.write_bytes((MODELS / "ort_qdq_per_channel.onnx").read_bytes())
     os.replace(other, src)  # the input changes after the copy started
     dqtool.upgrade(src, 25, tmp_path / "plain.onnx")  # no early copy for this output
     seen = _kept_spy(monkeypatch)
-    dqtool.upgrade(src, 25, tmp_path / "out.onnx")
+    try:
+        dqtool.upgrade(src, 25, tmp_path / "out.onnx", started_copy=copy)
+    finally:
+        copy.discard()
     assert seen == [] or seen[0][0] == 0
     assert (tmp_path / "out.onnx").read_bytes() == (tmp_path / "plain.onnx").read_bytes()
 
@@ -382,7 +386,6 @@ def test_the_cli_leaves_no_early_copy_behind(tmp_path, early, args, code):
     assert r.exit_code == code, r.output
     assert sorted(p.name for p in tmp_path.iterdir()) == (["m.onnx", "o.onnx"] if code == 0
                                                          else ["m.onnx"])
-    assert early._pending == {}
 
 
 @pytest.mark.parametrize("dtype", [TP.INT4, TP.UINT4, TP.FLOAT4E2M1])

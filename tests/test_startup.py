@@ -162,3 +162,14 @@ def test_the_fused_converter_does_not_load_the_fold() -> None:
         print(before, "dqtool.folding" in sys.modules, type(rows).__name__)
     """)
     assert out == "False True PackedRows"
+
+
+def test_the_early_copy_starts_before_the_libraries_load() -> None:
+    # upgrade starts copying a large input (storage.start_early_copy) before it imports
+    # NumPy, onnx and onnx_ir, so that the copy overlaps their ~0.3 s.
+    out = _run("""
+        import sys
+        from dqtool.storage import start_early_copy
+        print(sorted(m for m in ("numpy", "onnx", "onnx_ir") if m in sys.modules))
+    """)
+    assert out.strip() == "[]"

@@ -22,19 +22,21 @@ from dqtool.cli.options import parse_size, progress_bar, writer_options
 def _run(app: App, direction: str, model: str, opset: int, out: str | None, as_json: bool,
          in_place: bool, external_data: bool, shard_size: str | None, progress: bool | None,
          **kwargs: Any) -> None:
-    from dqtool.storage import discard_early_copies, start_early_copy
+    from dqtool.storage import start_early_copy
 
     if out is not None and in_place:  # before anything is copied or written
         app.abort("give either --output or --in-place, not both", 2)
     # A large input starts copying to the output's folder now, while the imports below
     # run; the save keeps what is still in place (see dqtool/storage/early_copy.py).
+    copy = None
     if not external_data and shard_size is None and not kwargs.get("to_qdq"):
-        start_early_copy(model, model if in_place else out)
+        copy = start_early_copy(model, model if in_place else out)
     try:
         _convert(app, direction, model, opset, out, as_json, in_place, external_data,
-                 shard_size, progress, **kwargs)
+                 shard_size, progress, started_copy=copy, **kwargs)
     finally:
-        discard_early_copies()
+        if copy is not None:
+            copy.discard()
 
 
 def _convert(app: App, direction: str, model: str, opset: int, out: str | None,

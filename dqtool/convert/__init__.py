@@ -48,7 +48,8 @@ def upgrade(model_or_path: ModelArg, opset: int, out: str | os.PathLike | None =
             registry: Registry | None = None, external_data: bool | None = None,
             shard_size: int | None = None, progress: Callable | None = None,
             keep_contrib: bool = False, handwritten: bool = False,
-            while_writing: Callable[[ConvertReport], None] | None = None) -> ConvertReport:
+            while_writing: Callable[[ConvertReport], None] | None = None,
+            started_copy: storage.EarlyCopy | None = None) -> ConvertReport:
     """Move the model's ai.onnx opset up to ``opset``; com.microsoft / opmx Q/DQ become
     ai.onnx where ``opset`` expresses them; invalid Q/DQ that ``opset`` accepts are repaired.
     ``per_axis`` also rewrites every blocked DequantizeLinear to per-axis. com.microsoft
@@ -57,12 +58,15 @@ def upgrade(model_or_path: ModelArg, opset: int, out: str | os.PathLike | None =
     (Cast → Sub → Mul) into DequantizeLinear, exactly (``dqtool.handwritten``).
     ``registry``: the adapters to use (default: every registered family's).
     ``external_data``, ``shard_size``, ``progress``, ``while_writing``: how the output is
-    written (``dqtool.storage.Writing``, and ``Job.while_writing``)."""
+    written (``dqtool.storage.Writing``, and ``Job.while_writing``); ``started_copy``: a
+    copy of the input started ahead (``dqtool.storage.start_early_copy``), which the caller
+    discards when done."""
     return _convert(model_or_path, opset, out, "upgrade",
                     Options(per_axis=per_axis, keep_contrib=keep_contrib,
                             handwritten=handwritten),
                     check, in_place, registry,
-                    storage.Writing(external_data, shard_size, progress), while_writing)
+                    storage.Writing(external_data, shard_size, progress, started_copy),
+                    while_writing)
 
 
 def downgrade(model_or_path: ModelArg, opset: int, out: str | os.PathLike | None = None, *,
@@ -70,8 +74,8 @@ def downgrade(model_or_path: ModelArg, opset: int, out: str | os.PathLike | None
               in_place: bool = False, registry: Registry | None = None,
               external_data: bool | None = None, shard_size: int | None = None,
               progress: Callable | None = None, keep_contrib: bool = False,
-              while_writing: Callable[[ConvertReport], None] | None = None
-              ) -> ConvertReport:
+              while_writing: Callable[[ConvertReport], None] | None = None,
+              started_copy: storage.EarlyCopy | None = None) -> ConvertReport:
     """Lower the model to ``opset`` by exact rewrites, or refuse with the reason;
     ``allow_decompose`` turns a DequantizeLinear no version at ``opset`` expresses into
     Cast/Sub/Mul (exact, but no longer a QDQ pattern). Other options as ``upgrade``."""
@@ -79,7 +83,8 @@ def downgrade(model_or_path: ModelArg, opset: int, out: str | os.PathLike | None
                     Options(per_axis=per_axis, allow_decompose=allow_decompose,
                             keep_contrib=keep_contrib), check,
                     in_place, registry,
-                    storage.Writing(external_data, shard_size, progress), while_writing)
+                    storage.Writing(external_data, shard_size, progress, started_copy),
+                    while_writing)
 
 
 def _early(options: Options, opset: int, reg: Registry) -> Callable[[ir.Model], str]:

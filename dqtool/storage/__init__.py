@@ -12,7 +12,7 @@ What it offers:
   ``no_overwrite_of_input``, ``uses_external_data``, ``tensor_bytes``, ``INLINE_LIMIT``,
   ``lowest_ir_version``), the data file started before a transform (``start_data_copy``,
   ``start_early_writer``, ``EarlyWriter``, ``discard_early``), the early copy of a large
-  inline input (``start_early_copy``, ``discard_early_copies``), and the data files a
+  inline input (``start_early_copy``, an ``EarlyCopy``), and the data files a
   model file names (``locations``);
 - the one driver of every writing command: ``request``, ``Request``, ``Job``,
   ``Writing``, ``Verifier`` (``Check``, its old name, while dqtool/integer/api.py uses it);
@@ -45,7 +45,7 @@ if TYPE_CHECKING:
     from dqtool.storage.commit import locations
     from dqtool.storage.data_writer import EarlyWriter
     from dqtool.storage.driver import Job, Request, Verifier, Writing, request
-    from dqtool.storage.early_copy import discard_early_copies, start_early_copy
+    from dqtool.storage.early_copy import EarlyCopy, start_early_copy
     from dqtool.storage.inline_read import Holes, MappedTensor, mark_of
     from dqtool.storage.ir_version import lowest_ir_version
     from dqtool.storage.loading import (
@@ -89,7 +89,7 @@ _MODULES = {
     "commit": ("locations",),
     "data_writer": ("EarlyWriter",),
     "driver": ("Job", "Request", "Verifier", "Writing", "request"),
-    "early_copy": ("discard_early_copies", "start_early_copy"),
+    "early_copy": ("EarlyCopy", "start_early_copy"),
     "inline_read": ("Holes", "MappedTensor", "mark_of"),
     "ir_version": ("lowest_ir_version",),
     "loading": ("MAX_ONNX_OPSET", "SOURCES", "inline_external", "load", "read_all_external",
@@ -108,6 +108,7 @@ __all__ = [
     "INLINE_LIMIT",
     "MAX_ONNX_OPSET",
     "SOURCES",
+    "EarlyCopy",
     "EarlyWriter",
     "Holes",
     "Job",
@@ -119,7 +120,6 @@ __all__ = [
     "Writing",
     "bind",
     "discard_early",
-    "discard_early_copies",
     "external_choice",
     "external_like",
     "file_codes",

@@ -25,8 +25,6 @@ import stat
 from collections.abc import Iterable
 from pathlib import Path
 
-from dqtool.storage import inline_read
-
 DATA_SUFFIX = ".data"
 MODEL_SUFFIX = ".onnx"
 # onnx_ir's shard marker (``onnx_ir._shard_filename``): ``name-00001-of-00003.ext``.
@@ -40,9 +38,12 @@ class Unreadable(Exception):
 def locations(model_file: Path) -> set[str]:
     """The external-data locations a model file names (its payloads are not read);
     ``Unreadable`` if it does not parse."""
+    # Imported here: the early copy (``early_copy``, through ``commit``) starts before a
+    # command imports onnx_ir, NumPy and onnx (~0.3 s), which this module must not pull in.
     import onnx
     from onnx import external_data_helper
 
+    from dqtool.storage import inline_read
 
     try:
         lean = inline_read.read(model_file)

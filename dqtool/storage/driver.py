@@ -22,6 +22,7 @@ import onnx_ir as ir
 
 from dqtool.errors import UsageError
 from dqtool.storage import data_writer
+from dqtool.storage.early_copy import EarlyCopy
 from dqtool.storage.loading import load
 from dqtool.storage.saving import (
     discard_early,
@@ -64,6 +65,9 @@ class Writing:
     external_data: bool | None = None
     shard_size: int | None = None
     progress: Callable | None = None
+    # a copy of the input started as the command began (``start_early_copy``); the
+    # caller discards it when the command ends
+    started_copy: EarlyCopy | None = None
 
     def __post_init__(self) -> None:
         if self.shard_size is not None and self.shard_size <= 0:
@@ -155,7 +159,8 @@ class Job(Generic[R]):
                        callback=self.writing.progress,
                        verify=None if verify is None or not from_files else
                        lambda path: verify.run(path, result), early=early,
-                       while_writing=None if tell is None else lambda: tell(result))
+                       while_writing=None if tell is None else lambda: tell(result),
+                       started_copy=self.writing.started_copy)
         return result, made, written
 
     def _start_early(self, model: ir.Model, req: Request

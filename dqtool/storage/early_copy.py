@@ -21,9 +21,6 @@ from dqtool.storage import commit
 MIN_BYTES = 256 << 20
 CHUNK = 64 << 20  # cancellation is checked between chunks
 
-_pending: dict[tuple[str, str], EarlyCopy] = {}
-
-
 class EarlyCopy(threading.Thread):
     """The whole input copied to ``temp.path / out_name`` by a background thread."""
 
@@ -56,6 +53,11 @@ class EarlyCopy(threading.Thread):
         self.join()
         return self.stat if self.error is None and not self.cancelled.is_set() else None
 
+    def serves(self, src: str | os.PathLike, out: str | os.PathLike) -> bool:
+        """Whether this is the copy of ``src`` for a save to ``out``."""
+        return (os.path.realpath(self.src), os.path.realpath(self.out)) == (
+            os.path.realpath(src), os.path.realpath(out))
+
     def discard(self) -> None:
         self.cancelled.set()
         if self.ident is not None:
@@ -63,41 +65,27 @@ class EarlyCopy(threading.Thread):
         self.temp.remove()
 
 
-def _key(src: str | os.PathLike, out: str | os.PathLike) -> tuple[str, str]:
-    return os.path.realpath(src), os.path.realpath(out)
-
-
-def start_early_copy(src: str | os.PathLike, out: str | os.PathLike | None) -> None:
-    """Start copying ``src`` for a save to ``out`` when it is a large regular file and the
-    output's folder takes a temporary folder; otherwise nothing (the save writes as
-    always)."""
+def start_early_copy(src: str | os.PathLike, out: str | os.PathLike | None
+                     ) -> EarlyCopy | None:
+    """A copy of ``src`` started for a save to ``out`` when it is a large regular file and
+    the output's folder takes a temporary folder; else None (the save writes as always).
+    The caller hands it to the save (``Writing.started_copy``) and discards it when the
+    command ends, saved or not (``EarlyCopy.discard``: a copy the save took is gone)."""
     if out is None or os.fspath(out).endswith(("/", os.sep)):
-        return
+        return None
     try:
         st = os.stat(src)
         if not stat.S_ISREG(st.st_mode) or st.st_size < MIN_BYTES:
-            return
+            return None
         out_path = Path(out)
         parent = out_path.parent.resolve()
         if not parent.is_dir() or (os.path.lexists(out_path)
                                    and not os.path.isfile(out_path)):
-            return
+            return None
 
         temp = commit.Temp(parent, out_path.name)
     except (OSError, ValueError):
-        return
+        return None
     copy = EarlyCopy(Path(src), out_path, temp)
-    _pending[_key(src, out)] = copy
     copy.start()
-
-
-def take(src: str | os.PathLike, out: str | os.PathLike) -> EarlyCopy | None:
-    """The copy started for this save, handed over (the caller discards it when done)."""
-    return _pending.pop(_key(src, out), None)
-
-
-def discard_early_copies() -> None:
-    """Stop and remove every copy not taken (a command that failed or wrote nothing)."""
-    while _pending:
-        _, copy = _pending.popitem()
-        copy.discard()
+    return copy

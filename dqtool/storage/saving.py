@@ -62,6 +62,7 @@ def save(
     verify: Callable[[Path], None] | None = None,
     early: data_writer.DataFileCopy | data_writer.EarlyWriter | None = None,
     while_writing: Callable[[], None] | None = None,
+    started_copy: early_copy.EarlyCopy | None = None,
 ) -> list[Path]:
     """Write ``model`` to ``out`` atomically; returns the files written.
 
@@ -77,7 +78,9 @@ def save(
     the input's data already being copied in; or (from ``start_early_writer``) with the
     tensors the conversion made already being written. ``while_writing()`` is called once the
     model file is written, while its external data may still be (a command prints its
-    summary meanwhile); nothing is in place yet.
+    summary meanwhile); nothing is in place yet. ``started_copy``: a copy of the input
+    started as the command began (``early_copy.start_early_copy``), which an inline model
+    is written over where it still matches.
     """
     out = output_path(out)
     external = external_choice(model, external)
@@ -105,7 +108,7 @@ def save(
                         max_shard_size_bytes=shard_size, callback=callback,
                         max_workers=2)
             else:
-                _write_inline(model, tmp / out.name, out)
+                _write_inline(model, tmp / out.name, out, started_copy)
             if while_writing is not None:
                 while_writing()
         empty = tmp / data
@@ -126,11 +129,14 @@ def save(
         temp.remove()
 
 
-def _write_inline(model: ir.Model, path: Path, out: Path) -> None:
-    """Stream the model to ``path``, over the input's copy when one was started early for
-    this output (``early_copy``) and it is still the file the model was loaded from."""
+def _write_inline(model: ir.Model, path: Path, out: Path,
+                  started_copy: early_copy.EarlyCopy | None) -> None:
+    """Stream the model to ``path``, over ``started_copy`` when it is the input's copy
+    started early for this output (``early_copy``) and still the file the model was loaded
+    from."""
     sources = model.meta.get(SOURCES)
-    early = early_copy.take(sources[0], out) if sources is not None else None
+    early = started_copy if sources is not None and started_copy is not None \
+        and started_copy.serves(sources[0], out) else None
     if early is None:
         inline_write.write(model, path)
         return
