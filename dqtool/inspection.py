@@ -30,7 +30,7 @@ class NodeReport:
     extras: tuple[tuple[str, Any], ...] = ()
 
     @property
-    def fused(self) -> bool:
+    def inside_operator(self) -> bool:
         """The dequantization lives inside another operator (not a Q/DQ node)."""
         return self.kind != "qdq"
 
@@ -174,9 +174,9 @@ def _opsets(model: ir.Model) -> dict[str, int]:
 def summarize(model: ir.Model, nodes: list[NodeReport]) -> dict[str, Any]:
     """The shared summary fields; a family's nodes (``fused``) count in the types, the
     lowest opset and the bytes, and its own fields come from its ``summary`` hook."""
-    fused = [n for n in nodes if n.fused]
+    inside = [n for n in nodes if n.inside_operator]
     every = nodes
-    nodes = [n for n in nodes if not n.fused]
+    nodes = [n for n in nodes if not n.inside_operator]
 
     def count(key, among=None) -> dict[str, int]:
         return dict(sorted(Counter(key(n) for n in (nodes if among is None else among)
@@ -188,7 +188,7 @@ def summarize(model: ir.Model, nodes: list[NodeReport]) -> dict[str, Any]:
     lowest = None if not_expressible else max(
         (n.lowest_onnx_opset for n in typed), default=None)
     weights = [n for n in dq if n.spec.x_constant or n.spec.x_from_quantize]
-    weights += [n for n in fused if n.spec.x_constant]
+    weights += [n for n in inside if n.spec.x_constant]
     stored = [n.bytes_stored for n in weights]
     folded = [n.bytes_folded for n in weights]
     return {

@@ -38,7 +38,7 @@ def test_fold_matmul_nbits_into_float_matmul(bits, zp, dtype):
     ops = [n.op_type for n in folded.graph.node]
     assert "MatMulNBits" not in ops and "DequantizeLinear" not in ops and "MatMul" in ops
     assert _quantized_inits(folded) == []
-    assert report.fused == ["mm"] and len(report.folded) == 1
+    assert report.prepared == ["mm"] and len(report.folded) == 1
     assert {o.domain for o in folded.opset_import} == {""}
     eye = {"A": np.eye(100, dtype=dtype)}
     assert np.array_equal(bits_of(run_ort(original, eye)[0]), bits_of(run_ort(folded, eye)[0]))
@@ -115,9 +115,9 @@ def test_the_selection_picks_fused_nodes_and_leaves_the_others_untouched(options
                                                                           left):
     original = _two_node_model()
     report = dqtool.fold(ir.serde.deserialize_model(original), **options)
-    assert sorted(report.fused) == folded
-    assert sorted(n for n, _ in report.fused_left) == left
-    assert all(why.startswith("not selected: ") for _, why in report.fused_left)
+    assert sorted(report.prepared) == folded
+    assert sorted(n for n, _ in report.prepared_left) == left
+    assert all(why.startswith("not selected: ") for _, why in report.prepared_left)
     out = ir.serde.serialize_model(report.model)
     ops = sorted(n.op_type for n in out.graph.node)
     # a selected node is folded all the way (its new DequantizeLinear too, though the
@@ -174,7 +174,7 @@ def test_float_zero_points_fold_into_one_weight_rounded_once(dtype, store, want_
     assert rec.op == "com.microsoft:MatMulNBits-1" and rec.shape == (96, 16)
     assert rec.stored_type == np.dtype(want_type).name
     assert (rec.rounding is not None) == (np.dtype(want_type) != np.dtype(dtype))
-    assert report.fused == ["mm"]
+    assert report.prepared == ["mm"]
 
 
 @pytest.mark.parametrize(("dtype", "store"), [(np.float32, "keep"), (np.float16, "keep"),

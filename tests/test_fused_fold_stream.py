@@ -33,7 +33,7 @@ def test_streamed_fold_matches_the_kernel(tmp_path, monkeypatch, k, n, bits, blo
     onnx.save(nbits_model(k, n, bits, block, inputs, dtype=dtype), src)
     out = tmp_path / "f.onnx"
     report = dqtool.fold(str(src), str(out), dtype=store, external_data=True)
-    assert report.fused == ["mm"] and len(report.folded) == 1
+    assert report.prepared == ["mm"] and len(report.folded) == 1
     m = onnx.load(out, load_external_data=False)
     (w,) = [t for t in m.graph.initializer if t.dims == [k, n]]
     assert w.data_location == onnx.TensorProto.EXTERNAL  # streamed in chunks

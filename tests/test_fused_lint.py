@@ -253,7 +253,7 @@ def test_an_invalid_fused_node_gets_no_fix(tmp_path, target):
     [found] = [f for f in dqtool.lint(path, target=target).findings if f.code == "DQ109"]
     assert found.fix is None
     report = dqtool.fold(path)
-    assert report.folded == [] and [n for n, _ in report.fused_left] == ["mm"]
+    assert report.folded == [] and [n for n, _ in report.prepared_left] == ["mm"]
 
 
 def test_check_counts_an_invalid_fused_node(tmp_path):

@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 
-from dqtool import types
+from dqtool import registry, types
 from dqtool.errors import InputError, UsageError
 
 DEFAULT_DIM = 1
@@ -170,10 +170,10 @@ def resolve_shape(spec: InputSpec, shapes: Mapping[str, tuple[int, ...]],
 
 
 def index_bounds(model: onnx.ModelProto) -> dict[str, int]:
-    """Inputs that index a constant table (``Gather``, ``GatherBlockQuantized``; the table
-    an initializer or its DequantizeLinear): input name → the table's size along the
-    gathered axis (the smallest, if several). An index drawn outside it would make every
-    run fail."""
+    """Inputs that index a constant table (``Gather``, or a family's operator that gathers:
+    ``Family.gathers``; the table an initializer or its DequantizeLinear): input name → the
+    table's size along the gathered axis (the smallest, if several). An index drawn
+    outside it would make every run fail."""
     tables = {t.name: tuple(t.dims) for t in model.graph.initializer}
     for node in model.graph.node:  # a dequantized table (upgrade's Gather) has its shape
         if node.op_type == "DequantizeLinear" and node.input and node.input[0] in tables:
@@ -183,10 +183,11 @@ def index_bounds(model: onnx.ModelProto) -> dict[str, int]:
     for node in model.graph.node:
         if (node.domain, node.op_type) in (("", "Gather"), ("ai.onnx", "Gather")):
             key = "axis"
-        elif (node.domain, node.op_type) == ("com.microsoft", "GatherBlockQuantized"):
-            key = "gather_axis"
         else:
-            continue
+            family = registry.owner(node.domain or "ai.onnx", node.op_type)
+            key = family.gathers.get(node.op_type) if family is not None else None
+            if key is None:
+                continue
         if len(node.input) < 2 or node.input[1] not in inputs or node.input[0] not in tables:
             continue
         dims = tables[node.input[0]]

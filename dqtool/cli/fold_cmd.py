@@ -37,13 +37,13 @@ def render(app: App, report) -> None:
     for left in report.left:
         tag = "refused" if left.refused else "left"
         _line(app, f"{tag} {left.name} [{left.graph}]: {left.reason}")
-    if report.fused:
+    if report.prepared:
         # Which ops these are is the family's business: the line names the nodes.
-        _line(app, f"{len(report.fused)} fused node(s) (dequantization inside the operator) "
+        _line(app, f"{len(report.prepared)} fused node(s) (dequantization inside the operator) "
                    f"rewritten exactly into DequantizeLinear form before folding (or "
                    f"folded whole, listed above): "
-                   f"{_some(report.fused)}")
-    for name, why in report.fused_left:
+                   f"{_some(report.prepared)}")
+    for name, why in report.prepared_left:
         _line(app, f"left fused {name}: {why}")
     if report.handwritten:
         _line(app, f"{len(report.handwritten)} hand-written dequantization(s) (Cast → Sub → Mul) "
@@ -53,7 +53,7 @@ def render(app: App, report) -> None:
         _line(app, f"left hand-written {name}: {why}")
     _line(app,
         f"{len(report.folded)} {verb}, {len(report.left)} left ({len(report.refused)} "
-        f"refused)" + (f", {len(report.fused_left)} fused left" if report.fused_left else "")
+        f"refused)" + (f", {len(report.prepared_left)} fused left" if report.prepared_left else "")
         + f"; initializers {_size(report.bytes_before)} → {_size(report.bytes_after)}; "
         f"removed {len(report.removed)}, kept {len(report.kept)} still used"
         + (f"; {report.guarded} prepack-guarded" if report.guarded else ""))

@@ -41,7 +41,7 @@ def _row(n, short_ops: dict[str, str], wide: bool) -> list[str]:
     s = n.spec
     dom = "" if s.domain == "ai.onnx" else f"{_SHORT.get(s.domain, s.domain)}:"
     op = f"{dom}{'DQ' if s.is_dequantize else 'Q'}-{s.version}"
-    if n.fused:
+    if n.inside_operator:
         op = f"{dom}{short_ops.get(s.op, s.op)}-{s.version}"
     gran = {"per-tensor": "tensor", "per-axis": f"axis {s.axis}",
             "blocked": f"axis {s.axis} block {s.block_size}"}.get(s.granularity or "", "?")
@@ -65,7 +65,7 @@ def render(app: App, report) -> None:
 
     supports = registry.inspect_supports()
     short_ops = {op: short for s in supports for op, short in s.short_ops.items()}
-    kinds = Counter(n.kind for n in report.nodes if n.fused)
+    kinds = Counter(n.kind for n in report.nodes if n.inside_operator)
     title = f"{report.input}: {len(report.nodes) - sum(kinds.values())} Q/DQ nodes"
     for kind, count in kinds.items():
         title += f", {count} {kind} (dequantization inside an operator)"

@@ -92,7 +92,8 @@ def _fold_model(model: ir.Model, req: storage.Request, selection: Selection, dty
     preparing = [f for f, _ in registry.fold_prepares()]
     own_types = {s.node.op_type for s in graph.walk(model)
                  if registry.owner(s.node.domain, s.node.op_type) in preparing}
-    unfused, fused_left, made, prefolded = _prepare(model, selection, _DTYPE_NAMES[dtype])
+    prepared, prepared_left, made, prefolded = _prepare(model, selection,
+                                                        _DTYPE_NAMES[dtype])
     # Dequantization written by hand (Cast → Sub → Mul) becomes its exact DequantizeLinear
     # first, where the selection picks it; the pass folds it like any other.
     hand, hand_left, hand_made = handwritten.insert_in_place(
@@ -112,7 +113,8 @@ def _fold_model(model: ir.Model, req: storage.Request, selection: Selection, dty
         bytes_before=before,
         bytes_after=storage.tensor_bytes(model), ir_version=model.ir_version,
         opset_imports=dict(model.opset_imports), model=None if dry_run else model,
-        fused=unfused, fused_left=fused_left, handwritten=hand, handwritten_left=hand_left,
+        prepared=prepared, prepared_left=prepared_left, handwritten=hand,
+        handwritten_left=hand_left,
     )
 
 

@@ -94,8 +94,10 @@ class FoldReport:
     external_data: bool = False
     seconds: float = 0.0
     model: ir.Model | None = field(default=None, repr=False)  # the folded model
-    fused: list[str] = field(default_factory=list)  # fused nodes rewritten into DQ form first
-    fused_left: list[tuple[str, str]] = field(default_factory=list)  # (name, why) left fused
+    # nodes a family rewrote into DequantizeLinear form first (``FoldSupport.prepare``: a
+    # fused MatMul), and those it left, with why (JSON: "fused", "fused_left")
+    prepared: list[str] = field(default_factory=list)
+    prepared_left: list[tuple[str, str]] = field(default_factory=list)
     # hand-written dequantization (Cast → Sub → Mul) rewritten into DQ form first (the name
     # of each pattern's last node), and those left, with why
     handwritten: list[str] = field(default_factory=list)
@@ -121,12 +123,12 @@ class FoldReport:
                 "bytes_before": self.bytes_before, "bytes_after": self.bytes_after,
                 "removed_initializers": len(self.removed),
                 "kept_initializers": len(self.kept), "prepack_guarded": self.guarded,
-                "fused_unfused": len(self.fused), "fused_left": len(self.fused_left),
+                "fused_unfused": len(self.prepared), "fused_left": len(self.prepared_left),
                 "handwritten": len(self.handwritten),
                 "handwritten_left": len(self.handwritten_left),
             },
-            "fused": list(self.fused),
-            "fused_left": [{"name": n, "reason": r} for n, r in self.fused_left],
+            "fused": list(self.prepared),
+            "fused_left": [{"name": n, "reason": r} for n, r in self.prepared_left],
             "handwritten": list(self.handwritten),
             "handwritten_left": [{"name": n, "reason": r} for n, r in self.handwritten_left],
             "folded": [n.to_json() for n in self.folded],

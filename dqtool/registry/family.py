@@ -48,6 +48,10 @@ Each capability is optional (``None``: the family does not offer it):
   opmx). Validation refuses a model that gives one of them another type, when it is
   loaded (every command alike), so codecs and kernels read only the types named here
   (ai.onnx operators are held to onnx's own schemas).
+- ``gathers``: op type → the attribute naming the axis along which the operator's input 1
+  (indices) reads its input 0 (a table), for the family's operators that gather
+  (``GatherBlockQuantized``: ``gather_axis``): ``check`` draws generated indices inside
+  the table.
 - ``lint_modules``: modules (dotted names) that define lint rules (``linting.registry.
   define``/``check``) or targets (a ``TARGETS`` list) for the family; imported when lint
   loads its registries. Such a module may also define ``target_findings(ctx, target)``,
@@ -372,6 +376,7 @@ class Family:
     inspect: Callable[[], InspectSupport] | None = None
     check: Callable[[], CheckSupport] | None = None
     attribute_types: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
+    gathers: Mapping[str, str] = field(default_factory=dict)
 
     @property
     def domains(self) -> frozenset[str]:

@@ -109,6 +109,7 @@ FAMILY = Family(
     inspect=_inspect,
     check=_check,
     # onnxruntime's schemas (onnxruntime/core/graph/contrib_ops/contrib_defs.cc)
+    gathers={"GatherBlockQuantized": "gather_axis"},
     attribute_types={
         "MatMulNBits": dict.fromkeys(("K", "N", "bits", "block_size", "accuracy_level",
                                       "weight_prepacked"), "INT"),
