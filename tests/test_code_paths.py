@@ -25,10 +25,28 @@ AVX2 = {"AVX2": True}
     ("x86_64", {}, None, "x86-64-sse"),
     ("aarch64", {"ASIMD": True, "ASIMDDP": True}, False, "arm64-dotprod"),
     ("aarch64", {"ASIMD": True}, False, "arm64-neon"),
+    ("aarch64", {"ASIMD": True, "ASIMDDP": True, "I8MM": True}, False, "arm64-i8mm"),
+    ("aarch64", {"ASIMDDP": True, "I8MM": True, "SVE": True}, False, "arm64-sve"),
     ("riscv64", {}, None, "riscv64"),
 ])
 def test_path_names(machine, features, saturates, name):
     assert cpu_path.name_for(machine, features, saturates) == name
+
+
+def _auxv(hwcap: int, hwcap2: int) -> bytes:
+    import struct
+
+    return struct.pack("<8Q", 6, 4096, 16, hwcap, 26, hwcap2, 0, 0)
+
+
+@pytest.mark.parametrize(("hwcap", "hwcap2", "want"), [
+    # as qemu-aarch64 7.2 reports them (2026-11-28): -cpu cortex-a72, neoverse-n1, max
+    (0x8fb, 0x0, {"ASIMDDP": False, "SVE": False, "I8MM": False}),
+    (0x119ffb, 0x0, {"ASIMDDP": True, "SVE": False, "I8MM": False}),
+    (0xecfffffb, 0x7f877fff, {"ASIMDDP": True, "SVE": True, "I8MM": True}),
+])
+def test_arm_hwcaps_from_the_auxiliary_vector(hwcap, hwcap2, want):
+    assert cpu_path.arm_hwcaps(_auxv(hwcap, hwcap2)) == want
 
 
 def test_the_probe_names_this_machine_and_says_what_it_saw():
@@ -111,7 +129,8 @@ def test_every_entry_is_keyed_by_known_paths_and_measured_releases():
         assert set(d.paths) <= set(cpu_path.DESCRIPTIONS), d.key
         assert d.releases and all(r.count(".") == 1 for r in d.releases)
         assert d.measured and d.ops
-        assert (d.ulps is None) == (d.key == "u8s8-pair-saturation")
+        # a size for every entry but the one check reruns with its exact emulation
+        assert (d.ulps is None and d.steps is None) == (d.key == "u8s8-pair-saturation")
 
 
 def _mm_model():

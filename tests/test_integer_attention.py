@@ -17,7 +17,7 @@ from onnx import TensorProto as TP
 from onnx import helper, numpy_helper
 
 import dqtool
-from dqtool.families.integer import attention, mlas, ort_facts
+from dqtool.families.integer import attention, kernel, mlas, ort_facts
 from dqtool.runtimes.onnxruntime import installed_version, release_of
 
 MS = "com.microsoft"
@@ -86,15 +86,56 @@ def _bits(a: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(a).view(np.int32)
 
 
-@pytest.mark.parametrize("seed", SEEDS)
-def test_bit_identical_to_onnxruntime(seed, monkeypatch):
+def _neon_qkv(x, w, bias, x_scale, w_scale, x_zp=None, w_zp=None) -> np.ndarray:
+    """``attention.qkv`` with NEON's scale and bias fused (entry neon-attention)."""
+    xz = np.asarray(0 if x_zp is None else int(np.asarray(x_zp).reshape(-1)[0]))
+    wz = np.zeros((), np.int64) if w_zp is None else np.asarray(w_zp).astype(np.int64)
+    acc = kernel.integer_matmul(x, xz, w, wz.reshape(()) if wz.size == 1 else wz)
+    ws = np.asarray(w_scale, np.float32)
+    scale = (ws.reshape(-1) if ws.size > 1 else ws.reshape(())) * np.float32(
+        np.asarray(x_scale, np.float32).reshape(-1)[0])
+    return mlas.neon_scale_bias(acc.astype(np.int32), scale.astype(np.float32), bias)
+
+
+def _general_dot_rows(v, rows, c):
+    """arm64's SGEMM has no single-row kernels: ``rows · v`` accumulated in order with
+    fused multiply-adds, as its general kernel does, then ``c`` added (one rounding, as
+    alpha 1 · acc + mask)."""
+    out = attention._fma_matmul(rows, v[..., None])[..., 0]
+    return out if c is None else (out + c).astype(np.float32)
+
+
+def _through_path(monkeypatch) -> None:
+    """The spec, or this CPU path's entries: u8s8-pair-saturation's emulation, or on arm64
+    neon-attention's (the fused Q/K/V scaling, the 4-lane softmax, the general SGEMM
+    kernel for single rows and columns) in the kernel's place for the test."""
     paths.patch_accumulation(monkeypatch)
-    c = _case(seed)
-    want = run_ort(_model(c), {"x": c["x"]})
-    got = _kernel(c)
-    for g, w in zip(got, want, strict=True):
+    if paths.entry("neon-attention", QATT) is not None:
+        monkeypatch.setattr(attention, "qkv", _neon_qkv)
+        monkeypatch.setattr(attention, "softmax", mlas.neon_softmax)
+        monkeypatch.setattr(attention, "_row_matmul", attention._fma_matmul)
+        monkeypatch.setattr(attention, "_dot_rows", _general_dot_rows)
+
+
+def _same(got, want, spec) -> None:
+    """onnxruntime's outputs (``want``) against the kernel through this path's entries
+    (``got``), bit for bit (or a float-routines entry's ulps); and against the kernel's
+    own outputs (``spec``, computed before any emulation) within neon-attention's size
+    where it applies."""
+    dev = paths.entry("neon-attention", QATT)
+    for g, w, k in zip(got, want, spec, strict=True):
         assert g.shape == w.shape
         paths.assert_float_routines(w, g, QATT)
+        if dev is not None:
+            assert ort_facts.row_ulps(k, w) <= dev.ulps, ort_facts.row_ulps(k, w)
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_bit_identical_to_onnxruntime(seed, monkeypatch):
+    c = _case(seed)
+    spec = _kernel(c)
+    _through_path(monkeypatch)
+    _same(_kernel(c), run_ort(_model(c), {"x": c["x"]}), spec)
 
 
 @pytest.mark.parametrize("seed", range(40 if os.environ.get("DQTOOL_SLOW") else 10))
@@ -102,7 +143,6 @@ def test_bit_identical_to_onnxruntime(seed, monkeypatch):
 def test_single_row_and_column_kernels_bit_identical(seed, scale, monkeypatch):
     """head_size 1 (probs·V one column wide), one query (one row), scale 1 (alpha 1 lets
     MLAS take those kernels for Q·Kᵀ too): each sums in its own order."""
-    paths.patch_accumulation(monkeypatch)
     c = _case(seed, head_size=1 if seed % 2 else None)
     if seed % 3 == 0:  # one query
         c["x"] = c["x"][:, :1]
@@ -112,9 +152,9 @@ def test_single_row_and_column_kernels_bit_identical(seed, scale, monkeypatch):
         elif c["mask"] is not None and c["mask"].ndim == 2:
             c["mask"] = np.ascontiguousarray(c["mask"][:, :total])
     attrs = {} if scale is None else {"scale": scale}
-    want = run_ort(_model(c, **attrs), {"x": c["x"]})
-    for g, w in zip(_kernel(c, **attrs), want, strict=True):
-        paths.assert_float_routines(w, g, QATT)
+    spec = _kernel(c, **attrs)
+    _through_path(monkeypatch)
+    _same(_kernel(c, **attrs), run_ort(_model(c, **attrs), {"x": c["x"]}), spec)
 
 
 def test_no_float_tolerance_is_stated_for_this_release():
@@ -124,25 +164,22 @@ def test_no_float_tolerance_is_stated_for_this_release():
 
 
 def test_attributes_scale_and_mask_filter_value(monkeypatch):
-    paths.patch_accumulation(monkeypatch)
     c = _case(5)
     c.update(mask=np.ones((c["x"].shape[0], c["x"].shape[1] + (
         0 if c["past"] is None else c["past"].shape[3])), np.int32))
     c["mask"][:, -1] = 0
     attrs = {"scale": 0.25, "mask_filter_value": -50.0}
-    want = run_ort(_model(c, **attrs), {"x": c["x"]})
-    got = _kernel(c, **attrs)
-    for g, w in zip(got, want, strict=True):
-        paths.assert_float_routines(w, g, QATT)
+    spec = _kernel(c, **attrs)
+    _through_path(monkeypatch)
+    _same(_kernel(c, **attrs), run_ort(_model(c, **attrs), {"x": c["x"]}), spec)
 
 
 def test_reference_evaluator_runs_it(monkeypatch):
-    paths.patch_accumulation(monkeypatch)
     c = _case(8)
+    spec = dqtool.reference_evaluator(_model(c)).run(None, {"x": c["x"]})
+    _through_path(monkeypatch)
     got = dqtool.reference_evaluator(_model(c)).run(None, {"x": c["x"]})
-    want = run_ort(_model(c), {"x": c["x"]})
-    for g, w in zip(got, want, strict=True):
-        paths.assert_float_routines(w, g, QATT)
+    _same(got, run_ort(_model(c), {"x": c["x"]}), spec)
 
 
 @pytest.mark.parametrize("seed", range(6))
@@ -151,7 +188,6 @@ def test_causal_mask_is_the_lowest_float_not_the_filter_value(seed, monkeypatch)
     padding mask): a query whose every key is padded or in the future still attends its
     padded keys. Padding from start and end positions (a 2·batch mask_index) with
     unidirectional=1 and fully padded rows are checked bit for bit."""
-    paths.patch_accumulation(monkeypatch)
     c = _case(seed)
     batch, seq = c["x"].shape[:2]
     if seq < 2:
@@ -160,10 +196,9 @@ def test_causal_mask_is_the_lowest_float_not_the_filter_value(seed, monkeypatch)
     total = seq + (0 if c["past"] is None else c["past"].shape[3])
     c["uni"] = 1
     c["mask"] = np.array([total] * batch + [min(2, total)] * batch, np.int32)
-    want = run_ort(_model(c), {"x": c["x"]})
-    got = _kernel(c)
-    for g, w in zip(got, want, strict=True):
-        paths.assert_float_routines(w, g, QATT)
+    spec = _kernel(c)
+    _through_path(monkeypatch)
+    _same(_kernel(c), run_ort(_model(c), {"x": c["x"]}), spec)
 
 
 def test_hand_computed_single_head():
@@ -188,7 +223,13 @@ def test_mlas_softmax_matches_onnxruntime_softmax(d):
                           [helper.make_tensor_value_info("y", TP.FLOAT, None)])
     m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)])
     m.ir_version = 8
-    paths.assert_float_routines(run_ort(m, {"x": x})[0], mlas.softmax(x), "ai.onnx:Softmax")
+    got = run_ort(m, {"x": x})[0]
+    dev = paths.entry("neon-softmax", "ai.onnx:Softmax")
+    if dev is None:
+        paths.assert_float_routines(got, mlas.softmax(x), "ai.onnx:Softmax")
+    else:  # through the entry: its emulation bit for bit, the kernel within its size
+        np.testing.assert_array_equal(_bits(got), _bits(mlas.neon_softmax(x)))
+        assert ort_facts.row_ulps(mlas.softmax(x), got) <= dev.ulps
 
 
 def test_row_ulps():

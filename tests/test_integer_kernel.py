@@ -13,9 +13,52 @@ from helpers.integer import one_node, run_ort
 from onnx import TensorProto as TP
 
 from dqtool.families.integer import kernel as K
+from dqtool.families.integer import mlas
+from dqtool.families.integer.ort_facts import row_ulps
 
 MS = "com.microsoft"
 SEEDS = range(6)
+# The kernel's own functions, kept before any test puts an entry's emulation in their place
+SPEC_TO_FLOAT, SPEC_BINARY = K.matmul_integer_to_float, K.qlinear_binary
+
+
+def _neon_to_float(a, b, a_scale, b_scale, a_zero_point=None, b_zero_point=None, bias=None):
+    acc = K.matmul_integer(a, b, a_zero_point, b_zero_point)
+    return mlas.neon_scale_bias(acc, K.multiplier(a_scale, b_scale), bias)
+
+
+def _neon_binary(op, a, a_scale, a_zero_point, b, b_scale, b_zero_point, c_scale,
+                 c_zero_point):
+    fn = mlas.neon_qlinear_add if op == "Add" else mlas.neon_qlinear_mul
+    zps = (int(np.asarray(z).reshape(-1)[0]) if z is not None else 0
+           for z in (a_zero_point, b_zero_point, c_zero_point))
+    za, zb, zc = zps
+    return fn(a, K.first_f32(a_scale), za, b, K.first_f32(b_scale), zb,
+              K.first_f32(c_scale), zc)
+
+
+def _through_path(monkeypatch) -> None:
+    """The spec, or this CPU path's entries: each that applies puts its emulation in the
+    kernel's place for the test (u8s8-pair-saturation; on arm64 the fused scale-and-bias
+    and NEON's QLinearAdd/QLinearMul)."""
+    paths.patch_accumulation(monkeypatch)
+    if paths.entry("fma-scale-bias") is not None:
+        monkeypatch.setattr(K, "matmul_integer_to_float", _neon_to_float)
+    if paths.entry("qlinear-add-mul") is not None:
+        monkeypatch.setattr(K, "qlinear_binary", _neon_binary)
+
+
+def _within_entry(got: np.ndarray, spec: np.ndarray, key: str) -> None:
+    """onnxruntime's output against the kernel's (the spec): equal where no entry
+    ``key`` applies, else no farther than the entry's recorded size."""
+    dev = paths.entry(key)
+    if dev is None:
+        assert np.array_equal(got, spec)
+    elif got.dtype.kind == "f":
+        assert row_ulps(spec, got) <= dev.ulps, (key, row_ulps(spec, got))
+    else:
+        steps = int(np.abs(got.astype(np.int64) - spec.astype(np.int64)).max())
+        assert steps <= dev.steps, (key, steps)
 
 
 def f32(x) -> np.ndarray:
@@ -62,7 +105,7 @@ def test_matmul_integer_wraps_in_int32():
 
 @pytest.mark.parametrize("seed", SEEDS)
 def test_matmul_family_matches_onnxruntime(seed, monkeypatch):
-    paths.patch_accumulation(monkeypatch)  # the spec, or this path's entry
+    _through_path(monkeypatch)  # the spec, or this path's entries
     r, c = _case(seed)
     a, b = c["a"], c["b"]
     feeds = {"in_a": a}
@@ -99,11 +142,13 @@ def test_matmul_family_matches_onnxruntime(seed, monkeypatch):
         got = run_ort(model, feeds)[0]
         assert got.dtype == want.dtype, name
         assert np.array_equal(got, want), name
+    spec = SPEC_TO_FLOAT(a, b, c["sa"], c["bsv"], c["az"], c["bzv"], bias)
+    _within_entry(run_ort(cases["MatMulIntegerToFloat"][0], feeds)[0], spec, "fma-scale-bias")
 
 
 @pytest.mark.parametrize("seed", SEEDS)
 def test_dynamic_quantization_matches_onnxruntime(seed, monkeypatch):
-    paths.patch_accumulation(monkeypatch)  # the spec, or this path's entry
+    _through_path(monkeypatch)  # the spec, or this path's entries
     r, c = _case(seed)
     x = f32(r.standard_normal(c["a"].shape) * r.uniform(0.1, 10) + r.uniform(-3, 3))
     m = one_node("DynamicQuantizeLinear", [("in_x", x)], [TP.UINT8, TP.FLOAT, TP.UINT8])
@@ -114,7 +159,11 @@ def test_dynamic_quantization_matches_onnxruntime(seed, monkeypatch):
                                            ("bz", c["bzv"]), ("bias", bias)], TP.FLOAT,
                  domain=MS)
     want = K.dynamic_quantize_matmul(x, c["b"], c["bsv"], c["bzv"], bias)
-    assert np.array_equal(run_ort(m, {"in_x": x})[0], want)
+    got = run_ort(m, {"in_x": x})[0]
+    assert np.array_equal(got, want)
+    qx, sx, zx = K.dynamic_quantize_linear(x)
+    spec = SPEC_TO_FLOAT(qx, c["b"], sx, c["bsv"], zx, c["bzv"], bias)
+    _within_entry(got, spec, "fma-scale-bias")
 
 
 def test_dynamic_quantize_linear_spec_values():
@@ -164,7 +213,8 @@ def test_conv_family_matches_onnxruntime(seed, monkeypatch):
 
 
 @pytest.mark.parametrize("seed", SEEDS)
-def test_elementwise_and_pooling_match_onnxruntime(seed):
+def test_elementwise_and_pooling_match_onnxruntime(seed, monkeypatch):
+    _through_path(monkeypatch)
     r = np.random.default_rng(200 + seed)
     h = int(r.integers(3, 9))
     a = r.integers(0, 256, (1, 3, h, h)).astype(np.uint8)
@@ -235,7 +285,8 @@ def _every_pair(codes: np.ndarray, a_shape: tuple[int, ...], b_shape: tuple[int,
 
 @pytest.mark.parametrize("op", ["Add", "Mul"])
 @pytest.mark.parametrize("dtype", [np.int8, np.uint8])
-def test_qlinear_add_and_mul_round_ties_as_onnxruntime(op, dtype):
+def test_qlinear_add_and_mul_round_ties_as_onnxruntime(op, dtype, monkeypatch):
+    _through_path(monkeypatch)
     info = np.iinfo(dtype)
     codes = np.arange(info.min, info.max + 1).astype(dtype)
     for sa, sb, sc, za, zb, zc in TIE_CASES:
@@ -250,3 +301,5 @@ def test_qlinear_add_and_mul_round_ties_as_onnxruntime(op, dtype):
             want = K.qlinear_binary(op, a, f32(sa), za, b, f32(sb), zb, f32(sc), zc)
             assert np.array_equal(got, want), (op, a_shape, b_shape,
                                                int((got != want).sum()))
+            spec = SPEC_BINARY(op, a, f32(sa), za, b, f32(sb), zb, f32(sc), zc)
+            _within_entry(got, spec, "qlinear-add-mul")

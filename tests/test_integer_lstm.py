@@ -16,7 +16,8 @@ from onnx import TensorProto as TP
 from onnx import helper, numpy_helper
 
 import dqtool
-from dqtool.families.integer import lstm, mlas
+from dqtool.families.integer import kernel, lstm, mlas
+from dqtool.families.integer.ort_facts import row_ulps
 
 SEEDS = range(40 if os.environ.get("DQTOOL_SLOW") else 8)
 MS = "com.microsoft"
@@ -88,33 +89,121 @@ def _kernel(c: dict, threads: int = 1, **attrs):
     return list(out) if c["want_y"] else list(out[1:])
 
 
-def _same_bits(kernel, runtime):
-    """Bit for bit, or through this CPU path's ``float-routines`` entry (helpers.paths)."""
+F32 = np.float32
+LSTM = "com.microsoft:DynamicQuantizeLSTM"
+
+
+def _neon_direction(x, w, r, w_zp, r_zp, w_scale, r_scale, bias, peep, h0, c0, lens,
+                    reverse, acts, clip, input_forget, want_y, threads):
+    """``lstm._direction`` as onnxruntime's aarch64 build computes it (entry fma-lstm):
+    the same steps, with three multiply-adds fused into one rounding each: the recurrent
+    product's scaling into its sum with X·W, a peephole product into its gate, and
+    ``C_prev·f + i·g`` (measured bit for bit under qemu-aarch64 -cpu neoverse-n1)."""
+    def qgemm(a, m, zp, scale):
+        qa, sa, za = kernel.dynamic_quantize_linear(a)
+        acc = kernel.integer_matmul(qa, za, m, np.asarray(zp)).astype(np.int32)
+        return acc.astype(F32), (F32(sa) * np.asarray(scale, F32)).astype(F32)
+
+    batch, hidden = x.shape[1], r.shape[0]
+    if reverse:
+        x = lstm._reverse(x, lens)
+    steps = int(lens.max()) if lens.size else 0
+    y = np.zeros((x.shape[0], batch, hidden), F32)
+    iofc = np.zeros((0, batch, 4 * hidden), F32)
+    if steps:
+        acc, mult = qgemm(x[:steps].reshape(steps * batch, -1), w, w_zp, w_scale)
+        iofc = (acc * mult).astype(F32).reshape(steps, batch, 4 * hidden)
+    fused_b = None if bias is None else (
+        bias[:4 * hidden] + bias[4 * hidden:]).astype(F32).reshape(4, hidden)
+    c, h_final = c0.astype(F32).copy(), np.zeros_like(h0, F32)
+    c_final, lim = np.zeros_like(c), F32(clip)
+
+    def gate(v, k, peep_c, pk, act):
+        if peep_c is not None:
+            v = mlas.fma(peep_c, np.broadcast_to(peep[pk], v.shape), v)
+        if fused_b is not None:
+            v = (v + fused_b[k]).astype(F32)
+        return act(np.minimum(np.maximum(v, -lim), lim).astype(F32))
+
+    for lo, hi in lstm._groups(batch, hidden, threads):
+        prev = h0[lo:hi].astype(F32)
+        for t in range(steps):
+            acc, mult = qgemm(prev, r, r_zp, r_scale)
+            pre = mlas.fma(acc, np.broadcast_to(mult, acc.shape), iofc[t, lo:hi])
+            live = t < lens[lo:hi]
+            i_pre, o_pre, f_pre, c_pre = (pre[:, k * hidden:(k + 1) * hidden] for k in range(4))
+            cp = c[lo:hi]
+            pc = cp if peep is not None else None
+            i = gate(i_pre, 0, pc, 0, acts[0])
+            f = (F32(1) - i).astype(F32) if input_forget else gate(f_pre, 2, pc, 2, acts[0])
+            g = gate(c_pre, 3, None, 0, acts[1])
+            c_new = mlas.fma(cp, f, (i * g).astype(F32))
+            o = gate(o_pre, 1, c_new if peep is not None else None, 1, acts[0])
+            h = (acts[2](c_new) * o).astype(F32)
+            c[lo:hi] = np.where(live[:, None], c_new, cp)
+            for b in np.nonzero(live & (lens[lo:hi] == t + 1))[0]:
+                c_final[lo + b] = c_new[b]
+            keep = F32(0) if want_y else h_final[lo:hi]
+            prev = np.where(live[:, None], h, keep).astype(F32)
+            if want_y:
+                y[t, lo:hi] = prev
+            h_final[lo:hi] = np.where(live[:, None], h, h_final[lo:hi])
+    h_final[lens == 0] = 0
+    c_final[lens == 0] = 0
+    return (lstm._reverse(y, lens) if reverse else y), h_final, c_final
+
+
+def _through_path(monkeypatch) -> None:
+    """The spec, or this CPU path's entries in the kernel's place for the test
+    (u8s8-pair-saturation's emulation; fma-lstm's on arm64)."""
+    paths.patch_accumulation(monkeypatch)
+    if paths.entry("fma-lstm", LSTM) is not None:
+        monkeypatch.setattr(lstm, "_direction", _neon_direction)
+        # Affine and HardSigmoid's alpha·x + beta are fused too
+        monkeypatch.setitem(lstm._PLAIN, "affine", _neon_affine)
+        monkeypatch.setitem(lstm._PLAIN, "hardsigmoid", lambda x, a, b: np.minimum(
+            F32(1), np.maximum(F32(0), _neon_affine(x, a, b))).astype(F32))
+
+
+def _neon_affine(x, a, b):
+    return mlas.fma(np.broadcast_to(a, x.shape), x, np.broadcast_to(b, x.shape))
+
+
+def _same_bits(kernel, runtime, spec=None):
+    """Bit for bit, or through this CPU path's entries (helpers.paths; fma-lstm's
+    emulation in place): and where fma-lstm applies, the kernel's own outputs (``spec``,
+    computed before any emulation) within its recorded size."""
     assert len(kernel) == len(runtime)
+    dev = paths.entry("fma-lstm", LSTM)
     for k, r in zip(kernel, runtime, strict=True):
         assert k.dtype == np.float32
-        paths.assert_float_routines(r, k, "com.microsoft:DynamicQuantizeLSTM")
+        paths.assert_float_routines(r, k, LSTM)
+    if dev is not None and spec is not None:
+        for k, r in zip(spec, runtime, strict=True):
+            assert row_ulps(k, r) <= dev.ulps, row_ulps(k, r)
 
 
 @pytest.mark.parametrize("direction", ["forward", "reverse", "bidirectional"])
 @pytest.mark.parametrize("seed", SEEDS)
 @pytest.mark.parametrize("threads", [1, 2])
 def test_bit_identical_to_onnxruntime(direction, seed, threads, monkeypatch):
-    paths.patch_accumulation(monkeypatch)
     c = _case(seed, direction)
-    _same_bits(_kernel(c, threads), _ort(_model(c), {"x": c["x"]}, threads))
+    spec = _kernel(c, threads)
+    _through_path(monkeypatch)
+    _same_bits(_kernel(c, threads), _ort(_model(c), {"x": c["x"]}, threads), spec)
 
 
 @pytest.mark.parametrize("seed", range(4))
 def test_input_forget_and_clip(seed, monkeypatch):
-    paths.patch_accumulation(monkeypatch)
     c = _case(seed, "forward")
+    spec = _kernel(c, input_forget=1, clip=0.5)
+    _through_path(monkeypatch)
     got = _kernel(c, input_forget=1, clip=0.5)
-    _same_bits(got, _ort(_model(c, input_forget=1, clip=0.5), {"x": c["x"]}, 1))
+    _same_bits(got, _ort(_model(c, input_forget=1, clip=0.5), {"x": c["x"]}, 1), spec)
 
 
 def test_reference_evaluator_runs_it(monkeypatch):
-    paths.patch_accumulation(monkeypatch)
+    _through_path(monkeypatch)
     c = _case(3, "bidirectional")
     c["want_y"] = True
     c["seq"] = None
@@ -123,7 +212,7 @@ def test_reference_evaluator_runs_it(monkeypatch):
     assert got[0].shape == (c["x"].shape[0], 2, c["x"].shape[1], c["hid"])
 
 
-def test_thread_grouping_changes_the_numbers():
+def test_thread_grouping_changes_the_numbers(monkeypatch):
     """Batch rows quantized in two groups (two threads) are not the one-group result: the
     grouping is part of onnxruntime's semantics, so the kernel takes it as a parameter."""
     r = np.random.default_rng(1)
@@ -133,8 +222,9 @@ def test_thread_grouping_changes_the_numbers():
     c.update(w=r.integers(0, 256, (1, 4, 4 * c["hid"])).astype(np.uint8), want_y=True)
     one, two = _kernel(c, 1), _kernel(c, 2)
     assert not np.array_equal(one[0], two[0])
-    _same_bits(two, _ort(_model(c), {"x": c["x"]}, 2))
-    _same_bits(one, _ort(_model(c), {"x": c["x"]}, 1))
+    _through_path(monkeypatch)
+    _same_bits(_kernel(c, 2), _ort(_model(c), {"x": c["x"]}, 2), two)
+    _same_bits(_kernel(c, 1), _ort(_model(c), {"x": c["x"]}, 1), one)
 
 
 def test_zero_length_rows_are_zero_and_keep_nothing():
@@ -189,7 +279,7 @@ def test_mlas_activations_match_onnxruntime_bit_for_bit(op):
     (["Sigmoid", "Elu", "Tanh"], [], []),
 ])
 def test_other_activations_with_alpha_and_beta(acts, alphas, betas, monkeypatch):
-    paths.patch_accumulation(monkeypatch)
+    _through_path(monkeypatch)
     c = _case(5, "forward")
     attrs = {"activations": acts}
     if alphas:

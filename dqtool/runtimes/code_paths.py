@@ -39,9 +39,14 @@ class PathDeviation:
     ops: tuple[str, ...]  # "domain:Op"
     spec: str
     runtime_gives: str
-    # float-routines: the largest difference measured, in ulps of the output's row
-    # (``ort_facts.row_ulps``); None where the entry has an exact emulation instead
+    # The size: the largest difference from the kernel measured on that path, in ulps of
+    # a float output's row (``ort_facts.row_ulps``) and in steps of an integer output.
+    # ``check`` passes a float output within ``ulps`` as this deviation (its own rerun
+    # cannot apply the arm64 emulations, which live with the integer family's MLAS
+    # routines); None where the entry changes no such output, or where check reruns the
+    # node with the entry's exact emulation (u8s8-pair-saturation).
     ulps: int | None = None
+    steps: int | None = None
 
     def applies(self, runtime: str, version: str, path: str, op: str | None = None) -> bool:
         release = ".".join(version.split(".")[:2])
@@ -75,6 +80,83 @@ DEVIATIONS: tuple[PathDeviation, ...] = (
         runtime_gives="rounds its Softmax operator's float sums otherwise (AVX2 kernels): "
                       "up to 2 ulps of the row apart",
         ulps=2),
+    # ARM64, measured on the path qemu's Neoverse N1 takes (arm64-dotprod): onnxruntime's
+    # integer accumulation is exact there (the QLinearConv and MatMulInteger probes give
+    # the spec), its float stages are rounded otherwise than on x86-64. Each entry is
+    # reproduced bit for bit by an emulation (``dqtool.families.integer.mlas.neon_*``,
+    # and the tests' LSTM and attention built on them); the sizes are the kernel's.
+    PathDeviation(
+        key="fma-scale-bias", runtime="onnxruntime", releases=("1.32",),
+        measured="1.32.0 under qemu-aarch64 -cpu neoverse-n1 (2026-11-28): 200 random "
+                 "cases of each, 2 ulps of the row at most (none without a bias)",
+        paths=("arm64-dotprod",),
+        ops=("com.microsoft:MatMulIntegerToFloat", "com.microsoft:DynamicQuantizeMatMul"),
+        spec="int32 accumulation is exact; the contrib operator's float32(acc)·scale + "
+             "bias leaves its rounding open: the kernel rounds the product, then the sum, "
+             "as onnxruntime's x86-64 build does",
+        runtime_gives="fuses float32(acc)·scale + bias into one rounding (NEON FMA; "
+                      "emulated by mlas.neon_scale_bias)",
+        ulps=2),
+    PathDeviation(
+        key="qlinear-add-mul", runtime="onnxruntime", releases=("1.32",),
+        measured="1.32.0 under qemu-aarch64 -cpu neoverse-n1 (2026-11-28): every pair of "
+                 "8-bit codes for 7 scale sets, 1 step at most",
+        paths=("arm64-dotprod",), ops=("com.microsoft:QLinearAdd", "com.microsoft:QLinearMul"),
+        spec="the contrib operators dequantize, add or multiply and requantize; where a "
+             "result falls on a tie the float order decides: the kernel follows "
+             "onnxruntime's x86-64 build",
+        runtime_gives="computes QLinearAdd in fixed point (22-bit multipliers of the scale "
+                      "ratios, ties rounded away from zero) and QLinearMul with its last "
+                      "multiply and add fused: ties can land one step away (emulated by "
+                      "mlas.neon_qlinear_add and neon_qlinear_mul)",
+        steps=1),
+    PathDeviation(
+        key="fma-lstm", runtime="onnxruntime", releases=("1.32",),
+        measured="1.32.0 under qemu-aarch64 -cpu neoverse-n1 (2026-11-28): 40 seeds × 3 "
+                 "directions × 1 and 2 threads (240 cases), 46 ulps of the row at most "
+                 "(Y; 7 for Y_h, 11 for Y_c)",
+        paths=("arm64-dotprod",), ops=("com.microsoft:DynamicQuantizeLSTM",),
+        spec="integer stages exact; ONNX leaves the float rounding of the gates open: the "
+             "kernel rounds as onnxruntime's x86-64 build does",
+        runtime_gives="fuses the recurrent product's scaling into its sum with X·W, the "
+                      "peephole products into the gates and C_prev·f into + i·g (one "
+                      "rounding each); the hidden state, quantized again at every step, "
+                      "carries the difference on",
+        ulps=46),
+    PathDeviation(
+        key="neon-softmax", runtime="onnxruntime", releases=("1.32",),
+        measured="1.32.0 under qemu-aarch64 -cpu neoverse-n1 (2026-11-28): rows of 1 to "
+                 "100 values, 5 ulps of the row at most",
+        paths=("arm64-dotprod",), ops=("ai.onnx:Softmax",),
+        spec="ONNX leaves the float rounding of exp and softmax open; the kernel computes "
+             "MLAS's routines as onnxruntime runs them on x86-64",
+        runtime_gives="sums the exp terms in 4-lane vectors, not 8 (emulated by "
+                      "mlas.neon_softmax)",
+        ulps=5),
+    PathDeviation(
+        key="neon-attention", runtime="onnxruntime", releases=("1.32",),
+        measured="1.32.0 under qemu-aarch64 -cpu neoverse-n1 (2026-11-28): 280 random "
+                 "cases, 123 ulps of the row at most (output; 19 for present)",
+        paths=("arm64-dotprod",), ops=("com.microsoft:QAttention",),
+        spec="integer stage exact; ONNX leaves the float rounding of the attention open: "
+             "the kernel computes it as onnxruntime's x86-64 build does",
+        runtime_gives="fuses the Q/K/V scaling with its bias, sums the softmax in 4 lanes "
+                      "and takes its general SGEMM kernel for single rows and columns too "
+                      "(x86-64 has kernels of their own); a difference in the scores "
+                      "grows through the softmax",
+        ulps=123),
+    PathDeviation(
+        key="neon-layer-norm", runtime="onnxruntime", releases=("1.32",),
+        measured="1.32.0 under qemu-aarch64 -cpu neoverse-n1 (2026-11-28): 60 random "
+                 "cases, 5 ulps of the row at most",
+        paths=("arm64-dotprod",), ops=("com.microsoft:QEmbedLayerNormalization",),
+        spec="the embeddings' dequantization is exact in float32 terms; the layer "
+             "normalisation's float order is open: the kernel follows onnxruntime's x86-64 "
+             "build",
+        runtime_gives="rounds the layer normalisation otherwise (its compiler fuses "
+                      "multiply-adds there; not emulated: fusing the embedding sum and "
+                      "the final scale-and-shift reproduced 15 of 20 cases, not all)",
+        ulps=5),
 )
 
 

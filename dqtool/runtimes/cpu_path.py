@@ -4,9 +4,12 @@ onnxruntime's CPU kernels (MLAS) pick their code by instruction set at run time,
 release computes some integer operators differently on different CPUs (docs/semantics.md,
 "CPU code paths"). The path is named from two observations:
 
-* NumPy's view of the CPU (``AVX512F``: MLAS's AVX-512 float routines; ARM's dot-product
-  and int8 matrix-multiply extensions). NumPy asks the CPU itself (cpuid), so an emulator
-  such as ``qemu-x86_64 -cpu Haswell`` is seen as the CPU it emulates.
+* NumPy's view of the CPU (``AVX512F``: MLAS's AVX-512 float routines). NumPy asks the
+  CPU itself (cpuid), so an emulator such as ``qemu-x86_64 -cpu Haswell`` is seen as the
+  CPU it emulates. On Linux ARM64, the kernel's hardware capabilities (``AT_HWCAP``,
+  ``AT_HWCAP2`` in /proc/self/auxv), which MLAS reads too: dot product, int8 matrix
+  multiply, SVE. NumPy 2.4 names no int8 matrix multiply (measured under
+  ``qemu-aarch64 -cpu max``, whose HWCAP2 has it), hence the auxiliary vector.
 * One tiny MatMulInteger session: ``[255, 255, 255, 255] · [127, 127, 127, 127]`` is
   129540 in exact arithmetic and 65534 where u8 × s8 pair sums saturate to int16 (x86
   without VNNI, ``vpmaddubsw``).
@@ -19,6 +22,7 @@ from __future__ import annotations
 
 import functools
 import platform
+import struct
 from dataclasses import dataclass
 
 # The paths dqtool knows by name; another machine gets a name of the same form.
@@ -28,6 +32,7 @@ DESCRIPTIONS: dict[str, str] = {
     "x86-64-avx2-vnni": "x86-64 AVX2 with AVX-VNNI",
     "x86-64-avx2": "x86-64 AVX2, no VNNI",
     "x86-64-sse": "x86-64 without AVX2",
+    "arm64-sve": "arm64 with SVE",
     "arm64-i8mm": "arm64 NEON with int8 matrix multiply",
     "arm64-dotprod": "arm64 NEON with dot product",
     "arm64-neon": "arm64 NEON",
@@ -58,10 +63,30 @@ class CpuPath:
 
 
 
+# Linux's arm64 hwcap bits (arch/arm64/include/uapi/asm/hwcap.h)
+_AT_HWCAP, _AT_HWCAP2 = 16, 26
+_ARM_HWCAPS = {"ASIMDDP": (_AT_HWCAP, 1 << 20), "SVE": (_AT_HWCAP, 1 << 22),
+               "I8MM": (_AT_HWCAP2, 1 << 13)}
+
+
+def arm_hwcaps(auxv: bytes) -> dict[str, bool]:
+    """The ARM64 features MLAS picks its kernels by, from a little-endian 64-bit
+    auxiliary vector (pairs of type and value)."""
+    caps = dict(struct.iter_unpack("<QQ", auxv[:len(auxv) // 16 * 16]))
+    return {name: bool(caps.get(at, 0) & bit) for name, (at, bit) in _ARM_HWCAPS.items()}
+
+
 def _features() -> dict[str, bool]:
     from numpy._core._multiarray_umath import __cpu_features__
 
-    return dict(__cpu_features__)
+    features = dict(__cpu_features__)
+    if platform.machine().lower() in ("aarch64", "arm64"):
+        try:
+            with open("/proc/self/auxv", "rb") as f:
+                features.update(arm_hwcaps(f.read()))
+        except OSError:  # not Linux: NumPy's view alone
+            pass
+    return features
 
 
 def _u8s8_saturates() -> tuple[bool | None, str | None]:
@@ -101,6 +126,10 @@ def name_for(machine: str, features: dict[str, bool], saturates: bool | None) ->
             return "x86-64-avx2" if saturates else "x86-64-avx2-vnni"
         return "x86-64-sse"
     if m in ("aarch64", "arm64"):
+        # SVE first: MLAS's SVE softmax and exp kernels replace its NEON ones (under
+        # qemu-aarch64 -cpu max, Softmax came out otherwise than with -cpu neoverse-n1)
+        if features.get("SVE"):
+            return "arm64-sve"
         if features.get("I8MM") or features.get("ASIMD_I8MM"):
             return "arm64-i8mm"
         if features.get("ASIMDDP"):
