@@ -13,10 +13,11 @@ only:
   named and left out);
 * dqtool itself as the work tree (a ``.pth`` line): without its compiled extension, which
   is x86-64 here, dqtool runs on NumPy with the same bytes;
-* ``proc/cpuinfo`` of an Arm Neoverse N1: qemu 7.2 shows the guest the host's
-  /proc/cpuinfo, onnxruntime's cpuinfo library cannot parse an x86 one and aborts at
-  import, and QEMU_LD_PREFIX makes the guest open ``<folder>/proc/cpuinfo`` first (it
-  maps every absolute path it finds under the folder, /proc included).
+* for each CPU model, a prefix folder with the emulated CPU's ``proc/cpuinfo``: qemu 7.2
+  shows the guest the host's /proc/cpuinfo, onnxruntime's cpuinfo library cannot parse
+  an x86 one and aborts at import, and QEMU_LD_PREFIX makes the guest open
+  ``<prefix>/proc/cpuinfo`` first (it maps every absolute path it finds under the
+  prefix, /proc included).
 
 Each stage leaves a stamp keyed by what it was built from (the package list, the lock's
 hash), so a second run only writes the wrapper.
@@ -178,28 +179,46 @@ def wheels(folder: Path, root: Path, lock: Path) -> list[str]:
 
 # ---- /proc/cpuinfo and the wrapper --------------------------------------------------------
 
-# An Arm Neoverse N1 (MIDR 0x413fd0c1) as Linux prints it, one block per host CPU; the
-# features are those qemu's neoverse-n1 model reports in its hwcaps.
-_N1_FEATURES = ("fp asimd evtstrm aes pmull sha1 sha2 crc32 atomics fphp asimdhp cpuid "
-                "asimdrdm lrcpc dcpop asimddp ssbs")
+# /proc/cpuinfo of the CPU models qemu emulates, as Linux prints it: (variant, part,
+# revision) of the MIDR (implementer Arm, 0x41) and the features qemu 7.2 gives each in its
+# hwcaps (AT_HWCAP 0x119ffb and 0x8fb, read from /proc/self/auxv on 2026-11-28).
+CPUS: dict[str, tuple[str, str, str, str]] = {
+    "neoverse-n1": ("0x3", "0xd0c", "1", "fp asimd aes pmull sha1 sha2 crc32 atomics fphp "
+                                         "asimdhp cpuid asimdrdm lrcpc dcpop asimddp"),
+    "cortex-a72": ("0x0", "0xd08", "3", "fp asimd aes pmull sha1 sha2 crc32 cpuid"),
+}
 
 
-def cpuinfo(root: Path) -> None:
-    blocks = [f"processor\t: {i}\nBogoMIPS\t: 50.00\nFeatures\t: {_N1_FEATURES}\n"
-              "CPU implementer\t: 0x41\nCPU architecture: 8\nCPU variant\t: 0x3\n"
-              "CPU part\t: 0xd0c\nCPU revision\t: 1\n" for i in range(os.cpu_count() or 1)]
-    (root / "proc").mkdir(exist_ok=True)
-    (root / "proc" / "cpuinfo").write_text("\n".join(blocks) + "\n")
+def cpuinfo(folder: Path, root: Path, cpu: str) -> Path:
+    """The folder QEMU_LD_PREFIX names for ``cpu``: the root's top-level entries linked,
+    and that CPU's ``proc/cpuinfo``. It must match the CPU qemu emulates: onnxruntime's
+    cpuinfo library reads the part number there, and with the Neoverse N1's file under
+    ``-cpu cortex-a72`` (no dot product) its first session stopped on an illegal
+    instruction, with the Cortex-A72's it ran (measured 2026-11-28)."""
+    variant, part, revision, features = CPUS[cpu]
+    prefix = folder / f"prefix-{cpu}"
+    (prefix / "proc").mkdir(parents=True, exist_ok=True)
+    for entry in root.iterdir():
+        link = prefix / entry.name
+        if entry.name != "proc" and not link.is_symlink():
+            link.symlink_to(entry)
+    blocks = [f"processor\t: {i}\nBogoMIPS\t: 50.00\nFeatures\t: {features}\n"
+              f"CPU implementer\t: 0x41\nCPU architecture: 8\nCPU variant\t: {variant}\n"
+              f"CPU part\t: {part}\nCPU revision\t: {revision}\n"
+              for i in range(os.cpu_count() or 1)]
+    (prefix / "proc" / "cpuinfo").write_text("\n".join(blocks) + "\n")
+    return prefix
 
 
-def wrapper(root: Path, cpu: str) -> Path:
-    """A script running the folder's python3.11 under qemu-aarch64 -cpu CPU at the lowest
-    priority (the machine is shared). ``-0`` gives the guest the wrapper as argv[0], so
-    ``sys.executable`` runs the emulated Python again; no user site of the host leaks in."""
+def wrapper(root: Path, prefix: Path, cpu: str) -> Path:
+    """A script running the root's python3.11 under qemu-aarch64 -cpu CPU at the lowest
+    priority (the machine is shared), absolute paths looked up under ``prefix`` first.
+    ``-0`` gives the guest the wrapper as argv[0], so ``sys.executable`` runs the emulated
+    Python again (and its prefix is the root's usr); no user site of the host leaks in."""
     path = root / "usr" / "bin" / f"python-{cpu}"
     path.write_text(
         "#!/bin/sh\n"
-        f"QEMU_LD_PREFIX='{root}' PYTHONNOUSERSITE=1 exec nice -n 19 "
+        f"QEMU_LD_PREFIX='{prefix}' PYTHONNOUSERSITE=1 exec nice -n 19 "
         f"qemu-aarch64 -cpu '{cpu}' -0 '{path}' '{root}/usr/bin/python3.11' \"$@\"\n")
     path.chmod(0o755)
     return path
@@ -207,7 +226,7 @@ def wrapper(root: Path, cpu: str) -> Path:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("cpu", help="a qemu-aarch64 -cpu model, e.g. neoverse-n1")
+    p.add_argument("cpu", choices=sorted(CPUS), help="the qemu-aarch64 -cpu model")
     p.add_argument("--folder", type=Path, default=REPO / ".cpu-emulation" / "arm64")
     p.add_argument("--lock", type=Path, default=REPO / "requirements.lock")
     args = p.parse_args()
@@ -218,8 +237,7 @@ def main() -> None:
     missing = wheels(folder, root, args.lock)
     if missing:
         print("arm64 sysroot: no aarch64 wheel for " + ", ".join(missing), file=sys.stderr)
-    cpuinfo(root)
-    print(wrapper(root, args.cpu))
+    print(wrapper(root, cpuinfo(folder, root, args.cpu), args.cpu))
 
 
 if __name__ == "__main__":
