@@ -9,7 +9,9 @@ way. A graph output lives to the end.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+import ctypes
+import functools
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -101,3 +103,22 @@ def cut(nodes: Sequence[onnx.NodeProto], weights: dict[str, int], budget: int,
             pieces.append(Piece(start, i + 1))
             start, held, seen = i + 1, 0, set()
     return pieces
+
+
+@functools.lru_cache(maxsize=1)
+def _malloc_trim() -> Callable[[int], int] | None:
+    try:
+        return ctypes.CDLL("libc.so.6").malloc_trim  # glibc
+    except (OSError, AttributeError):
+        return None
+
+
+def release_freed() -> None:
+    """Hand the memory freed so far back to the system (glibc's ``malloc_trim``; nothing
+    elsewhere). Why: onnxruntime's and NumPy's blocks below glibc's mmap threshold (which
+    rises to 32 MiB after a large free) stay in the heap once freed, so a streamed run's
+    resident size grew by every piece: 100 → 740 MB over onnxruntime's pieces of the
+    4-layer bench model (2026-11-28, docs/benchmarks.md "Check at LLM size")."""
+    trim = _malloc_trim()
+    if trim is not None:
+        trim(0)

@@ -168,6 +168,8 @@ class StreamedOrt:
                 for name in live.dying[i]:
                     if name not in keep:
                         values.pop(name, None)
+            del got
+            liveness.release_freed()  # the piece's session and weights, back to the system
             if self.progress is not None:
                 self.progress(k + 1, len(pieces))
         return {n: values[n] for n in names}

@@ -198,7 +198,8 @@ def _matmul_bound(node: ir.Node, checked_node: ir.Node | None, a1: np.ndarray,
     n_cols = y1.shape[-1]
     rows = int(np.prod(y1.shape[:-1], dtype=np.int64))
     cols = _columns(n_cols, rows, kk)
-    absw = np.abs(_weight_columns(node, cols).astype(np.float64))  # (K, c)
+    absw = _weight_columns(node, cols).astype(np.float64)  # (K, c)
+    np.abs(absw, out=absw)  # in place: one float64 copy of the weight, not two
     a1f = a1.reshape(rows, kk).astype(np.float64)
     a2f = a2.reshape(rows, kk).astype(np.float64)
     bias_v = graph.input_value(node, 5)
