@@ -88,9 +88,10 @@ test-ort:
 # `make test-cpu CPU=neoverse-n1`: the same tests on ARM64 (arm64-dotprod) under
 # qemu-aarch64, in an aarch64 Python that tools/arm64_sysroot.py builds once from Debian's
 # arm64 packages and the lock's aarch64 wheels (.cpu-emulation/arm64, reused after).
-# CPU=cortex-a72: arm64-neon. Those two only: each needs its own proc/cpuinfo (the tool).
+# The Neoverse N1 only: under -cpu cortex-a72 (arm64-neon) onnxruntime 1.32.0 stops on an
+# illegal instruction in the runtime probe's DequantizeLinear sessions (2026-11-28).
 CPU ?= Haswell
-ARM_CPUS := neoverse-n1 cortex-a72
+ARM_CPUS := neoverse-n1
 CPU_TESTS ?= tests/test_integer_*.py tests/test_check*.py tests/test_docs.py tests/test_code_paths.py
 test-cpu: $(STAMP)
 	@command -v qemu-x86_64 >/dev/null && command -v qemu-aarch64 >/dev/null \
