@@ -46,6 +46,10 @@ SITE = Path("usr/lib/python3/dist-packages")
 
 
 def run(cmd: list[str], **kw: object) -> subprocess.CompletedProcess[str]:
+    """``cmd``, its output on stderr unless captured: stdout carries only the wrapper's
+    path (the Makefile reads it)."""
+    if "capture_output" not in kw:
+        kw["stdout"] = sys.stderr
     return subprocess.run(cmd, check=True, text=True, **kw)  # type: ignore[call-overload]
 
 
