@@ -45,6 +45,9 @@ def refuse_unknown(runtime: str) -> None:
         except ImportError as e:
             raise UsageError(f"--runtime {runtime} needs the package {module} "
                              f"(pip install 'dqtool[{extra}]'): {one_line(e, 200)}") from None
+    if runtime == "qnn-htp" and not _qnn_devices():
+        raise UsageError("--runtime qnn-htp: onnxruntime-qnn offers no QNN device on this "
+                         "machine")
 
 
 def describe(runtime: str) -> Runtime:
@@ -106,14 +109,27 @@ def _stdout_to_stderr() -> Iterator[None]:
         os.close(saved)
 
 
-def _run_qnn(path: Path, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+def _qnn_devices() -> list[Any]:
+    """The QNN execution provider's devices, its library registered once."""
     import onnxruntime as ort
     import onnxruntime_qnn
 
-    if not any(d.ep_name == "QNNExecutionProvider" for d in ort.get_ep_devices()):
-        ort.register_execution_provider_library("QNNExecutionProvider",
-                                                onnxruntime_qnn.get_library_path())
-    devices = [d for d in ort.get_ep_devices() if d.ep_name == "QNNExecutionProvider"]
+    def found() -> list[Any]:
+        return [d for d in ort.get_ep_devices() if d.ep_name == "QNNExecutionProvider"]
+
+    if not found():
+        try:
+            ort.register_execution_provider_library("QNNExecutionProvider",
+                                                    onnxruntime_qnn.get_library_path())
+        except Exception:  # a library this platform cannot load: no device, said above
+            return []
+    return found()
+
+
+def _run_qnn(path: Path, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    import onnxruntime as ort
+
+    devices = _qnn_devices()
     so = ort.SessionOptions()
     so.add_provider_for_devices(devices, {"backend_type": "htp"})
     so.log_severity_level = 4
