@@ -225,8 +225,11 @@ def test_the_avx512_tiles_are_on_where_the_cpu_has_them() -> None:
 def test_the_package_compiles_nothing_at_run_time() -> None:
     # No compiler, cache or loader of built code in the package: the extension is the
     # build's (setup.py), imported as any module.
+    # (The system's C library may be called: check hands freed memory back with glibc's
+    # malloc_trim, dqtool/checking/liveness.py; no library of the package's own is loaded.)
     root = Path(native.__file__).parents[1]
     for path in root.rglob("*.py"):
-        text = path.read_text()
-        for word in ("ctypes.CDLL", "sysconfig.get_config_var(\"CC\")", "setswitchinterval"):
+        text = path.read_text().replace('ctypes.CDLL("libc.so.6")', "")
+        for word in ("ctypes.CDLL", "ctypes.cdll", "sysconfig.get_config_var(\"CC\")",
+                     "setswitchinterval"):
             assert word not in text, (path, word)
