@@ -22,7 +22,6 @@ from onnx import external_data_helper
 from onnx.model_container import ModelContainer
 
 from dqtool import storage
-from dqtool.storage import checked_files
 
 
 def ort_max_ir() -> int:
@@ -53,7 +52,7 @@ class Loaded:
         model = ir.serde.deserialize_model(self.proto)
         if self.external_dir is not None:
             ir.external_data.set_base_dir(model.graph, self.external_dir)
-            checked_files.bind(model.graph, self.external_dir)  # read as checked
+            storage.bind(model.graph, self.external_dir)  # read as checked
         return model
 
     def note(self) -> str | None:
@@ -118,9 +117,8 @@ def _in_file(path: Path) -> Loaded | None:
     is given the path (it resolves external data in a protobuf from the working folder, and
     refuses raw data shorter than its type and shape). None when the model is small or has
     external data of its own."""
-    from dqtool.storage import inline_read
 
-    holes = inline_read.Holes()
+    holes = storage.Holes()
     try:
         if not path.is_file() or path.stat().st_size < IN_FILE_BYTES:
             return None
@@ -131,7 +129,7 @@ def _in_file(path: Path) -> Loaded | None:
             proto, path.parent):
         return None
     for t in proto.graph.initializer:
-        mark = inline_read.mark_of(t)
+        mark = storage.mark_of(t)
         if mark is None:
             continue
         if mark not in holes or t.data_location == onnx.TensorProto.EXTERNAL:

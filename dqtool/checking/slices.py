@@ -8,7 +8,7 @@ output is exactly those rows of the whole output. A band still too large (whole 
 rows of a wide weight) is cut along its last axis the same way (``parts``).
 
 Why rows: they are one run of bytes in x's file, so a band is read from the file on its
-own map (``tensor_reads.from_file`` / ``file_codes``), released with the band, and a check
+own map (``storage.from_file`` / ``file_codes``), released with the band, and a check
 holds one band at a time. x read whole through onnx_ir kept every page of its memory map
 that a slice touched resident to the end: checking an int8[2^31] weight (a sparse 2 GiB
 file) took 2.42 GB of RSS (docs/benchmarks.md, 2026-11-28).
@@ -23,9 +23,8 @@ from collections.abc import Iterator, Sequence
 import numpy as np
 import onnx_ir as ir
 
-from dqtool import graph, types
+from dqtool import graph, storage, types
 from dqtool.spec import QuantSpec
-from dqtool.storage import tensor_reads
 
 
 class Weight:
@@ -43,9 +42,9 @@ class Weight:
         return self.type.bits if self.type is not None else 8
 
     def _in_file(self) -> tuple[str, int] | None:
-        where = tensor_reads.file_range(self.tensor)
+        where = storage.file_range(self.tensor)
         et = self.type
-        # As ``tensor_reads.tensor_array`` reads them: whole little-endian items, or
+        # As ``storage.tensor_array`` reads them: whole little-endian items, or
         # integer codes.
         if where is None or et is None or not (et.is_integer or et.bits >= 8) or (
                 et.bits > 8 and sys.byteorder != "little"):
@@ -57,16 +56,16 @@ class Weight:
         where, et = self._in_file(), self.type
         if where is None or et is None:
             if self._whole is None:  # in memory already, or a type read whole
-                self._whole = tensor_reads.tensor_array(self.tensor)
+                self._whole = storage.tensor_array(self.tensor)
             return np.ascontiguousarray(self._whole[r0:r1])
         path, offset = where
         count = (r1 - r0) * self.row
         if et.bits >= 8:
-            arr = tensor_reads.from_file(path, et.dtype, count,
+            arr = storage.from_file(path, et.dtype, count,
                                          offset + r0 * self.row * et.dtype.itemsize)
         else:
             start = r0 * self.row
-            arr = tensor_reads.file_codes(path, offset, start, start + count,
+            arr = storage.file_codes(path, offset, start, start + count,
                                           et.bits).view(et.dtype)
         return arr.reshape((r1 - r0, *self.shape[1:]))
 

@@ -21,8 +21,8 @@ import onnx
 import onnx_ir as ir
 from onnx import external_data_helper, helper
 
+from dqtool import storage
 from dqtool.checking import liveness
-from dqtool.storage import tensor_reads
 
 # An initializer of more bytes than this is read when first used and freed after its last
 # use; smaller ones stay with the evaluator, as in a whole run.
@@ -69,7 +69,7 @@ class StreamedReference:
         t = self.lazy[name]
         if external_data_helper.uses_external_data(t):
             base = "" if self.external_dir is None else str(self.external_dir)
-            return tensor_reads.tensor_array(ir.serde.deserialize_tensor(t, base))
+            return storage.tensor_array(ir.serde.deserialize_tensor(t, base))
         return onnx.numpy_helper.to_array(t)
 
     def __call__(self, feeds: Mapping[str, np.ndarray], outputs: Sequence[str] | None = None

@@ -42,13 +42,12 @@ import numpy as np
 import onnx
 import onnx_ir as ir
 
-from dqtool import graph
+from dqtool import graph, storage
 from dqtool.checking import runners
 from dqtool.checking.compare import max_abs_difference
 from dqtool.checking.models import for_ort
 from dqtool.errors import KernelError
 from dqtool.families.fused import kernel, read
-from dqtool.storage import tensor_reads
 
 WORK = 1 << 24  # multiply-adds per node before its columns are sampled
 _U = {np.dtype(np.float32): 2.0 ** -24, np.dtype(np.float16): 2.0 ** -11,
@@ -160,14 +159,14 @@ def _weight_columns(node: ir.Node, cols: np.ndarray) -> np.ndarray:
     a = {k: v.as_int() for k, v in node.attributes.items() if v.type == ir.AttributeType.INT}
     k, n, bits, block = a["K"], a["N"], a.get("bits", 4), a["block_size"]
     kb = -(-k // block)
-    b = tensor_reads.stored_values(node.inputs[1]).reshape(n, -1)[cols]
-    s = tensor_reads.stored_values(node.inputs[2]).reshape(n, kb)[cols]
+    b = storage.stored_values(node.inputs[1]).reshape(n, -1)[cols]
+    s = storage.stored_values(node.inputs[2]).reshape(n, kb)[cols]
     zp_v = graph.input_value(node, 3)
-    zp = None if zp_v is None else tensor_reads.stored_values(zp_v)
+    zp = None if zp_v is None else storage.stored_values(zp_v)
     if zp is not None:
         zp = zp.reshape(n, -1)[cols]
     g_v = graph.input_value(node, 4)
-    g_idx = None if g_v is None else tensor_reads.stored_values(g_v)
+    g_idx = None if g_v is None else storage.stored_values(g_v)
     return kernel.dequantize_matmul_nbits(b, s, zp, K=k, N=len(cols), bits=bits,
                                           block_size=block, g_idx=g_idx)
 
@@ -205,7 +204,7 @@ def _matmul_bound(node: ir.Node, checked_node: ir.Node | None, a1: np.ndarray,
     bias_v = graph.input_value(node, 5)
     bias = np.zeros(len(cols))
     if bias_v is not None:
-        b = tensor_reads.stored_values(bias_v)
+        b = storage.stored_values(bias_v)
         if b is None:
             return NodeBound(name, node.op_type, "unbounded",
                              detail="the bias is not constant")

@@ -25,12 +25,11 @@ import onnx
 import onnx_ir as ir
 from onnx import TensorProto, helper, numpy_helper
 
-from dqtool import graph
+from dqtool import graph, storage
 from dqtool.checking import compare, runners
 from dqtool.checking.models import ort_max_ir
 from dqtool.checking.selfcheck import BIT_EXACT, ERROR, KERNEL_ONLY, MISMATCH, SKIPPED, NodeCheck
 from dqtool.families.fused import kernel, packing, read
-from dqtool.storage import tensor_reads
 
 CHUNK_BYTES = 16 << 20  # output bytes per onnxruntime run
 # Output bytes per run of the block probe: most weights in one run (a session each)
@@ -129,10 +128,10 @@ def _by_blocks(node: ir.Node, ir_version: int) -> Iterator[Piece]:
     a = _ints(node)
     k, n, bits, block = a["K"], a["N"], a.get("bits", 4), a["block_size"]
     kb = -(-k // block)
-    b = tensor_reads.stored_values(node.inputs[1]).reshape(n, kb, -1)
-    scales = tensor_reads.stored_values(node.inputs[2]).reshape(n, kb)
+    b = storage.stored_values(node.inputs[1]).reshape(n, kb, -1)
+    scales = storage.stored_values(node.inputs[2]).reshape(n, kb)
     zp_v = graph.input_value(node, 3)
-    zp = None if zp_v is None else tensor_reads.stored_values(zp_v)
+    zp = None if zp_v is None else storage.stored_values(zp_v)
     zp_codes, float_zp = kernel.matmul_nbits_zero_points(zp, n, kb, bits)
     dtype = np.dtype(scales.dtype)
     eye = np.eye(block, dtype=dtype)
@@ -172,11 +171,11 @@ def _matmul_nbits(node: ir.Node, ir_version: int) -> Iterator[Piece]:
     a = _ints(node)
     k, n, bits, block = a["K"], a["N"], a.get("bits", 4), a["block_size"]
     kb = -(-k // block)
-    b = tensor_reads.stored_values(node.inputs[1]).reshape(n, kb, -1)
-    scales = tensor_reads.stored_values(node.inputs[2])
+    b = storage.stored_values(node.inputs[1]).reshape(n, kb, -1)
+    scales = storage.stored_values(node.inputs[2])
     zp_v, g_v = graph.input_value(node, 3), graph.input_value(node, 4)
-    zp = None if zp_v is None else tensor_reads.stored_values(zp_v)
-    g_idx = None if g_v is None else tensor_reads.stored_values(g_v)
+    zp = None if zp_v is None else storage.stored_values(zp_v)
+    g_idx = None if g_v is None else storage.stored_values(g_v)
     dtype = np.dtype(scales.dtype)
     names = ["A", "B", "scales"]
     inits = [numpy_helper.from_array(b, "B"), numpy_helper.from_array(scales, "scales")]
@@ -217,10 +216,10 @@ def _matmul_nbits(node: ir.Node, ir_version: int) -> Iterator[Piece]:
 
 def _gather(node: ir.Node, ir_version: int) -> Iterator[Piece]:
     a = _ints(node)
-    data = tensor_reads.stored_values(node.inputs[0])
-    scales = tensor_reads.stored_values(node.inputs[2])
+    data = storage.stored_values(node.inputs[0])
+    scales = storage.stored_values(node.inputs[2])
     zp_v = graph.input_value(node, 3)
-    zp = None if zp_v is None else tensor_reads.stored_values(zp_v)
+    zp = None if zp_v is None else storage.stored_values(zp_v)
     bits, block = a.get("bits", 4), a.get("block_size", 128)
     logical = list(data.shape)
     if data.dtype == np.uint8 and bits != 8:

@@ -16,10 +16,9 @@ import numpy as np
 import onnx
 import onnx_ir as ir
 
-from dqtool import graph
+from dqtool import graph, storage
 from dqtool.evaluator import reference_evaluator
 from dqtool.families.fused import kernel, read
-from dqtool.storage import tensor_reads
 
 
 @dataclass(frozen=True)
@@ -53,7 +52,7 @@ def fused_weight(node: ir.Node) -> np.ndarray | None:
     a = {k: v.as_int() for k, v in node.attributes.items()
          if v.type == ir.AttributeType.INT}
     def arr(v: ir.Value | None) -> np.ndarray | None:
-        return None if v is None else tensor_reads.stored_values(v)
+        return None if v is None else storage.stored_values(v)
 
     if node.op_type == "MatMulNBits":
         return kernel.dequantize_matmul_nbits(
@@ -67,12 +66,12 @@ def fused_weight(node: ir.Node) -> np.ndarray | None:
 
 
 def _in_memory(tensor: ir.TensorProtocol) -> ir.TensorProtocol:
-    """Its values read on their own map (``tensor_reads.tensor_array``): asked for them,
+    """Its values read on their own map (``storage.tensor_array``): asked for them,
     onnx_ir's tensor in a file keeps them as long as the model lives (a 1 GB model's check held 2 GB
     more by its last weight)."""
     if isinstance(tensor, ir.Tensor):
         return tensor
-    return ir.Tensor(tensor_reads.tensor_array(tensor), dtype=tensor.dtype, name=tensor.name)
+    return ir.Tensor(storage.tensor_array(tensor), dtype=tensor.dtype, name=tensor.name)
 
 
 def _evaluate(value: ir.Value) -> np.ndarray | None:
