@@ -25,8 +25,11 @@ import numpy as np
 import onnx
 import onnx_ir as ir
 
+from dqtool import registry
 from dqtool.checking import inputs, models, runners
+from dqtool.checking.compare import max_abs_difference
 from dqtool.messages import one_line
+from dqtool.runtimes import onnxruntime as ort_facts
 
 REFERENCE = "dqtool.reference_evaluator"
 ORT = f"onnxruntime (CPU, {runners.ORT_LEVEL})"
@@ -229,9 +232,6 @@ def _beyond_bounds(plan: _Plan, feeds: dict[str, np.ndarray],
     outputs that differ otherwise when the nodes' values are exposed (the runs behind the
     bounds) for no reason onnxruntime's own graph gives (``runners.roundings_skipped_cause``: then
     the notes say so); "" when none."""
-    from dqtool import registry
-    from dqtool.checking.compare import max_abs_difference
-
     bad: list[str] = []
     drift: list[str] = []
     for s in registry.check_supports():
@@ -266,8 +266,6 @@ def _held_weights(plan: _Plan) -> tuple[str | None, str, str]:
     when every such weight is bit-identical in the converted model (then the notes say
     so), else what differs; None without such nodes. Second: why outputs may still differ;
     third: what the families call such nodes (``CheckSupport.kind``)."""
-    from dqtool import registry
-
     supports = [s for s in registry.check_supports() if s.weights is not None
                 and s.holds_weights is not None and s.holds_weights(plan.original.proto)]
     if not supports:
@@ -356,8 +354,6 @@ _ORT_LIMITS = (
 def _unsupported(e: runners.RuntimeFailure, model: onnx.ModelProto) -> str | None:
     """What onnxruntime lacks, when that (not the model) is why it cannot run it: from the
     installed runtime's probed profile, else from its message."""
-    from dqtool.runtimes import onnxruntime as ort_facts
-
     why = ort_facts.why_cannot_run(model)
     if why:
         return why

@@ -22,13 +22,12 @@ from onnx import external_data_helper
 from onnx.model_container import ModelContainer
 
 from dqtool import storage
+from dqtool.runtimes import onnxruntime as ort_facts
 
 
 def ort_max_ir() -> int:
     """The highest IR version the installed onnxruntime loads (probed once per process:
     1.31 stops at 13 while onnx's helpers write 14; 1.32 loads 14)."""
-    from dqtool.runtimes import onnxruntime as ort_facts
-
     return ort_facts.probe().max_ir_version or onnx.IR_VERSION
 
 # Tensors beyond this many bytes in total stay in their files (protobuf's 2 GB limit).

@@ -18,6 +18,7 @@ from dqtool.checking import against, compare, runners
 from dqtool.checking.models import for_ort
 from dqtool.runtimes import code_paths, cpu_path
 from dqtool.runtimes.code_paths import PathDeviation
+from dqtool.runtimes.onnxruntime import installed_version
 
 
 def _ops(model: onnx.ModelProto) -> set[str]:
@@ -27,8 +28,6 @@ def _ops(model: onnx.ModelProto) -> set[str]:
 def for_op(op: str | None = None) -> tuple[PathDeviation, ...]:
     """The entries for the installed onnxruntime on this CPU's path (for ``op``,
     "domain:Op", or for any operator)."""
-    from dqtool.runtimes.onnxruntime import installed_version
-
     version = installed_version()
     if version is None:
         return ()
@@ -43,8 +42,6 @@ def applicable(*models: onnx.ModelProto) -> tuple[PathDeviation, ...]:
 
 
 def describe(found: Sequence[PathDeviation]) -> list[str]:
-    from dqtool.runtimes.onnxruntime import installed_version
-
     version = installed_version() or ""
     path = cpu_path.probe().description
     return [d.describe(version, path) for d in found]

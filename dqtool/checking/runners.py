@@ -58,6 +58,8 @@ def ort_runtime() -> Runtime:
         import onnxruntime as ort
     except ImportError as e:  # a broken install must not hide the kernel-only result
         return Runtime("onnxruntime", f"unavailable ({_first_line(e)})")
+    # Imported here: the CPU-path probe loads onnxruntime, which a check that never runs it
+    # (a refused request) must not pay for.
     from dqtool.runtimes import cpu_path
 
     return Runtime("onnxruntime", f"onnxruntime {ort.__version__}, {ORT_PROVIDER}, "
@@ -278,6 +280,8 @@ def reference_session(model: onnx.ModelProto, external_dir: Path | None = None) 
     """dqtool's reference evaluator for several runs, ``session(feeds, outputs)``; with
     ``external_dir`` the model's external tensors are memory-mapped from that folder, never
     read into the protobuf."""
+    # Imported here: onnx's reference evaluator and its operators, which an
+    # upgrade without --check (importing this module through dqtool.convert) never runs.
     from dqtool import reference_evaluator
 
     try:

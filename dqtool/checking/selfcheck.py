@@ -20,7 +20,7 @@ import numpy as np
 import onnx
 import onnx_ir as ir
 
-from dqtool import codecs, graph, types
+from dqtool import codecs, graph, registry, types
 from dqtool.checking import compare, runners, single_node, slices
 from dqtool.checking.models import for_ort, qdq_value_bytes, with_outputs
 from dqtool.graph import Site
@@ -212,8 +212,6 @@ def quant_sites(model: ir.Model) -> list[tuple[Site, QuantSpec]]:
 def family_spec_sites(model: ir.Model) -> list[tuple[Site, Any]]:
     """(site, spec) of the other nodes a family reads into a spec with problems (the fused
     operators): their problems are dqtool's rules too (inspect and lint report them)."""
-    from dqtool import registry
-
     supports = registry.inspect_supports()
     out: list[tuple[Site, Any]] = []
     for s in graph.walk(model):

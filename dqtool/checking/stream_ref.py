@@ -21,7 +21,7 @@ import onnx
 import onnx_ir as ir
 from onnx import external_data_helper, helper
 
-from dqtool import storage
+from dqtool import reference_evaluator, storage
 from dqtool.checking import liveness
 
 # An initializer of more bytes than this is read when first used and freed after its last
@@ -42,8 +42,6 @@ class StreamedReference:
 
     def __init__(self, proto: onnx.ModelProto, external_dir: Path | None,
                  new_ops: list[type], progress: Progress | None = None) -> None:
-        from dqtool import reference_evaluator
-
         self.external_dir = external_dir
         self.progress = progress
         stripped = onnx.ModelProto()

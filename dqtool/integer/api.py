@@ -22,9 +22,17 @@ from typing import Any, Literal
 
 import onnx_ir as ir
 
+from dqtool import graph, storage
+from dqtool.checking.models import load as load_for_check
+from dqtool.convert import pipeline
+from dqtool.convert.context import Options
 from dqtool.errors import RefusedError
+from dqtool.families.integer import local_error
 from dqtool.families.integer.rewrite import Change, Refusal
+from dqtool.integer import numerics
 from dqtool.integer.numerics import NumericsCheck
+from dqtool.integer.to_qdq import IntegerToQdqPass
+from dqtool.integer.to_qoperator import QdqToIntegerPass
 
 Direction = Literal["to-qdq", "to-qoperator"]
 
@@ -81,8 +89,6 @@ class IntegerCheckFailed(RefusedError):
 
 
 def local_error_summary(check: NumericsCheck) -> dict[str, Any]:
-    from dqtool.families.integer import local_error
-
     return local_error.summary(check.local)
 
 
@@ -101,8 +107,6 @@ def to_qdq(model_or_path: ModelArg, out: str | os.PathLike | None = None, *,
     → QuantizeLinear (``to_qdq.IntegerToQdqPass``). ``exact_dynamic``: MatMulInteger /
     ConvInteger take the exact form (DequantizeLinear with scale 1, the scale product
     applied after the float op), equal to the integer original within 2**24."""
-    from dqtool.integer.to_qdq import IntegerToQdqPass
-
     return _run(model_or_path, out, "to-qdq", lambda: IntegerToQdqPass(exact_dynamic),
                 keep_unconvertible, check, in_place, **writing)
 
@@ -112,8 +116,6 @@ def to_qoperator(model_or_path: ModelArg, out: str | os.PathLike | None = None, 
                  ) -> IntegerReport:
     """The QDQ patterns onnxruntime fuses become integer operators
     (``to_qoperator.QdqToIntegerPass``); other QDQ nodes stay as they are."""
-    from dqtool.integer.to_qoperator import QdqToIntegerPass
-
     return _run(model_or_path, out, "to-qoperator", QdqToIntegerPass, True, check, in_place,
                 **writing)
 
@@ -123,10 +125,6 @@ def _run(model_or_path: ModelArg, out, direction: Direction, make: Any, keep: bo
          shard_size: int | None = None, progress: Any = None) -> IntegerReport:
     """``external_data``, ``shard_size``, ``progress``: how the output is written
     (``dqtool.storage.Writing``)."""
-    from dqtool import storage
-    from dqtool.checking.models import load as load_for_check
-    from dqtool.integer import numerics
-
     req = storage.request(model_or_path, out, in_place=in_place)
 
     def transform(model: ir.Model, _early: Any) -> tuple[IntegerReport, ir.Model]:
@@ -166,8 +164,6 @@ def _rewritten(model: ir.Model, make: Any, req: Any) -> tuple[ir.Model, Any, Any
     upgrade made first (None if none was needed): where a node is refused only because
     the model's ai.onnx opset cannot express its DequantizeLinear, the model is upgraded
     as ``dqtool upgrade`` does (refused where it would refuse), then rewritten."""
-    from dqtool import graph
-
     trial = make()
     graph.sort_if_needed(model)  # a copy needs its graphs in order (a cycle is refused)
     work = model.clone()  # the model's tensors are shared, not copied
@@ -176,8 +172,6 @@ def _rewritten(model: ir.Model, make: Any, req: Any) -> tuple[ir.Model, Any, Any
     needed = getattr(trial.outcome, "needs_opset", None)
     if needed is None:
         return work, trial, None
-    from dqtool.convert import pipeline
-    from dqtool.convert.context import Options
 
     upgrade = pipeline.run(model, needed, "upgrade", Options(), path=req.path, copy=False)
     upgraded = upgrade.model
