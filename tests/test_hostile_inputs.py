@@ -19,7 +19,7 @@ from helpers.integer import one_node
 from onnx import TensorProto as TP
 from onnx import helper, numpy_helper
 
-from dqtool import registry
+from dqtool import registry, storage
 from dqtool.checking import check, models, runners, selfcheck
 from dqtool.cli import main
 from dqtool.storage import tensor_reads
@@ -449,6 +449,7 @@ def test_a_weight_in_a_file_is_checked_a_band_at_a_time(tmp_path, monkeypatch, c
         return real_from_file(path, dtype, count, offset)
 
     monkeypatch.setattr(tensor_reads, "from_file", from_file)
+    monkeypatch.setattr(storage, "from_file", from_file)  # as check reads it
     runs: list[int] = []
     real_run = runners.run_ort
     monkeypatch.setattr(runners, "run_ort", lambda model, feeds, outputs=None, **k: (
