@@ -64,3 +64,12 @@ def _console_class() -> type[Console]:
             return super().render_str(shown(text), **kwargs)
 
     return SafeConsole
+
+
+def number(v: object) -> str:
+    """A figure as reports print it: six significant digits for a float, "-" for none."""
+    if v is None:
+        return "-"
+    if isinstance(v, float):
+        return f"{v:.6g}"
+    return str(v)

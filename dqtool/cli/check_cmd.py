@@ -8,17 +8,10 @@ import click
 from rich.table import Table
 
 from dqtool.cli.app import App, user_errors
+from dqtool.printable import number
 
 # The library is imported inside the command's body: `dqtool check --help` and a refused
 # option load no onnx_ir or NumPy (~0.3 s), and no onnxruntime.
-
-
-def _num(v: object) -> str:
-    if v is None:
-        return "-"
-    if isinstance(v, float):
-        return f"{v:.6g}"
-    return str(v)
 
 
 def _render_self(app: App, doc: dict) -> None:
@@ -84,7 +77,7 @@ def _render_comparisons(app: App, doc: dict) -> None:
         tolerated_label = "yes (bound)" if doc.get("bounds") else "yes (per op)"
         for o in c["outputs"]:
             worst = "-" if o["worst_index"] is None else str(tuple(o["worst_index"]))
-            vals = f"{_num(o['worst_actual'])} / {_num(o['worst_expected'])}"
+            vals = f"{number(o['worst_actual'])} / {number(o['worst_expected'])}"
             ok = (tolerated_label if o.get("tolerated") and not (
                 o["max_abs"] <= o["atol"] or o["max_rel"] <= o["rtol"]) else "yes") \
                 if o["passed"] else f"NO {o['failure'] or ''}"
@@ -93,8 +86,8 @@ def _render_comparisons(app: App, doc: dict) -> None:
             if not c.get("judged", True):
                 ok = "same" if o["passed"] else "reported"
             table.add_row(o["name"], ok,
-                          _num(o["max_abs"]), _num(o["max_rel"]), _num(o["mean_abs"]),
-                          worst, vals, f"{_num(o['min_atol'])} / {_num(o['min_rtol'])}",
+                          number(o["max_abs"]), number(o["max_rel"]), number(o["mean_abs"]),
+                          worst, vals, f"{number(o['min_atol'])} / {number(o['min_rtol'])}",
                           _steps(o))
         app.out.print(table)
 
@@ -129,11 +122,11 @@ def _bound_line(b: dict) -> str:
         return f"{b['node']} ({b['op']}): not bounded: {b['detail']}"
     if not b["max_abs"]:
         return f"{b['node']} ({b['op']}): bit-identical"
-    ulps = "" if b["ulps"] is None else f" ({_num(b['ulps'])} ulp of {b['dtype']} there)"
+    ulps = "" if b["ulps"] is None else f" ({number(b['ulps'])} ulp of {b['dtype']} there)"
     word = "within" if b["status"] == "within" else "BEYOND"
-    text = (f"{b['node']} ({b['op']}): max abs {_num(b['max_abs'])}{ulps}, {word} its "
-            f"rounding bound (largest difference / bound {_num(b['max_ratio'])}; "
-            f"bound there {_num(b['bound_at_worst'])})")
+    text = (f"{b['node']} ({b['op']}): max abs {number(b['max_abs'])}{ulps}, {word} its "
+            f"rounding bound (largest difference / bound {number(b['max_ratio'])}; "
+            f"bound there {number(b['bound_at_worst'])})")
     if b["detail"]:
         text += f"; {b['detail']}"
     return text + (f" [{b['sampled']}]" if b["sampled"] else "")
@@ -154,7 +147,7 @@ def _render_per_op(app: App, entries: list[dict]) -> None:
                           markup=False, soft_wrap=True)
         elif e["max_steps"] is None or e["max_steps"] > 0:
             app.out.print(f"  {e['node']} ({e['op']}): {_steps(e)}, max abs "
-                          f"{_num(e['max_abs'])}", markup=False, soft_wrap=True)
+                          f"{number(e['max_abs'])}", markup=False, soft_wrap=True)
 
 
 def _steps(o: dict) -> str:
@@ -162,7 +155,7 @@ def _steps(o: dict) -> str:
     one); ``-`` when the output has no quantization step."""
     if o.get("max_steps") is None:
         return "-"
-    return f"{o['max_steps']}, {o['off_by_one']}, {o['off_by_more']} (step {_num(o['step'])})"
+    return f"{o['max_steps']}, {o['off_by_one']}, {o['off_by_more']} (step {number(o['step'])})"
 
 
 def render(app: App, doc: dict) -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 from html import escape
 from typing import Any
 
+from dqtool.printable import number
 from dqtool.report import html, svg
 
 
@@ -53,7 +54,7 @@ def _output(o: dict[str, Any], runtime: str) -> str:
         ok += ": nothing finite to compare (NaN or inf everywhere in both models)"
     parts = [f'<h3>{escape(o["name"])} <span class="note">({escape(runtime)}: {ok}; '
              f'{o["mismatched"]} of {o["size"]} elements differ, max abs '
-             f'{html._text(o["max_abs"])})</span></h3>']
+             f'{number(o["max_abs"])})</span></h3>']
     hist = o.get("histogram")
     if hist:
         parts.append(svg.bars(f"{o['name']}: error in {hist['unit']}", _labels(hist),

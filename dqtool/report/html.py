@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from dqtool.errors import UsageError
+from dqtool.printable import number
 
 # Nothing a page may fetch: no script, no remote style, font or image. A browser refuses
 # any request the page would make.
@@ -38,17 +39,9 @@ def page(title: str, sections: Sequence[str]) -> str:
 
 def table(headers: Sequence[str], rows: Sequence[Sequence[Any]], css: str = "") -> str:
     head = "".join(f"<th>{escape(h)}</th>" for h in headers)
-    body = "".join("<tr>" + "".join(f"<td>{escape(_text(c))}</td>" for c in r) + "</tr>"
+    body = "".join("<tr>" + "".join(f"<td>{escape(number(c))}</td>" for c in r) + "</tr>"
                    for r in rows)
     return f'<table class="{css}"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'
-
-
-def _text(v: Any) -> str:
-    if v is None:
-        return "-"
-    if isinstance(v, float):
-        return f"{v:.6g}"
-    return str(v)
 
 
 def verdict(passed: bool, text: str) -> str:
