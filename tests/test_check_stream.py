@@ -12,12 +12,16 @@ import pytest
 
 from dqtool.checking import half_matmul, inputs, liveness, models, runners, stream_ort
 from dqtool.checking.compare import bit_identical
+from dqtool.runtimes import cpu_path
 
 ROOT = Path(__file__).resolve().parent.parent
 # float16 models whose MatMul onnxruntime computes in float32 across nodes: a boundary
 # between two such nodes rounds the value it carries (stream_ort's docstring), so the
-# pieces of one node each that this test forces differ there; measured on these two.
+# pieces of one node each that this test forces differ there; measured on these two with
+# onnxruntime 1.32 on x86-64 (AVX2 and AVX-512 paths). On arm64-dotprod (under
+# qemu-aarch64, 2026-11-28) the streamed and whole runs were bit-identical.
 _ROUNDED_AT_BOUNDARIES = {"dq19_float8e4m3fn_fp16_scale.onnx", "dq23_int4_output_dtype.onnx"}
+_ROUNDS_ON_THIS_PATH = cpu_path.probe().name.startswith("x86-64")
 
 
 def _runs(path: str, streamed: bool, monkeypatch) -> dict[str, object]:
@@ -55,7 +59,8 @@ def test_streamed_runs_give_the_whole_runs_values(path, monkeypatch):
         if isinstance(a, str):
             continue
         same = all(bit_identical(a[k], b[k]) for k in a)
-        if runtime == "onnxruntime" and Path(path).name in _ROUNDED_AT_BOUNDARIES:
+        if runtime == "onnxruntime" and Path(path).name in _ROUNDED_AT_BOUNDARIES \
+                and _ROUNDS_ON_THIS_PATH:
             assert not same  # if this changes, the set above is out of date
         else:
             assert same, (runtime, path)
