@@ -6,6 +6,7 @@ onnxruntime: bit-exact, or kernel-only where onnxruntime has no kernel (data in
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import test_integer_attention
 import test_integer_lstm
 from onnx import TensorProto as TP
@@ -227,3 +228,45 @@ def test_check_compares_an_lstm_without_y_on_its_final_state(monkeypatch):
     report = dqtool.check(model)
     (n,) = report.nodes
     assert n.status == "bit-exact", n.to_json()
+
+
+def _qlinear_add() -> tuple[object, dict[str, np.ndarray]]:
+    a = helper.make_tensor_value_info("a", TP.UINT8, [1, 64])
+    y = helper.make_tensor_value_info("y", TP.UINT8, [1, 64])
+    rng = np.random.default_rng(7)
+    inits = [numpy_helper.from_array(np.asarray(v), n) for n, v in (
+        ("a_s", np.float32(0.02)), ("a_zp", np.uint8(120)),
+        ("b", rng.integers(0, 256, (1, 64), dtype=np.uint8)), ("b_s", np.float32(0.03)),
+        ("b_zp", np.uint8(130)), ("c_s", np.float32(0.05)), ("c_zp", np.uint8(128)))]
+    node = helper.make_node("QLinearAdd", ["a", "a_s", "a_zp", "b", "b_s", "b_zp", "c_s",
+                                           "c_zp"], ["y"], domain="com.microsoft")
+    model = helper.make_model(
+        helper.make_graph([node], "g", [a], [y], inits),
+        opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)],
+        ir_version=8)
+    return model, {"a": rng.integers(0, 256, (1, 64), dtype=np.uint8)}
+
+
+@pytest.mark.parametrize("off, passes", [(1, True), (2, False)])
+def test_check_passes_integer_codes_within_a_path_entry_s_steps(monkeypatch, off, passes):
+    """The mechanism behind arm64-dotprod's QLinearAdd ties (``steps=1``), run on any
+    machine: the kernel made ``off`` codes away from onnxruntime, and an entry of one step
+    for this CPU's path; one step is that deviation, two are a mismatch."""
+    from dqtool.families.integer import kernel
+    from dqtool.runtimes import cpu_path
+    from dqtool.runtimes.code_paths import PathDeviation
+
+    real = kernel.qlinear_binary
+    monkeypatch.setattr(kernel, "qlinear_binary", lambda *a: np.clip(
+        real(*a).astype(np.int64) + off, 0, 255).astype(np.uint8))
+    entry = PathDeviation(
+        key="test-steps", runtime="onnxruntime", releases=(RELEASE,), measured="test",
+        paths=(cpu_path.probe().name,), ops=("com.microsoft:QLinearAdd",), spec="test",
+        runtime_gives="test", steps=1)
+    monkeypatch.setattr(path_deviations, "for_op", lambda op: (
+        (entry,) if op == "com.microsoft:QLinearAdd" else ()))
+    model, feeds = _qlinear_add()
+    report = dqtool.check(model, inputs=feeds)
+    node = _statuses(report)["QLinearAdd"]
+    assert (node.status == "runtime-deviation") is passes and report.passed is passes
+    assert node.status == ("runtime-deviation" if passes else "mismatch")

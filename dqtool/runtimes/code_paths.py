@@ -41,10 +41,11 @@ class PathDeviation:
     runtime_gives: str
     # The size: the largest difference from the kernel measured on that path, in ulps of
     # a float output's row (``ort_facts.row_ulps``) and in steps of an integer output.
-    # ``check`` passes a float output within ``ulps`` as this deviation (its own rerun
-    # cannot apply the arm64 emulations, which live with the integer family's MLAS
-    # routines); None where the entry changes no such output, or where check reruns the
-    # node with the entry's exact emulation (u8s8-pair-saturation).
+    # ``check`` passes a float output within ``ulps``, and an integer output within
+    # ``steps``, as this deviation (its own rerun cannot apply the arm64 emulations, which
+    # live with the integer family's MLAS routines); None where the entry changes no such
+    # output, or where check reruns the node with the entry's exact emulation
+    # (u8s8-pair-saturation).
     ulps: int | None = None
     steps: int | None = None
 
