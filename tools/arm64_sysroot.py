@@ -197,7 +197,7 @@ def cpuinfo(folder: Path, root: Path, cpu: str) -> Path:
     """The folder QEMU_LD_PREFIX names for ``cpu``: the root's top-level entries linked,
     and that CPU's ``proc/cpuinfo``. It must match the CPU qemu emulates: onnxruntime's
     cpuinfo library reads the part number there, and with the Neoverse N1's file under
-    ``-cpu cortex-a72`` (no dot product) its first session stopped on an illegal
+    ``-cpu cortex-a72`` (no dot product) onnxruntime's first InferenceSession stopped on an illegal
     instruction, with the Cortex-A72's it ran (measured 2026-11-28)."""
     variant, part, revision, features = CPUS[cpu]
     prefix = folder / f"prefix-{cpu}"
