@@ -20,8 +20,6 @@ from typing import Any, Literal
 import onnx_ir as ir
 
 from dqtool import graph, storage
-from dqtool.checking import conversion
-from dqtool.checking.models import MAX_IN_PROTO
 from dqtool.convert import handwritten_step, pipeline
 from dqtool.convert.context import Options
 from dqtool.convert.pipeline import default_output
@@ -100,6 +98,11 @@ def _checker(path: Path | None, out: Path | None) -> Callable[[ir.Model], Any]:
     data is checked from its files, the converted one as written (before it is renamed
     into place): no tensor is copied into a protobuf, so any size works. Otherwise both are
     checked in memory, which protobuf limits to 2 GB."""
+    # Imported here: dqtool.checking (onnx's reference evaluator and check's modules, over
+    # 0.1 s) is only for --check; an upgrade without it never loads it.
+    from dqtool.checking import conversion
+    from dqtool.checking.models import MAX_IN_PROTO
+
     def make(model: ir.Model) -> storage.Verifier:
         from_files = out is not None and path is not None and storage.uses_external_data(model)
         if not from_files and storage.tensor_bytes(model) > MAX_IN_PROTO:
