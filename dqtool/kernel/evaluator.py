@@ -18,7 +18,7 @@ from .opmx import dequantize_opmx
 from .quantize import quantize
 
 
-def _np_dtype(code: int | None) -> np.dtype | None:
+def dtype_of_code(code: int | None) -> np.dtype | None:
     """The NumPy dtype of an ``output_dtype`` attribute (absent or 0: the default)."""
     if not code:
         return None
@@ -43,7 +43,7 @@ class Dq(OpRun):
              **_ignored):
         return (
             dequantize(x, x_scale, x_zero_point, axis=axis, block_size=block_size,
-                       output_dtype=_np_dtype(output_dtype)),
+                       output_dtype=dtype_of_code(output_dtype)),
         )
 
 
@@ -54,7 +54,7 @@ class Q(OpRun):
              saturate=1, **_ignored):
         return (
             quantize(x, y_scale, y_zero_point, axis=axis, block_size=block_size,
-                     output_dtype=_np_dtype(output_dtype), saturate=bool(saturate)),
+                     output_dtype=dtype_of_code(output_dtype), saturate=bool(saturate)),
         )
 
 

@@ -19,6 +19,8 @@ import onnx_ir as ir
 from dqtool import graph, storage
 from dqtool.evaluator import reference_evaluator
 from dqtool.families.fused import kernel, read
+from dqtool.kernel.dequantize import dequantize
+from dqtool.kernel.evaluator import dtype_of_code
 
 
 @dataclass(frozen=True)
@@ -74,11 +76,44 @@ def _in_memory(tensor: ir.TensorProtocol) -> ir.TensorProtocol:
     return ir.Tensor(storage.tensor_array(tensor), dtype=tensor.dtype, name=tensor.name)
 
 
+# DequantizeLinear domains whose evaluator operator is ``dqtool.kernel.dequantize`` with
+# these attributes (``dqtool.kernel.evaluator``: ``Dq`` and ``MsDq``)
+_KERNEL_DQ = {"": frozenset({"axis", "block_size", "output_dtype"}),
+              "com.microsoft": frozenset({"axis"})}
+
+
+def _one_dequantize(value: ir.Value) -> np.ndarray | None:
+    """``value`` made by one DequantizeLinear of constants, through the kernel the reference
+    evaluator would call for it, without serializing the weight into a model for it
+    (2026-11-28: 19 of 30 s of the bench model's weight comparison went to building,
+    packing and evaluating those models; docs/benchmarks.md); None for anything else."""
+    p = value.producer()
+    allowed = _KERNEL_DQ.get(p.domain if p is not None else "-")
+    if p is None or p.op_type != "DequantizeLinear" or allowed is None \
+            or not set(p.attributes) <= allowed or not 2 <= len(p.inputs) <= 3:
+        return None
+    arrays = []
+    for v in p.inputs:
+        if v is None:
+            arrays.append(None)
+        elif v.producer() is None and graph.constant_tensor(v) is not None:
+            arrays.append(storage.stored_values(v))
+        else:
+            return None
+    ints = {k: a.as_int() for k, a in p.attributes.items()}
+    return dequantize(arrays[0], arrays[1], arrays[2] if len(arrays) > 2 else None,
+                      axis=ints.get("axis", 1), block_size=ints.get("block_size", 0),
+                      output_dtype=dtype_of_code(ints.get("output_dtype", 0)))
+
+
 def _evaluate(value: ir.Value) -> np.ndarray | None:
     """A value computed from constants only, evaluated; None if it needs a graph input."""
     const = graph.constant_array(value)
     if const is not None:
         return const
+    direct = _one_dequantize(value)
+    if direct is not None:
+        return direct
     nodes: list[ir.Node] = []
     inits: dict[str, ir.Value] = {}
     todo, seen = [value], set()
