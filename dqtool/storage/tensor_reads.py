@@ -166,15 +166,19 @@ def unpack(packed: np.ndarray, bits: int, signed: bool = False) -> np.ndarray:
     per = 8 // bits
     out = np.empty((*packed.shape[:-1], packed.shape[-1] * per), np.uint8)
     src, dst = np.ascontiguousarray(packed).reshape(-1), out.reshape(-1)
+    spare = np.empty(min(src.size, UNPACK_CHUNK), np.uint32 if bits == 2 else np.uint16)
+    half_range = np.uint8(1 << (bits - 1))
     for s in range(0, src.size, UNPACK_CHUNK):
-        _unpack_chunk(src[s:s + UNPACK_CHUNK], dst[s * per:(s + UNPACK_CHUNK) * per], bits)
-        if signed:  # the sign bit shifted to the top of the byte and back, in place: far
-            # cheaper than a masked subtraction (docs/decisions.md,
-            # "2026-11-28: sizes the code holds")
-            d = dst[s * per:(s + UNPACK_CHUNK) * per]
-            np.left_shift(d, 8 - bits, out=d)
-            v = d.view(np.int8)
-            np.right_shift(v, 8 - bits, out=v)
+        d = dst[s * per:(s + UNPACK_CHUNK) * per]
+        _unpack_chunk(src[s:s + UNPACK_CHUNK], d, bits, spare)
+        if signed:  # (c ^ 2^(bits-1)) - 2^(bits-1), wrapping in uint8: the code's value
+            # as int8. Two vectorized passes, in place: far cheaper than a masked
+            # subtraction (docs/decisions.md, "2026-11-28: sizes the code holds") or the
+            # sign bit shifted up and back (NumPy's uint8 left_shift is a scalar loop):
+            # 2026-11-28, a 3072 x 8192 int4 weight's codes 15.0 → 7.4 ms of CPU (given
+            # in that day's report for docs/benchmarks.md)
+            np.bitwise_xor(d, half_range, out=d)
+            np.subtract(d, half_range, out=d)
     return out.view(np.int8) if signed else out
 
 
@@ -187,15 +191,32 @@ def file_codes(path: str | os.PathLike, offset: int, start: int, stop: int, bits
     return unpack(raw, bits, signed)[: stop - start]
 
 
-def _unpack_chunk(src: np.ndarray, dst: np.ndarray, bits: int) -> None:
+def _unpack_chunk(src: np.ndarray, dst: np.ndarray, bits: int, spare: np.ndarray) -> None:
+    """``dst`` = the codes of ``src``; ``spare``: a scratch of at least ``src.size`` uint16
+    (4 bits) or uint32 (2 bits). Shifts left are multiplies: NumPy's integer left_shift
+    is a scalar loop, its multiply vectorized (measured 2026-11-28, 25 Mi 4-bit codes in
+    chunks: 3.0 ms of CPU with shifts, 2.5 ms so; 2-bit codes 25 ms a pass per code, 15 ms
+    so; given in that day's report for docs/benchmarks.md)."""
     if bits == 4 and sys.byteorder == "little":
         # Byte b widened to 16 bits, b | b·16 masked with 0x0F0F: its low nibble in the
-        # low byte, its high nibble in the high byte, i.e. the two codes in order. Three
+        # low byte, its high nibble in the high byte, i.e. the two codes in order. Four
         # vectorized passes over half as many items (~6x faster than a pass per code).
-        w = dst.view(np.uint16)
+        w, t = dst.view(np.uint16), spare[:src.size]
         np.copyto(w, src)
-        w |= w << np.uint16(4)
+        np.multiply(w, np.uint16(16), out=t)
+        w |= t
         w &= np.uint16(0x0F0F)
+        return
+    if bits == 2 and sys.byteorder == "little":
+        # The same with four codes: b | b·2^6 | b·2^12 | b·2^18 masked with 0x03030303
+        # puts code j (bits 2j, 2j+1 of b) at bits 8j, 8j+1: byte j of the word.
+        w, t = dst.view(np.uint32), spare[:src.size]
+        np.copyto(w, src)
+        np.copyto(t, w)
+        for _ in range(3):  # t = b·2^6, then b·2^12, then b·2^18
+            np.multiply(t, np.uint32(1 << 6), out=t)
+            w |= t
+        w &= np.uint32(0x03030303)
         return
     per, mask = 8 // bits, (1 << bits) - 1
     d = dst.reshape(-1, per)
