@@ -198,3 +198,95 @@ def test_a_failing_run_falls_back_to_numpy(monkeypatch) -> None:
     out[:] = 0
     half.cast_into(out, x.astype(np.float64), covered=True)
     assert np.array_equal(out.view(np.uint16), x.astype(np.float16).view(np.uint16))
+
+
+# --- the output bound to the destination (IOBinding), and float16 → float32 ----------------
+
+
+@pytest.mark.skipif(not VERIFIED, reason="the fast cast is off on unlisted releases")
+def test_bound_output_gets_numpy_bits_in_place() -> None:
+    # The real session (no stand-in): its output is written straight into rows of a larger
+    # array, through this thread's IOBinding, and nothing else is touched.
+    assert half.available()
+    s = _all_finite(np.dtype(np.float16))
+    x = (np.float32(-13) * s).reshape(16, -1)
+    big = np.full((20, x.shape[1]), np.float16(7))
+    with np.errstate(over="ignore"):
+        half.cast_into(big[2:18], x, covered=True)
+        want = x.astype(np.float16)
+    assert half._bindings.held[0] is half._session  # the bound path ran
+    assert np.array_equal(big[2:18].view(np.uint16), want.view(np.uint16))
+    assert (big[:2] == 7).all() and (big[18:] == 7).all()
+
+
+def test_widening_used_only_on_verified_releases() -> None:
+    assert half.widening_available() == VERIFIED
+
+
+def test_widening_is_numpys_for_every_half() -> None:
+    # The whole domain: every float16 bit pattern, NaNs included, in one buffer and in
+    # odd pieces (every kind of SIMD tail).
+    x = half.every_half()
+    out = np.empty(x.size, np.float32)
+    half.widen_into(out, x)
+    assert half.same_widening(out, x)
+    want = x.astype(np.float32)
+    finite = ~np.isnan(want)
+    assert np.array_equal(out.view(np.uint32)[finite], want.view(np.uint32)[finite])
+    for lo, hi in ((3, 4100), (31000, 36111), (60000, 65536)):
+        part = np.empty(hi - lo, np.float32)
+        half.widen_into(part, x[lo:hi])
+        assert half.same_widening(part, x[lo:hi])
+
+
+def test_widening_strided_and_shaped() -> None:
+    rng = np.random.default_rng(11)
+    x = rng.integers(0, 1 << 16, (70, 300), dtype=np.uint32).astype(np.uint16)
+    x = x.view(np.float16)[::2, 5:290]  # not contiguous
+    out = np.empty(x.shape, np.float32)
+    half.widen_into(out, x)
+    assert half.same_widening(out, x)
+
+
+def test_widening_probe_and_its_fallbacks(monkeypatch) -> None:
+    x = half.every_half()
+    got = x.astype(np.float32)
+    assert half.same_widening(got, x)
+    quieted = got.copy()
+    quieted.view(np.uint32)[np.isnan(got)] |= np.uint32(1 << 22)
+    assert half.same_widening(quieted, x)  # a NaN for a NaN
+    wrong = got.copy()
+    wrong[123] = np.nextafter(wrong[123], np.float32(np.inf))
+    assert not half.same_widening(wrong, x)
+    nan_lost = got.copy()
+    nan_lost[np.isnan(got)] = 0
+    assert not half.same_widening(nan_lost, x)
+
+    class Broken:
+        def run(self, *args, **kwargs):
+            raise RuntimeError("out of memory")
+
+    monkeypatch.setattr(half, "_wide_state", True)
+    monkeypatch.setattr(half, "_wide_session", Broken())
+    out = np.empty(x.size, np.float32)
+    half.widen_into(out, x)
+    assert np.array_equal(out.view(np.uint32), got.view(np.uint32))  # NumPy's own bits
+    monkeypatch.setenv("DQTOOL_ORT_CAST", "0")
+    assert not half.widening_available()
+
+
+def test_small_widening_never_sets_it_up(monkeypatch) -> None:
+    built = []
+    monkeypatch.setattr(half, "WARM_UP_ELEMENTS", 3 * 4096)
+    monkeypatch.setattr(half, "_numpy_widened", 0)
+    monkeypatch.setattr(half, "_wide_state", None)
+    monkeypatch.setattr(half, "_wide_session", None)
+    monkeypatch.setattr(half, "_build_widening", lambda: built.append(1))
+    x = half.every_half()[:4096]
+    out = np.empty(4096, np.float32)
+    for _ in range(3):
+        half.widen_into(out, x)
+    assert not built and half._numpy_widened == 3 * 4096
+    half.widen_into(out, x)  # past the warm-up: set up (here: declined)
+    assert built == [1] and half._wide_state is False
+    assert np.array_equal(out.view(np.uint32), x.astype(np.float32).view(np.uint32))

@@ -16,6 +16,14 @@ releases listed in ``VERIFIED`` (each compared on that release), and only after 
 the installed runtime (the products of a dozen ``d`` with every finite float16 scale: ties,
 subnormal results, overflow to infinity) gave NumPy's bits. Otherwise, or with
 ``DQTOOL_ORT_CAST=0``, NumPy converts, and the values are the same.
+
+The other way, float16 → float32 (``widen_into``, for ``checking.half_matmul``), is exact,
+so the whole domain is 65536 inputs: the probe compares every one of them, in buffers of
+several lengths (SIMD body and scalar tails), before onnxruntime's Cast is used
+(measured 2026-11-28: ~0.4 ns an element in chunks of 128 Ki, NumPy's ~1.05 ns; given in
+that day's report for docs/benchmarks.md). A NaN must stay a NaN: onnxruntime quiets a
+signalling one, NumPy keeps its bits, and a float32 multiply quiets it anyway (NaN
+payloads carry no meaning for dqtool: ``compare.bit_identical``).
 """
 
 from __future__ import annotations
@@ -45,6 +53,9 @@ _lock = threading.Lock()
 _session: object | None = None
 _state: bool | None = None  # None: not decided yet
 _numpy_elements = 0  # cast by NumPy before the fast cast was set up
+_wide_session: object | None = None
+_wide_state: bool | None = None
+_numpy_widened = 0  # widened by NumPy before the fast widening was set up
 
 
 def covers(x_dtype: np.dtype, scale_dtype: np.dtype, s32: np.ndarray) -> bool:
@@ -61,7 +72,9 @@ def probe_values() -> np.ndarray:
     return (d[:, None] * s[None, :]).reshape(-1)
 
 
-def _build() -> object | None:
+def _cast_session(to_half: bool) -> object | None:
+    """A one-Cast session (float32 → float16, or float16 → float32) on a verified release;
+    None where onnxruntime is missing, unlisted or fails."""
     # Imported here: dqtool.runtimes.onnxruntime loads onnx (~0.2 s), which the kernel's
     # other callers (fold) never need.
     from dqtool.runtimes.onnxruntime import installed_version, release_of
@@ -73,10 +86,13 @@ def _build() -> object | None:
         import onnxruntime as ort
         from onnx import TensorProto, helper
 
+        src, dst = TensorProto.FLOAT, TensorProto.FLOAT16
+        if not to_half:
+            src, dst = dst, src
         graph = helper.make_graph(
-            [helper.make_node("Cast", ["x"], ["y"], to=TensorProto.FLOAT16)], "cast",
-            [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n"])],
-            [helper.make_tensor_value_info("y", TensorProto.FLOAT16, ["n"])])
+            [helper.make_node("Cast", ["x"], ["y"], to=dst)], "cast",
+            [helper.make_tensor_value_info("x", src, ["n"])],
+            [helper.make_tensor_value_info("y", dst, ["n"])])
         model = helper.make_model(graph, ir_version=10,
                                   opset_imports=[helper.make_opsetid("", 21)])
         options = ort.SessionOptions()
@@ -84,10 +100,19 @@ def _build() -> object | None:
         # the kernel's own threads call it, one chunk each
         options.intra_op_num_threads = 1
         options.inter_op_num_threads = 1
-        session = ort.InferenceSession(model.SerializeToString(), options,
-                                       providers=["CPUExecutionProvider"])
+        return ort.InferenceSession(model.SerializeToString(), options,
+                                    providers=["CPUExecutionProvider"])
+    except Exception:  # onnxruntime raises its own types; any failure means NumPy
+        return None
+
+
+def _build() -> object | None:
+    session = _cast_session(to_half=True)
+    if session is None:
+        return None
+    try:
         x = probe_values()
-        got = session.run(None, {"x": x})[0]
+        got = session.run(None, {"x": x})[0]  # type: ignore[attr-defined]
     except Exception:  # onnxruntime raises its own types; any failure means NumPy
         return None
     with np.errstate(over="ignore"):  # products past 65504 round to infinity
@@ -118,12 +143,94 @@ def cast_into(dst: np.ndarray, src: np.ndarray, covered: bool) -> None:
             and dst.dtype == np.float16 and src.flags.c_contiguous and dst.flags.c_contiguous:
         if _state is None and _numpy_elements < WARM_UP_ELEMENTS:
             _numpy_elements += src.size  # not worth setting up yet (a race only miscounts)
-        elif available():
-            try:
-                got = _session.run(None, {"x": src.reshape(-1)})[0]  # type: ignore
-            except Exception:  # onnxruntime raises its own types; NumPy gives the same bits
-                got = None
-            if got is not None:
-                dst.reshape(-1)[...] = got
-                return
+        elif available() and _run_into(_session, src.reshape(-1), dst.reshape(-1)):
+            return
+    np.copyto(dst, src, casting="unsafe")
+
+
+_bindings = threading.local()  # per thread: (session, its IOBinding)
+
+
+def _run_into(session: object, src: np.ndarray, dst: np.ndarray) -> bool:
+    """Run a one-Cast session on the 1-D contiguous ``src``, its output written to ``dst``;
+    False where it failed (the caller converts with NumPy).
+
+    The output is bound to ``dst`` itself (``IOBinding``): ``session.run`` would allocate
+    an output (fresh memory) and the result be copied from there, which took more than the
+    conversion: 2026-11-28, 25 Mi float32 → float16 in chunks of 256 Ki, 8.9 ms by
+    ``run`` and a copy, 5.7 ms bound (given in that day's report for docs/benchmarks.md).
+    A session without ``io_binding`` (a test's stand-in) runs and is copied."""
+    try:
+        if not hasattr(session, "io_binding"):
+            dst[...] = session.run(None, {"x": src})[0]  # type: ignore[attr-defined]
+            return True
+        held = getattr(_bindings, "held", None)
+        if held is None or held[0] is not session:
+            held = (session, session.io_binding())  # IOBinding is not shared by threads
+            _bindings.held = held
+        io = held[1]
+        io.bind_cpu_input("x", src)
+        io.bind_output("y", "cpu", 0, dst.dtype, [dst.size], dst.ctypes.data)
+        session.run_with_iobinding(io)  # type: ignore[attr-defined]
+        return True
+    except Exception:  # onnxruntime raises its own types; NumPy gives the same bits
+        return False
+
+
+def every_half() -> np.ndarray:
+    """All 65536 float16 bit patterns, in order."""
+    return np.arange(1 << 16, dtype=np.uint32).astype(np.uint16).view(np.float16)
+
+
+def same_widening(got: np.ndarray, x: np.ndarray) -> bool:
+    """Is ``got`` NumPy's float32 of float16 ``x``: the same bits, a NaN for a NaN?"""
+    want = x.astype(np.float32)
+    if got.dtype != want.dtype or got.shape != want.shape:
+        return False
+    nan = np.isnan(want)
+    return bool(np.array_equal(got.view(np.uint32)[~nan], want.view(np.uint32)[~nan])
+                and np.isnan(got[nan]).all())
+
+
+def _build_widening() -> object | None:
+    session = _cast_session(to_half=False)
+    if session is None:
+        return None
+    x = every_half()
+    try:
+        # the whole domain, then lengths and starts that leave every kind of tail
+        for lo, hi in ((0, x.size), (1, 8), (3, 40), (5, 1029), (31744, 31777)):
+            part = np.ascontiguousarray(x[lo:hi])
+            if not same_widening(session.run(None, {"x": part})[0], part):  # type: ignore
+                return None
+    except Exception:  # onnxruntime raises its own types; any failure means NumPy
+        return None
+    return session
+
+
+def widening_available() -> bool:
+    """Is the fast float16 → float32 conversion in use (verified release, probe passed,
+    not turned off by ``DQTOOL_ORT_CAST=0``)?"""
+    global _wide_session, _wide_state
+    if os.environ.get("DQTOOL_ORT_CAST", "1") == "0":
+        return False
+    if _wide_state is None:
+        with _lock:
+            if _wide_state is None:
+                _wide_session = _build_widening()
+                _wide_state = _wide_session is not None
+    return _wide_state
+
+
+def widen_into(dst: np.ndarray, src: np.ndarray) -> None:
+    """``dst[...] = src``, float16 to float32: NumPy's values (a NaN stays a NaN, its payload
+    may be quieted; see the module docstring). dst contiguous, of src's shape."""
+    global _numpy_widened
+    if src.dtype == np.float16 and dst.dtype == np.float32 and dst.flags.c_contiguous \
+            and src.size >= MIN_ELEMENTS:
+        if _wide_state is None and _numpy_widened < WARM_UP_ELEMENTS:
+            _numpy_widened += src.size  # not worth setting up yet (a race only miscounts)
+        elif widening_available() and _run_into(
+                _wide_session, np.ascontiguousarray(src).reshape(-1), dst.reshape(-1)):
+            return
     np.copyto(dst, src, casting="unsafe")
