@@ -3,6 +3,7 @@
     .venv/bin/python bench/bench_fused.py             # full size (~2 GB model, ~13 GB disk)
     DQTOOL_BENCH_QUICK=1 .venv/bin/python bench/bench_fused.py
     DQTOOL_BENCH_LAYERS=4 .venv/bin/python bench/bench_fused.py   # full-size layers, 4 of them
+    DQTOOL_BENCH_NORM=1 ...   # a LayerNormalization before each MatMulNBits: finite
 
 The model (float16, external data): a GatherBlockQuantized embedding, then 32 layers of 7
 MatMulNBits (q, k, v, o: D→D; gate, up: D→F; down: F→D), 4-bit symmetric, block 128. Its
@@ -54,6 +55,10 @@ D = 256 if QUICK else 3072  # hidden size
 F = 512 if QUICK else 8192  # MLP size
 V = 1024 if QUICK else 32000  # vocabulary
 BLOCK = 128
+# DQTOOL_BENCH_NORM=1: a LayerNormalization before each MatMulNBits, so that every value is
+# finite
+# (without, it overflows float16 for any input: a check compares nothing and bounds nothing)
+NORM = os.environ.get("DQTOOL_BENCH_NORM", "0") != "0"
 # Rounds of (upgrade, copy, pack, copy) after a first copy; fold (~6-12 s at full size)
 # and its copy of as many bytes run FOLD_REPEAT times. The figures are medians of the
 # rounds.
@@ -105,6 +110,10 @@ def build(folder: Path) -> Path:
 
     def nbits(name: str, x: str, k: int, n: int) -> str:
         kb = -(-k // BLOCK)
+        if NORM:  # normalized inputs keep every value finite
+            nodes.append(helper.make_node("LayerNormalization", [x, f"norm{k}.gamma"],
+                                          [f"{name}.norm"], name=f"{name}.norm", axis=-1))
+            x = f"{name}.norm"
         inits.append(data.tensor(f"{name}.B", TensorProto.UINT8, [n, kb, BLOCK // 2],
                                  n * kb * BLOCK // 2))
         inits.append(data.tensor(f"{name}.scales", TensorProto.FLOAT16, [n, kb], n * kb * 2,
@@ -114,6 +123,9 @@ def build(folder: Path) -> Path:
                                       bits=4, block_size=BLOCK))
         return name
 
+    if NORM:
+        inits += [data.tensor(f"norm{k}.gamma", TensorProto.FLOAT16, [k], k * 2,
+                              np.float16(1.0).tobytes()) for k in sorted({D, F})]
     inits.append(data.tensor("embed.data", TensorProto.INT4, [V, D], V * D // 2))
     inits.append(data.tensor("embed.scales", TensorProto.FLOAT16, [V, D // BLOCK],
                              V * D // BLOCK * 2, scale_fill))

@@ -62,3 +62,64 @@ def test_one_block_scale_off_by_one_ulp_fails(tmp_path):
     # the block's 32 weights, but those whose code is the zero point (0 either way)
     count, of = report.weights[0].detail.split(" elements")[0].split(" of ")
     assert 0 < int(count) <= 32 and of == "16384"
+
+
+def test_streamed_runs_keep_what_the_bounds_read(tmp_path, monkeypatch):
+    """At LLM size (a model that streams) onnxruntime runs each model once: the runs the
+    outputs are compared on keep each fused node's A and output, and the bounds read them
+    there (each run of a converted LLM is onnxruntime dequantizing every weight)."""
+    from dqtool.checking import against, runners, stream_ort
+
+    src, up = _fp16_pair(tmp_path, m=8)
+    runs: list[str] = []
+    real_run, real_streamed = runners.run_ort, stream_ort.StreamedOrt.__call__
+    monkeypatch.setattr(runners, "run_ort",
+                        lambda *a, **k: runs.append("whole") or real_run(*a, **k))
+    monkeypatch.setattr(stream_ort.StreamedOrt, "__call__",
+                        lambda *a, **k: runs.append("streamed") or real_streamed(*a, **k))
+    separate = dqtool.check(up, against=src)  # small: not streamed, the bounds run again
+    assert runs == ["whole"] * 4 and separate.passed
+    monkeypatch.setattr(runners, "STREAM_BYTES", 0)
+    runs.clear()
+    once = dqtool.check(up, against=src)
+    assert runs == ["streamed"] * 2 and once.passed
+    assert any(n.startswith("onnxruntime ran each model once") for n in once.notes)
+    assert [b.to_json() for b in once.bounds] == [b.to_json() for b in separate.bounds]
+    assert [b.status for b in once.bounds] == ["within"]
+    # past the budget, nothing is kept and the bounds run the models again
+    monkeypatch.setattr(against, "KEEP_BYTES", 0)
+    runs.clear()
+    again = dqtool.check(up, against=src)
+    assert runs == ["streamed", "streamed", "whole", "streamed", "whole", "streamed"]
+    assert [b.to_json() for b in again.bounds] == [b.to_json() for b in separate.bounds]
+    assert not any(n.startswith("onnxruntime ran each model once") for n in again.notes)
+
+
+def _chain() -> onnx.ModelProto:
+    """x → a1 → a2 → y, each an Add of a constant; a piece per node when forced."""
+    return onnx.parser.parse_model("""<ir_version: 8, opset_import: ["" : 17]>
+        g (float[2,3] x) => (float[2,3] y) <float[3] c1 = {1.0, 2.0, 3.0},
+                                            float[3] c2 = {4.0, 5.0, 6.0},
+                                            float[3] c3 = {7.0, 8.0, 9.0}> {
+            a1 = Add(x, c1)
+            a2 = Add(a1, c2)
+            y = Add(a2, c3)
+        }""")
+
+
+def test_a_streamed_run_keeps_values_within_its_budget_and_drops_them_past_it(monkeypatch):
+    from dqtool.checking import runners, stream_ort
+
+    monkeypatch.setattr(stream_ort, "PIECE_BYTES", 1)  # a piece per node
+    x = np.arange(6, dtype=np.float32).reshape(2, 3)
+    run = stream_ort.StreamedOrt(_chain(), lambda piece: runners._whole_ort(piece, None))
+    kept = run({"x": x}, None, ["a1", "a2"], 1 << 20)
+    assert sorted(kept) == ["a1", "a2", "y"]
+    np.testing.assert_array_equal(kept["a1"], x + [1, 2, 3])
+    np.testing.assert_array_equal(kept["a2"], x + [5, 7, 9])
+    np.testing.assert_array_equal(kept["y"], x + [12, 15, 18])
+    # a1 alone is 24 bytes: past a budget of 30 once a2 is made, a2 (still to be read by
+    # the last piece) is dropped without breaking the run
+    dropped = run({"x": x}, None, ["a1", "a2"], 30)
+    assert sorted(dropped) == ["y"]
+    np.testing.assert_array_equal(dropped["y"], x + [12, 15, 18])

@@ -133,11 +133,18 @@ def _against(loaded: Loaded, other_loaded: Loaded, feeds: dict[str, np.ndarray],
     # A family's rewritten nodes, each run alone on the original's inputs.
     per_op = [e for support in registry.check_supports() if support.per_op
               for e in support.per_op(proto, other, feeds, other_loaded.external_dir)]
+    keep = _bound_values(loaded, other_loaded) if runtime == "onnxruntime" else {}
+    kept: dict[int, dict[str, np.ndarray]] = {}
     comparisons = against_mod.compare_models(
         proto, other, feeds, rtol=rtol, atol=atol, notes=notes,
         model_dir=loaded.external_dir, original_dir=other_loaded.external_dir,
-        range_steps=any(e.comparison is not None for e in per_op), runtime=runtime)
-    weights, bounds, exposed = _family_weights(loaded, other_loaded, feeds, comparisons)
+        range_steps=any(e.comparison is not None for e in per_op), runtime=runtime,
+        keep=keep, kept=kept)
+    weights, bounds, exposed = _family_weights(loaded, other_loaded, feeds, comparisons,
+                                               kept)
+    if bounds and _kept_note(kept, keep):
+        notes.append(_kept_note(kept, keep))
+    del kept
     if bounds:
         comparisons = bounded.apply(
             comparisons, weights, bounds, notes, exposed,
@@ -159,8 +166,50 @@ def _against(loaded: Loaded, other_loaded: Loaded, feeds: dict[str, np.ndarray],
                        structure=_checked_structure(loaded, other_loaded), **common)
 
 
+def _sides(support: registry.CheckSupport, loaded: Loaded, other_loaded: Loaded
+           ) -> tuple[Loaded, Loaded]:
+    """(checked, original) as the family's hooks take them: the original is the model
+    holding the family's nodes, unless only the checked model holds them (a conversion
+    into them, as `pack` makes: the two swap places)."""
+    if support.holds_weights is None or support.holds_weights(other_loaded.proto) or not \
+            support.holds_weights(loaded.proto):
+        return loaded, other_loaded
+    return other_loaded, loaded
+
+
+def _bound_values(loaded: Loaded, other_loaded: Loaded) -> dict[int, list[str]]:
+    """What the comparison's onnxruntime runs keep for the families' bounds, at LLM size
+    (a model that streams: each run of a converted model is onnxruntime dequantizing
+    every weight, 27 s of the bench model's check, docs/benchmarks.md 2026-11-28); a run
+    keeps them while they fit ``against.KEEP_BYTES``, else the bounds run it again."""
+    keep: dict[int, list[str]] = {}
+    if not (runners.streams(loaded.proto) or runners.streams(other_loaded.proto)):
+        return keep
+    for support in registry.check_supports():
+        if support.bound_values is None or support.bounds is None:
+            continue
+        checked, original = _sides(support, loaded, other_loaded)
+        for key, names in support.bound_values(checked.proto, original.proto,
+                                               original.ir_model()).items():
+            keep.setdefault(key, []).extend(names)
+    return keep
+
+
+def _kept_note(kept: dict[int, dict[str, np.ndarray]], keep: dict[int, list[str]]) -> str:
+    if not any(keep.values()) or not all(
+            all(n in kept.get(k, {}) for n in names) for k, names in keep.items()):
+        return ""
+    kind = "/".join(dict.fromkeys(s.kind for s in registry.check_supports()
+                                  if s.bound_values is not None and s.kind))
+    return (f"onnxruntime ran each model once: its runs kept each {kind} node's input and "
+            "output for the node's bound (a kept float16 value onnxruntime would compute in "
+            "float32 is rounded to float16, as the model's arithmetic says and as a piece "
+            "boundary does)")
+
+
 def _family_weights(loaded: Loaded, other_loaded: Loaded, feeds: dict[str, np.ndarray],
-                    comparisons: list[OutputComparison]
+                    comparisons: list[OutputComparison],
+                    kept: dict[int, dict[str, np.ndarray]] | None = None
                     ) -> tuple[list[Any], list[Any], dict[str, Any]]:
     """Each family's weights compared, and its bounds where outputs differ. A family's
     weights are those of the model holding its nodes: the original (a conversion from
@@ -180,14 +229,14 @@ def _family_weights(loaded: Loaded, other_loaded: Loaded, feeds: dict[str, np.nd
     for support in registry.check_supports():
         if support.holds_weights is None:
             continue
-        mine, theirs = sides if support.holds_weights(other_loaded.proto) or not \
-            support.holds_weights(loaded.proto) else sides[::-1]
+        mine, theirs = sides if _sides(support, loaded, other_loaded)[0] is loaded \
+            else sides[::-1]
         if support.weights is not None:
             weights += support.weights(ir_model(mine[0]), ir_model(theirs[0]))
         if support.bounds is not None and bounded.needs_bounds(comparisons):
             got = support.bounds(mine[1], theirs[1], ir_model(mine[0]),
                                  ir_model(theirs[0]), feeds, mine[0].external_dir,
-                                 theirs[0].external_dir)
+                                 theirs[0].external_dir, ran=kept)
             exposed.update(getattr(got, "exposed", {}))
             bounds += got
     return weights, bounds, exposed

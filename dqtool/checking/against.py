@@ -10,6 +10,7 @@ check fails when a compared output differs, or when no runtime could compare at 
 
 from __future__ import annotations
 
+import concurrent.futures
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -113,8 +114,14 @@ Runner = Callable[[onnx.ModelProto, Mapping[str, np.ndarray], Path | None],
 
 
 def _run_ort(model: onnx.ModelProto, feeds: Mapping[str, np.ndarray],
-             external_dir: Path | None) -> dict[str, np.ndarray]:
-    return runners.run_ort(for_ort(model)[0], feeds, external_dir=external_dir)
+             external_dir: Path | None, keep: Sequence[str] = ()) -> dict[str, np.ndarray]:
+    return runners.run_ort_keeping(for_ort(model)[0], feeds, keep, KEEP_BYTES,
+                                   external_dir=external_dir)
+
+
+# Bytes of values a comparison's onnxruntime run of a model may keep (``keep``): past them,
+# the values are dropped, and whoever wanted them runs the model again
+KEEP_BYTES = 256 << 20
 
 
 def _run_ref(model: onnx.ModelProto, feeds: Mapping[str, np.ndarray],
@@ -186,13 +193,19 @@ def compare_models(model: onnx.ModelProto, original: onnx.ModelProto,
                    notes: list[str], model_dir: Path | None = None,
                    original_dir: Path | None = None,
                    range_steps: bool = False,
-                   runtime: str = "onnxruntime") -> list[RuntimeComparison]:
+                   runtime: str = "onnxruntime",
+                   keep: Mapping[int, Sequence[str]] | None = None,
+                   kept: dict[int, dict[str, np.ndarray]] | None = None
+                   ) -> list[RuntimeComparison]:
     """``model_dir``/``original_dir``: where a model's external tensors stay (see
     ``models.Loaded.external_dir``); None when they are in the protobuf. ``range_steps``:
     a float output that no scale measures is measured in its own run-time 8-bit step
     (``float_steps``), for a conversion of a quantized model whose outputs pass through
     float operators (a Softmax after the last rescale). ``runtime``: the runtime beside the
-    reference evaluator; a deployment runtime's comparison is reported, not judged."""
+    reference evaluator; a deployment runtime's comparison is reported, not judged.
+    ``keep``: values (by ``id`` of the model's proto) onnxruntime's run of each model keeps
+    beside its outputs, handed back in ``kept`` (the same keys): what a family's bounds
+    read (``CheckSupport.bound_values``), so that they need no runs of their own."""
     names = [o.name for o in model.graph.output]
     extra = sorted(set(names) - {o.name for o in original.graph.output})
     if extra:
@@ -203,15 +216,41 @@ def compare_models(model: onnx.ModelProto, original: onnx.ModelProto,
                 ) -> dict[str, np.ndarray]:
         return _run_ref(m, f, d, [p for p, _ in probes])
 
-    if runtime == "onnxruntime":
-        ort = _on("onnxruntime", _run_ort, (model, model_dir), (original, original_dir),
-                  feeds, rtol, atol, range_steps, notes)
+    ort_notes: list[str] = []
+    ref_notes: list[str] = []
+
+    def run_ort(m: onnx.ModelProto, f: Mapping[str, np.ndarray], d: Path | None
+                ) -> dict[str, np.ndarray]:
+        got = _run_ort(m, f, d, (keep or {}).get(id(m), ()))
+        if keep and kept is not None:
+            kept[id(m)] = got
+        return got
+
+    def on_runtime() -> RuntimeComparison:
+        if runtime == "onnxruntime":
+            return _on("onnxruntime", run_ort, (model, model_dir), (original, original_dir),
+                       feeds, rtol, atol, range_steps, ort_notes)
+        return replace(_on(runtime, lambda m, f, d: deployed.run(runtime, m, f, d),
+                           (model, model_dir), (original, original_dir), feeds, rtol, atol,
+                           True, ort_notes), judged=False)
+
+    def on_reference() -> RuntimeComparison:
+        return _on("reference", run_ref, (model, model_dir), (original, original_dir), feeds,
+                   rtol, atol, range_steps, ref_notes, probes=probes)
+
+    if runtime == "onnxruntime" and (runners.streams(model) or runners.streams(original)):
+        # At LLM size the two runtimes run side by side: onnxruntime's DequantizeLinear
+        # runs on one core (a float16 model's converted weights: 27 s of the bench
+        # model's check, docs/benchmarks.md 2026-11-28) and releases the interpreter, as
+        # NumPy's large operations do; each streams, so memory stays one piece each.
+        with concurrent.futures.ThreadPoolExecutor(1, "dqtool-ort") as pool:
+            pending = pool.submit(on_runtime)
+            ref = on_reference()
+            ort = pending.result()
     else:
-        ort = replace(_on(runtime, lambda m, f, d: deployed.run(runtime, m, f, d),
-                          (model, model_dir), (original, original_dir), feeds, rtol, atol,
-                          True, notes), judged=False)
-    ref = _on("reference", run_ref, (model, model_dir), (original, original_dir), feeds,
-              rtol, atol, range_steps, notes, probes=probes)
+        ort = on_runtime()
+        ref = on_reference()
+    notes += ort_notes + ref_notes  # in the same order whichever finished first
     return [ort, ref]
 
 

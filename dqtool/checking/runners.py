@@ -276,6 +276,20 @@ def run_ort(model: onnx.ModelProto, feeds: Mapping[str, np.ndarray],
     return ort_session(model, external_dir)(feeds, outputs)
 
 
+def run_ort_keeping(model: onnx.ModelProto, feeds: Mapping[str, np.ndarray],
+                    keep: Sequence[str], budget: int,
+                    external_dir: Path | None = None) -> dict[str, np.ndarray]:
+    """Run once on onnxruntime, its outputs and, for a model that streams, the values
+    ``keep`` names as long as they hold at most ``budget`` bytes (``StreamedOrt``);
+    a model that does not stream keeps nothing (a second run of it costs little)."""
+    if not keep or not streams(model):
+        return run_ort(model, feeds, external_dir=external_dir)
+    _ort_options(external_dir)  # onnxruntime missing: the same failure, at once
+    run = stream_ort.StreamedOrt(model, lambda piece: _whole_ort(piece, external_dir),
+                                 _reporter("onnxruntime", model))
+    return _streamed(lambda f, o: run(f, o, keep, budget))(feeds, None)
+
+
 def reference_session(model: onnx.ModelProto, external_dir: Path | None = None) -> Session:
     """dqtool's reference evaluator for several runs, ``session(feeds, outputs)``; with
     ``external_dir`` the model's external tensors are memory-mapped from that folder, never

@@ -144,13 +144,19 @@ class StreamedOrt:
         model.ir_version = self.proto.ir_version
         return model
 
-    def __call__(self, feeds: Mapping[str, np.ndarray], outputs: Sequence[str] | None = None
-                 ) -> dict[str, np.ndarray]:
-        names = list(outputs) if outputs is not None else self.outputs
+    def __call__(self, feeds: Mapping[str, np.ndarray], outputs: Sequence[str] | None = None,
+                 optional: Sequence[str] = (), budget: int = 0) -> dict[str, np.ndarray]:
+        """``optional``: values kept too while they hold at most ``budget`` bytes in all;
+        past it, none of them (the caller finds them missing)."""
+        names = list(outputs if outputs is not None else self.outputs)
+        # the pieces and the values' lives as for the outputs alone: what is kept in
+        # passing moves no boundary and frees nothing later than it would be freed
+        pieces, crossing, unclean = self._pieces(set(names))
+        live = liveness.Liveness.of(list(self.proto.graph.node), keep=names)
+        extra = [o for o in dict.fromkeys(optional) if o not in names]
+        names += extra
         keep = set(names)
-        pieces, crossing, unclean = self._pieces(keep)
         values: dict[str, np.ndarray] = dict(feeds)
-        live = liveness.Liveness.of(list(self.proto.graph.node), keep=keep)
         self.rounded = 0
         for k, piece in enumerate(pieces):
             after = crossing[piece.stop - 1]
@@ -169,6 +175,13 @@ class StreamedOrt:
                     if name not in keep:
                         values.pop(name, None)
             del got
+            if extra and sum(values[o].nbytes for o in extra if o in values) > budget:
+                for o in extra:  # over the budget: kept no longer, freed as it would be
+                    keep.discard(o)
+                    if live.last_use.get(o, -1) < piece.stop:
+                        values.pop(o, None)
+                names = names[:len(names) - len(extra)]
+                extra = []
             liveness.release_freed()  # the piece's session and weights, back to the system
             if self.progress is not None:
                 self.progress(k + 1, len(pieces))

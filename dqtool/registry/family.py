@@ -292,7 +292,17 @@ class BoundsCheck(Protocol):
     def __call__(self, checked: onnx.ModelProto, original: onnx.ModelProto,
                  checked_model: ir.Model, original_model: ir.Model,
                  feeds: Mapping[str, np.ndarray], checked_dir: Path | None,
-                 original_dir: Path | None) -> Sequence[NodeBound]: ...
+                 original_dir: Path | None,
+                 ran: Mapping[int, Mapping[str, np.ndarray]] | None = None
+                 ) -> Sequence[NodeBound]: ...
+
+
+class BoundValues(Protocol):
+    """``check --against``: the values ``BoundsCheck`` reads from onnxruntime's run of each
+    model, by ``id`` of the model's proto."""
+
+    def __call__(self, checked: onnx.ModelProto, original: onnx.ModelProto,
+                 original_model: ir.Model) -> Mapping[int, Sequence[str]]: ...
 
 
 class PerOpCheck(Protocol):
@@ -338,7 +348,11 @@ class CheckSupport:
       the runtime's own rounding (objects with ``node``, ``op``, ``status`` — "within",
       "beyond", "unbounded" —, ``passed``, ``describe()``, ``to_json()``). A check
       --against tolerates onnxruntime's output differences beyond rtol/atol only when every
-      weight is bit-identical and every such node is within its bound.
+      weight is bit-identical and every such node is within its bound. ``ran``:
+      onnxruntime's runs of the two models (by ``id`` of their protos) that kept the
+      values ``bound_values`` names, used in place of runs of its own.
+    - ``bound_values``: ``(checked proto, original proto, original model) → {id(proto):
+      names}``: what ``bounds`` reads from each model's onnxruntime run.
     - ``per_op``: ``(checked proto, original proto, feeds) → [entry]``: for a conversion
       check, each of the original's family nodes that the checked model rewrote, its
       rewritten form run alone on the original's inputs (entries with ``to_json`` and
@@ -356,6 +370,7 @@ class CheckSupport:
     notes: Mapping[str, str] = field(default_factory=dict)
     numeric: NumericCheck | None = None
     bounds: BoundsCheck | None = None
+    bound_values: BoundValues | None = None
     per_op: PerOpCheck | None = None
     optimized_run: OptimizedRun | None = None
 

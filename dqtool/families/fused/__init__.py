@@ -70,6 +70,7 @@ def _check() -> CheckSupport:
 
     return CheckSupport(
         bounds=bound.node_bounds,
+        bound_values=bound.bound_values,
         numeric=selfcheck.numeric,
         holds_weights=_holds_fused,
         kind="fused",

@@ -284,18 +284,12 @@ def _max_abs(a: np.ndarray, b: np.ndarray) -> float:
     return max_abs_difference(a, b)
 
 
-def node_bounds(checked: onnx.ModelProto, original: onnx.ModelProto,
-                checked_ir: ir.Model, original_ir: ir.Model,
-                feeds: Mapping[str, np.ndarray], checked_dir: Path | None = None,
-                original_dir: Path | None = None) -> list[NodeBound]:
-    """Every fused node of the original compared on onnxruntime between the two models,
-    each against its bound. Nodes outside the main graph (subgraphs, functions) cannot be
-    exposed as outputs: they are "unbounded"."""
+def _plan(checked: onnx.ModelProto, original_ir: ir.Model) -> tuple[Bounds, list[ir.Node]]:
+    """The original's fused nodes that cannot be bounded (as ``NodeBound`` s) and those
+    that can (each run on onnxruntime in both models, its A and output exposed)."""
     sites = [s for s in graph.walk(original_ir) if read.is_fused(s.node)]
     out = Bounds()
-    if not sites:
-        return out
-    have = _main_values(checked)
+    have = _main_values(checked) if sites else set()
     wanted: list[ir.Node] = []
     for s in sites:
         node = s.node
@@ -313,12 +307,44 @@ def node_bounds(checked: onnx.ModelProto, original: onnx.ModelProto,
                                  detail="its weight is not constant"))
             continue
         wanted.append(node)
+    return out, wanted
+
+
+def _names(wanted: list[ir.Node]) -> list[str]:
+    return sorted({v for n in wanted for v in (n.inputs[0].name, n.outputs[0].name)})
+
+
+def bound_values(checked: onnx.ModelProto, original: onnx.ModelProto,
+                 original_ir: ir.Model) -> dict[int, list[str]]:
+    """The values ``node_bounds`` reads from onnxruntime's run of each model (keyed by
+    ``id`` of the model's proto): a check may keep them in the runs it compares, and hand
+    those to ``node_bounds`` (``ran``) in place of two more runs."""
+    names = _names(_plan(checked, original_ir)[1])
+    return {id(proto): [v for v in names if v in _main_values(proto)]
+            for proto in (original, checked)}
+
+
+def node_bounds(checked: onnx.ModelProto, original: onnx.ModelProto,
+                checked_ir: ir.Model, original_ir: ir.Model,
+                feeds: Mapping[str, np.ndarray], checked_dir: Path | None = None,
+                original_dir: Path | None = None,
+                ran: Mapping[int, Mapping[str, np.ndarray]] | None = None) -> list[NodeBound]:
+    """Every fused node of the original compared on onnxruntime between the two models,
+    each against its bound. Nodes outside the main graph (subgraphs, functions) cannot be
+    exposed as outputs: they are "unbounded". ``ran``: onnxruntime's runs of the two models
+    (by ``id`` of their protos) that kept ``bound_values``; without them, each model runs
+    once more with those values exposed."""
+    out, wanted = _plan(checked, original_ir)
     if not wanted:
         return out
-    names = sorted({v for n in wanted for v in (n.inputs[0].name, n.outputs[0].name)})
+    names = _names(wanted)
     runs = []
     for proto, where in ((original, original_dir), (checked, checked_dir)):
         exposed = [v for v in names if v in _main_values(proto)]
+        kept = (ran or {}).get(id(proto))
+        if kept is not None and all(v in kept for v in exposed):
+            runs.append(kept)
+            continue
         try:
             runs.append(runners.run_ort(for_ort(_with_outputs(proto, exposed))[0], feeds,
                                         external_dir=where))
