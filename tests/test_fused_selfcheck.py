@@ -58,19 +58,23 @@ def test_gather_block_quantized_table_matches_onnxruntime(table_type):
 
 
 def _counting(monkeypatch) -> list[tuple[int, ...]]:
+    """The shape of every probe run's input (block probes open their sessions through
+    ``selfcheck._probe_session``, the others through ``runners.ort_session``)."""
     runs: list[tuple[int, ...]] = []
-    real = selfcheck.runners.ort_session
 
-    def counting(m, *a, **kw):
-        session = real(m, *a, **kw)
+    def counted(real):
+        def counting(m, *a, **kw):
+            session = real(m, *a, **kw)
 
-        def run(feeds, outputs=None):
-            if m.graph.name == "fused_alone":
-                runs.append(next(iter(feeds.values())).shape)
-            return session(feeds, outputs)
-        return run
+            def run(feeds, outputs=None):
+                if m.graph.name == "fused_alone":
+                    runs.append(next(iter(feeds.values())).shape)
+                return session(feeds, outputs)
+            return run
+        return counting
 
-    monkeypatch.setattr(selfcheck.runners, "ort_session", counting)
+    monkeypatch.setattr(selfcheck.runners, "ort_session", counted(selfcheck.runners.ort_session))
+    monkeypatch.setattr(selfcheck, "_probe_session", counted(selfcheck._probe_session))
     return runs
 
 
@@ -113,7 +117,7 @@ def test_large_tables_are_gathered_whole_in_chunks(monkeypatch):
     table = rng.integers(-8, 8, size=(40, 64)).astype(ml_dtypes.int4)
     scales = (rng.random((40, 2)) * 0.1 + 0.01).astype(np.float32)
     model = gbq_model(table, scales, None, block=32, bits=4)
-    monkeypatch.setattr(selfcheck, "PROBE_BYTES", 7 * 64 * 4)  # 7 indices a run
+    monkeypatch.setattr(selfcheck, "GATHER_BYTES", 7 * 64 * 4)  # 7 indices a run
     runs = _counting(monkeypatch)
     _, [node] = _nodes(model)
     assert node.status == "bit-exact" and node.reason == "every index gathered"
