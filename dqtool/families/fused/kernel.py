@@ -22,12 +22,16 @@ import numpy as np
 from dqtool.errors import KernelError
 from dqtool.families.fused import packing
 from dqtool.kernel import half, parallel
+from dqtool.kernel.outputs import new_array
+from dqtool.native import transpose_fn
 
 _F32 = np.dtype(np.float32)
 # float32 bytes one band of a MatMulNBits weight computes at a time (at least one block of
 # K): its temporaries and its transpose stay in L2.
 BAND_BYTES = 1 << 21
 TILE = 1024  # columns of N a tile of the codes' transpose
+# float32 bytes of W the integer path makes and rounds at a time (see _int_rows)
+GROUP_BYTES = 1 << 21
 # data bytes of a GatherBlockQuantized table dequantized at a time
 GATHER_BAND_BYTES = 1 << 20
 
@@ -76,7 +80,9 @@ def dequantize_matmul_nbits(
     zp, float_zp = matmul_nbits_zero_points(zero_points, N, kb, bits)
     if g_idx is not None:
         return _by_rows(b, s, zp, float_zp, K, N, bits, block_size, kb, g_idx, out_type)
-    out = np.empty((K, N), out_type)
+    # A recycled buffer where one of this size is idle (``kernel.outputs``): fresh pages
+    # cost as much as the writes.
+    out = new_array((K, N), out_type)
     rows = b.reshape(N, -1)
     blob = rows.shape[1] // kb
     s_t = np.ascontiguousarray(s.T)  # (k_blocks, N): a block's scales along a row of W
@@ -87,16 +93,28 @@ def dequantize_matmul_nbits(
     # float32(q - zp)·scale of uint8 codes and zero points: the fast cast's proven domain
     covered = not float_zp and half.covers(np.uint8, out_type, s)
     step = max(1, BAND_BYTES // max(1, N * block_size * 4))  # blocks a band
+    # Codes of at most 4 bits and their zero points are in [0, 15]: q - zp fits int8
+    # exactly, and is subtracted there (a quarter of the bytes of float32).
+    z_i8 = np.ascontiguousarray(zp.T).view(np.int8) if bits < 8 and not float_zp else None
+    # The packed codes transposed in C (on the calling thread, no unpacked transpose):
+    # where the extension is built and N fills its squares of codes.
+    packed_t = z_i8 is not None and transpose_fn() is not None and N % (64 // bits) == 0
+    group = max(1, GROUP_BYTES // max(1, N * 4))  # rows of W a pass over float32 holds
 
     def band(chunk: parallel.Chunk) -> None:
         # Block by block, each scale (and zero point) broadcast over its block's codes: the
         # same operations on the same values as a scale per code (``_by_rows``), without
-        # making (N, K) arrays of them (docs/decisions.md, "Sizes the code holds"). The
-        # codes are transposed, a band at a time in tiles that stay in cache: a whole float
-        # weight's transpose took 0.17 s for (3072, 8192) float16 (docs/benchmarks.md).
+        # making (N, K) arrays of them (docs/decisions.md, "Sizes the code holds").
         j0, j1 = chunk[0], chunk[1]
         k0, k1 = j0 * block_size, min(K, j1 * block_size)
+        if packed_t:
+            c_t = _codes_kn(rows[:, j0 * blob:j1 * blob], N, (j1 - j0) * block_size, bits)
+            _int_rows(c_t[:k1 - k0], z_i8, s_t, j0, block_size, group, out[k0:k1], covered)
+            return
         c = packing.unpack(rows[:, j0 * blob:j1 * blob], bits)  # (N, codes of the band)
+        # The codes are transposed, a band at a time in tiles that stay in cache: a whole
+        # float weight's transpose took 0.17 s for (3072, 8192) float16
+        # (docs/benchmarks.md).
         c_t = np.empty((c.shape[1], N), np.uint8)
         for n0 in range(0, N, TILE):
             c_t[:, n0:n0 + TILE] = c[n0:n0 + TILE].T
@@ -112,6 +130,42 @@ def dequantize_matmul_nbits(
     parallel.run(band, [(j, min(j + step, kb), 0, 0, 0, 0) for j in range(0, kb, step)],
                  total=out.nbytes)
     return out
+
+
+def _codes_kn(p: np.ndarray, n: int, codes: int, bits: int) -> np.ndarray:
+    """uint8 codes ``(codes, N)`` of the packed rows ``p`` (``(N, codes·bits/8)`` bytes):
+    transposed packed (``packing.transpose_band``, in C on this thread), then unpacked.
+    Measured 2026-11-28, (N, K) = (8192, 3072) 4-bit, one thread: 9.1 ms of CPU against
+    25 ms for unpacking first and transposing uint8 tiles (given in that day's report for
+    docs/benchmarks.md)."""
+    e = 64 // bits
+    buf = packing.band_scratch((-(-codes // e) * e) * (n * bits // 8))
+    return packing.unpack(packing.transpose_band(p, n, codes, bits, 0, buf), bits)
+
+
+def _int_rows(c_t: np.ndarray, z_i8: np.ndarray, s_t: np.ndarray, j0: int, block_size: int,
+              group: int, dst: np.ndarray, covered: bool) -> None:
+    """``dst = float32(c_t - zp) · scale`` rounded to dst's type, rows of K in groups of
+    ``group``: ``q - zp`` in int8 (exact), converted to float32 (exact), one float32
+    multiply rounded once, as the float path computes it. Groups of a whole band measured
+    best (2026-11-28, one thread: 43.6 ms for (N, K) = (8192, 3072) against 46.9-73.8 ms
+    for 64-512 KiB groups: each onnxruntime call costs more than the cache saves)."""
+    n = c_t.shape[1]
+    d = c_t.view(np.int8)  # codes of at most 4 bits: 0..15
+    for r0 in range(0, c_t.shape[0], group):
+        r1 = min(c_t.shape[0], r0 + group)
+        w = dst[r0:r1] if dst.dtype == _F32 else \
+            parallel.scratch((r1 - r0) * n, _F32, slot=6).reshape(-1, n)
+        r = r0
+        while r < r1:  # the rows of one block at a time: one zero point and scale row each
+            b = j0 + r // block_size
+            e = min(r1, (r // block_size + 1) * block_size)
+            np.subtract(d[r:e], z_i8[b], out=d[r:e])
+            np.copyto(w[r - r0:e - r0], d[r:e], casting="unsafe")
+            np.multiply(w[r - r0:e - r0], s_t[b], out=w[r - r0:e - r0])
+            r = e
+        if dst.dtype != _F32:
+            half.cast_into(dst[r0:r1], w, covered)
 
 
 def _by_rows(b: np.ndarray, s: np.ndarray, zp: np.ndarray, float_zp: bool, K: int, N: int,

@@ -120,8 +120,8 @@ def onnx_packed_codes(packed: np.ndarray, shape: tuple[int, ...], bits: int) -> 
 STREAM_BYTES = 1 << 20
 
 
-def _transpose_band(p: np.ndarray, rows: int, cols: int, bits: int, flip: int,
-                    buf: np.ndarray) -> np.ndarray:
+def transpose_band(p: np.ndarray, rows: int, cols: int, bits: int, flip: int,
+                   buf: np.ndarray) -> np.ndarray:
     """``transpose_codes`` of one band on the calling thread, into ``buf`` where the C
     kernel runs and ``rows`` fills whole squares (else as ``transpose_codes`` does)."""
     fn = transpose_fn()
@@ -136,7 +136,8 @@ def _transpose_band(p: np.ndarray, rows: int, cols: int, bits: int, flip: int,
     return out[:cols]
 
 
-def _scratch(nbytes: int) -> np.ndarray:
+def band_scratch(nbytes: int) -> np.ndarray:
+    """This thread's buffer for ``transpose_band``'s output."""
     return parallel.scratch(nbytes, np.dtype(np.uint8), slot=7)
 
 
@@ -168,7 +169,7 @@ def _stream_c(native: tuple[object, int, object], file, src: np.ndarray, rows: i
     position (left after the bytes written); returns the bytes written."""
     fn, fd, turn = native
     e = 64 // bits
-    buf = _scratch(band_words * e * out_row)
+    buf = band_scratch(band_words * e * out_row)
     file.flush()  # anything buffered goes first
     at = file.tell()
     n = fn(src.ctypes.data, src.strides[0], rows // e, words, band_words, bits, flip,
@@ -196,10 +197,10 @@ def write_nbits_as_onnx(b: np.ndarray, k: int, n: int, bits: int, file) -> int:
             written = _stream_c(native, file, b, n, words, band // 8, bits, 0,
                                 n * bits // 8, min(k, words * 64 // bits))
             start = words * 8
-    buf = _scratch((band * per + 64 // bits) * (n * bits // 8))  # a band's whole squares
+    buf = band_scratch((band * per + 64 // bits) * (n * bits // 8))  # a band's whole squares
     for lo in range(start, stop, band):
         hi = min(stop, lo + band)
-        t = _transpose_band(b[:, lo:hi], n, (hi - lo) * per, bits, 0, buf)
+        t = transpose_band(b[:, lo:hi], n, (hi - lo) * per, bits, 0, buf)
         t = t[: min(k, hi * per) - lo * per]
         file.write(np.ascontiguousarray(t).data)
         written += t.nbytes
@@ -249,10 +250,10 @@ def write_onnx_as_nbits(packed: np.ndarray, k: int, n: int, bits: int, block: in
             written = _stream_c(native, file, packed, k, words, band // 8, bits, flip, row,
                                 words * 64 // bits)
             start = words * 8
-    buf = _scratch((band * per + 64 // bits) * (k * bits // 8))  # a band's whole squares
+    buf = band_scratch((band * per + 64 // bits) * (k * bits // 8))  # a band's whole squares
     for lo in range(start, stop, band):
         hi = min(stop, lo + band)
-        t = _transpose_band(packed[:, lo:hi], k, (hi - lo) * per, bits, flip, buf)
+        t = transpose_band(packed[:, lo:hi], k, (hi - lo) * per, bits, flip, buf)
         if t.shape[1] != row:  # a ragged last block: padded with code 0
             padded = np.zeros((t.shape[0], row), np.uint8)
             padded[:, : t.shape[1]] = t
