@@ -123,3 +123,24 @@ def test_a_streamed_run_keeps_values_within_its_budget_and_drops_them_past_it(mo
     dropped = run({"x": x}, None, ["a1", "a2"], 30)
     assert sorted(dropped) == ["y"]
     np.testing.assert_array_equal(dropped["y"], x + [12, 15, 18])
+
+
+def test_products_through_float32_stay_above_the_exact_ones():
+    from fractions import Fraction
+
+    from dqtool.families.fused import bound
+
+    rng = np.random.default_rng(3)
+    for k, scale in ((7, 1.0), (300, 1e-30), (64, 1e30), (33, 1e-44)):
+        x = np.abs(rng.standard_normal((2, k))) * scale
+        w = np.abs(rng.standard_normal((k, 3))).astype(np.float32)
+        got = bound._products_above(x, w)
+        for r in range(2):
+            for c in range(3):
+                exact = sum(Fraction(float(x[r, i])) * Fraction(float(w[i, c]))
+                            for i in range(k))
+                assert Fraction(float(got[r, c])) >= exact
+                assert float(got[r, c]) <= float(exact) * (1 + 1e-4) + k * 2.0 ** -140
+    # past float32's range: float64 products
+    big = np.full((1, 4), 1e38)
+    assert np.isfinite(bound._products_above(big, np.full((4, 1), 1e3, np.float32))).all()

@@ -289,7 +289,9 @@ def test_the_bound_is_the_stated_formula():
         got = bound._matmul_bound(node, None, a, a, y, y2)
         assert got.status == status, (factor, got)
         moved = abs(float(y2[0, j]) - float(y[0, j]))
-        assert got.max_ratio == pytest.approx(moved / expected[0, j], rel=1e-6)
+        # the products |a|·|w| are bounded from above through float32 (_products_above):
+        # the bound is the formula's, looser by at most (1 + 2^-23)/(1 - γ_K) - 1 ≈ 4e-6
+        assert moved / expected[0, j] * (1 - 8e-6) <= got.max_ratio <= moved / expected[0, j]
     # a difference in A is carried through |W|
     a2 = a.copy()
     a2[0, 0] += np.float32(0.5)

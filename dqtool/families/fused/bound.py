@@ -23,7 +23,8 @@ one scale per block (4: each element moves by at most one step, ``max|a|/127`` o
 
 GatherBlockQuantized only gathers: its bound is 0 (bit-identical outputs).
 
-The bound is computed in float64 from the node's own inputs (read back from onnxruntime's
+The bound is computed in float64 (its products ``|a|·|w|`` bounded from above through
+float32 BLAS, ``_products_above``) from the node's own inputs (read back from onnxruntime's
 runs of both models, the fused node's A and output exposed as graph outputs) and the weight
 dqtool's kernel dequantizes. Past ``WORK`` multiply-adds a node with more than one row of A is
 checked on a sample of its output columns (every column's bound is exact; the sample is
@@ -137,7 +138,7 @@ def _perturbation(a: np.ndarray, level: int, absw: np.ndarray, s: np.ndarray
         return 2.0 ** -8 * s, 2.0 ** -8
     if level >= 4:
         step = np.max(np.abs(a), axis=-1, keepdims=True) / 127.0
-        return step * absw.sum(axis=0), _ACC_U
+        return step * absw.sum(axis=0, dtype=np.float64), _ACC_U
     return np.zeros_like(s), _ACC_U
 
 
@@ -186,6 +187,26 @@ def _ulps(diff: np.ndarray, y1: np.ndarray, y2: np.ndarray, dtype: np.dtype) -> 
     return float(diff[at]) / 2.0 ** (exp - mantissa)
 
 
+def _products_above(x: np.ndarray, absw: np.ndarray) -> np.ndarray:
+    """An upper bound on ``x @ absw`` (float64, both non-negative; ``absw`` float32) made
+    by float32 BLAS: with no cancellation, a float32 sum of K products in any order is
+    within γ_K·(x@absw) of it (plus x's rounding to float32 and what underflow loses),
+    so the float32 result scaled by (1 + 2^-23)/(1 - γ_K), and K·2^-149·(1 + max|w|)
+    more, is above it.
+    The bound is a bound, not an estimate: it stays sound, only slightly looser, at a
+    fraction of the float64 product's cost (2026-11-28: 18 of the finite bench model's
+    29 s of bounds were float64 products, docs/benchmarks.md). Where float32 overflows,
+    float64."""
+    k = x.shape[-1]
+    with np.errstate(over="ignore", invalid="ignore"):
+        got = x.astype(np.float32) @ absw
+    if not np.isfinite(got).all():
+        return x @ absw.astype(np.float64)
+    gamma = _gamma(k, 2.0 ** -24)
+    tiny = k * 2.0 ** -149 * (1.0 + float(absw.max(initial=0.0)))  # what underflow loses
+    return got.astype(np.float64) * ((1 + 2.0 ** -23) / (1 - gamma)) + tiny
+
+
 def _matmul_bound(node: ir.Node, checked_node: ir.Node | None, a1: np.ndarray,
                   a2: np.ndarray, y1: np.ndarray, y2: np.ndarray) -> NodeBound:
     name = node.name or node.outputs[0].name
@@ -197,8 +218,8 @@ def _matmul_bound(node: ir.Node, checked_node: ir.Node | None, a1: np.ndarray,
     n_cols = y1.shape[-1]
     rows = int(np.prod(y1.shape[:-1], dtype=np.int64))
     cols = _columns(n_cols, rows, kk)
-    absw = _weight_columns(node, cols).astype(np.float64)  # (K, c)
-    np.abs(absw, out=absw)  # in place: one float64 copy of the weight, not two
+    absw = _weight_columns(node, cols).astype(np.float32)  # (K, c): exact (a float type
+    np.abs(absw, out=absw)  # of at most 24 significant bits), one copy in place
     a1f = a1.reshape(rows, kk).astype(np.float64)
     a2f = a2.reshape(rows, kk).astype(np.float64)
     bias_v = graph.input_value(node, 5)
@@ -213,10 +234,10 @@ def _matmul_bound(node: ir.Node, checked_node: ir.Node | None, a1: np.ndarray,
     f1 = y1.reshape(rows, n_cols)[:, cols].astype(np.float64)
     f2 = y2.reshape(rows, n_cols)[:, cols].astype(np.float64)
     u_out, eta = _U.get(out_t, 0.0), _ETA.get(out_t, 0.0)
-    total = np.abs(a1f - a2f) @ absw
+    total = _products_above(np.abs(a1f - a2f), absw)
     for a, y, fused, level in ((a1f, f1, True, _accuracy(node)),
                                (a2f, f2, checked_node is not None, _accuracy(checked_node))):
-        s = np.abs(a) @ absw
+        s = _products_above(np.abs(a), absw)
         moved, u = _perturbation(a, level, absw, s)
         if fused and u_out > _ACC_U:
             # A float16/bfloat16 MatMulNBits multiplies by the float32 weight, before its
