@@ -115,14 +115,14 @@ def test_a_streamed_run_keeps_values_within_its_budget_and_drops_them_past_it(mo
     run = stream_ort.StreamedOrt(_chain(), lambda piece: runners._whole_ort(piece, None))
     kept = run({"x": x}, None, ["a1", "a2"], 1 << 20)
     assert sorted(kept) == ["a1", "a2", "y"]
-    np.testing.assert_array_equal(kept["a1"], x + [1, 2, 3])
-    np.testing.assert_array_equal(kept["a2"], x + [5, 7, 9])
-    np.testing.assert_array_equal(kept["y"], x + [12, 15, 18])
+    np.testing.assert_array_equal(kept["a1"], x + np.float32([1, 2, 3]))
+    np.testing.assert_array_equal(kept["a2"], x + np.float32([5, 7, 9]))
+    np.testing.assert_array_equal(kept["y"], x + np.float32([12, 15, 18]))
     # a1 alone is 24 bytes: past a budget of 30 once a2 is made, a2 (still to be read by
     # the last piece) is dropped without breaking the run
     dropped = run({"x": x}, None, ["a1", "a2"], 30)
     assert sorted(dropped) == ["y"]
-    np.testing.assert_array_equal(dropped["y"], x + [12, 15, 18])
+    np.testing.assert_array_equal(dropped["y"], x + np.float32([12, 15, 18]))
 
 
 def test_products_through_float32_stay_above_the_exact_ones():
