@@ -30,8 +30,13 @@ _F32 = np.dtype(np.float32)
 # K): its temporaries and its transpose stay in L2.
 BAND_BYTES = 1 << 21
 TILE = 1024  # columns of N a tile of the codes' transpose
-# float32 bytes of W the integer path makes and rounds at a time (see _int_rows)
-GROUP_BYTES = 1 << 21
+# float32 bytes of W a band of the integer path makes and rounds at once (at least one
+# block of K; rows of a block of a larger N in groups of this size). Larger bands cost less:
+# 2026-11-28, one thread, 4-bit blocks of 128, CPU ms for (N, K) = (3072, 8192),
+# (3072, 3072), (8192, 3072): 2 MiB 44, 15, 34; 4 MiB 38, 13, 33; 8 MiB 33.5, 11.2, 29.6
+# (each onnxruntime call and band costs more than the cache saves; given in that day's
+# report for docs/benchmarks.md). A thread keeps its float32 buffer of this size.
+GROUP_BYTES = 1 << 23
 # data bytes of a GatherBlockQuantized table dequantized at a time
 GATHER_BAND_BYTES = 1 << 20
 
@@ -92,13 +97,14 @@ def dequantize_matmul_nbits(
         z_t = np.ascontiguousarray(zp.T).astype(np.float32)
     # float32(q - zp)·scale of uint8 codes and zero points: the fast cast's proven domain
     covered = not float_zp and half.covers(np.uint8, out_type, s)
-    step = max(1, BAND_BYTES // max(1, N * block_size * 4))  # blocks a band
     # Codes of at most 4 bits and their zero points are in [0, 15]: q - zp fits int8
     # exactly, and is subtracted there (a quarter of the bytes of float32).
     z_i8 = np.ascontiguousarray(zp.T).view(np.int8) if bits < 8 and not float_zp else None
     # The packed codes transposed in C (on the calling thread, no unpacked transpose):
     # where the extension is built and N fills its squares of codes.
     packed_t = z_i8 is not None and transpose_fn() is not None and N % (64 // bits) == 0
+    band_bytes = GROUP_BYTES if packed_t else BAND_BYTES
+    step = max(1, band_bytes // max(1, N * block_size * 4))  # blocks a band
     group = max(1, GROUP_BYTES // max(1, N * 4))  # rows of W a pass over float32 holds
 
     def band(chunk: parallel.Chunk) -> None:
@@ -146,10 +152,8 @@ def _codes_kn(p: np.ndarray, n: int, codes: int, bits: int) -> np.ndarray:
 def _int_rows(c_t: np.ndarray, z_i8: np.ndarray, s_t: np.ndarray, j0: int, block_size: int,
               group: int, dst: np.ndarray, covered: bool) -> None:
     """``dst = float32(c_t - zp) · scale`` rounded to dst's type, rows of K in groups of
-    ``group``: ``q - zp`` in int8 (exact), converted to float32 (exact), one float32
-    multiply rounded once, as the float path computes it. Groups of a whole band measured
-    best (2026-11-28, one thread: 43.6 ms for (N, K) = (8192, 3072) against 46.9-73.8 ms
-    for 64-512 KiB groups: each onnxruntime call costs more than the cache saves)."""
+    ``group`` (``GROUP_BYTES``): ``q - zp`` in int8 (exact), converted to float32 (exact),
+    one float32 multiply rounded once, as the float path computes it."""
     n = c_t.shape[1]
     d = c_t.view(np.int8)  # codes of at most 4 bits: 0..15
     for r0 in range(0, c_t.shape[0], group):
