@@ -135,13 +135,16 @@ def _against(loaded: Loaded, other_loaded: Loaded, feeds: dict[str, np.ndarray],
               for e in support.per_op(proto, other, feeds, other_loaded.external_dir)]
     keep = _bound_values(loaded, other_loaded) if runtime == "onnxruntime" else {}
     kept: dict[int, dict[str, np.ndarray]] = {}
+    ir_models = _IrModels()
+    weights: list[Any] = []
     comparisons = against_mod.compare_models(
         proto, other, feeds, rtol=rtol, atol=atol, notes=notes,
         model_dir=loaded.external_dir, original_dir=other_loaded.external_dir,
         range_steps=any(e.comparison is not None for e in per_op), runtime=runtime,
-        keep=keep, kept=kept)
-    weights, bounds, exposed = _family_weights(loaded, other_loaded, feeds, comparisons,
-                                               kept)
+        keep=keep, kept=kept,
+        meanwhile=lambda: weights.extend(_family_weights(loaded, other_loaded, ir_models)))
+    bounds, exposed = _family_bounds(loaded, other_loaded, feeds, comparisons, kept,
+                                     ir_models)
     if bounds and _kept_note(kept, keep):
         notes.append(_kept_note(kept, keep))
     del kept
@@ -207,39 +210,51 @@ def _kept_note(kept: dict[int, dict[str, np.ndarray]], keep: dict[int, list[str]
             "boundary does)")
 
 
-def _family_weights(loaded: Loaded, other_loaded: Loaded, feeds: dict[str, np.ndarray],
-                    comparisons: list[OutputComparison],
-                    kept: dict[int, dict[str, np.ndarray]] | None = None
-                    ) -> tuple[list[Any], list[Any], dict[str, Any]]:
-    """Each family's weights compared, and its bounds where outputs differ. A family's
-    weights are those of the model holding its nodes: the original (a conversion from
-    them), else the checked model (a conversion into them, as `pack` makes), whose nodes
-    are then compared with the original's in their place."""
-    models: dict[int, Any] = {}
+class _IrModels:
+    """Each side's ``ir.Model``, deserialized once whichever family asks."""
 
-    def ir_model(side: Loaded) -> Any:  # deserialized once, whichever family asks
-        if id(side) not in models:
-            models[id(side)] = side.ir_model()
-        return models[id(side)]
+    def __init__(self) -> None:
+        self.models: dict[int, ir.Model] = {}
 
-    sides = ((loaded, loaded.proto), (other_loaded, other_loaded.proto))
+    def __call__(self, side: Loaded) -> ir.Model:
+        if id(side) not in self.models:
+            self.models[id(side)] = side.ir_model()
+        return self.models[id(side)]
+
+
+def _family_weights(loaded: Loaded, other_loaded: Loaded, ir_model: _IrModels
+                    ) -> list[Any]:
+    """Each family's weights compared: those of the model holding its nodes (``_sides``),
+    whose nodes are then compared with the other's in their place."""
     weights: list[Any] = []
+    for support in registry.check_supports():
+        if support.holds_weights is None or support.weights is None:
+            continue
+        checked, original = _sides(support, loaded, other_loaded)
+        weights += support.weights(ir_model(checked), ir_model(original))
+    return weights
+
+
+def _family_bounds(loaded: Loaded, other_loaded: Loaded, feeds: dict[str, np.ndarray],
+                   comparisons: list[OutputComparison],
+                   kept: dict[int, dict[str, np.ndarray]], ir_model: _IrModels
+                   ) -> tuple[list[Any], dict[str, Any]]:
+    """Each family's bounds, where onnxruntime's outputs differ (``bounded``), and each
+    output's difference in the runs they read."""
     bounds: list[Any] = []
     exposed: dict[str, Any] = {}
+    if not bounded.needs_bounds(comparisons):
+        return bounds, exposed
     for support in registry.check_supports():
-        if support.holds_weights is None:
+        if support.holds_weights is None or support.bounds is None:
             continue
-        mine, theirs = sides if _sides(support, loaded, other_loaded)[0] is loaded \
-            else sides[::-1]
-        if support.weights is not None:
-            weights += support.weights(ir_model(mine[0]), ir_model(theirs[0]))
-        if support.bounds is not None and bounded.needs_bounds(comparisons):
-            got = support.bounds(mine[1], theirs[1], ir_model(mine[0]),
-                                 ir_model(theirs[0]), feeds, mine[0].external_dir,
-                                 theirs[0].external_dir, ran=kept)
-            exposed.update(getattr(got, "exposed", {}))
-            bounds += got
-    return weights, bounds, exposed
+        checked, original = _sides(support, loaded, other_loaded)
+        got = support.bounds(checked.proto, original.proto, ir_model(checked),
+                             ir_model(original), feeds, checked.external_dir,
+                             original.external_dir, ran=kept)
+        exposed.update(getattr(got, "exposed", {}))
+        bounds += got
+    return bounds, exposed
 
 
 def _checked_structure(loaded: Loaded, other_loaded: Loaded) -> selfcheck.Structure:

@@ -195,7 +195,8 @@ def compare_models(model: onnx.ModelProto, original: onnx.ModelProto,
                    range_steps: bool = False,
                    runtime: str = "onnxruntime",
                    keep: Mapping[int, Sequence[str]] | None = None,
-                   kept: dict[int, dict[str, np.ndarray]] | None = None
+                   kept: dict[int, dict[str, np.ndarray]] | None = None,
+                   meanwhile: Callable[[], object] | None = None
                    ) -> list[RuntimeComparison]:
     """``model_dir``/``original_dir``: where a model's external tensors stay (see
     ``models.Loaded.external_dir``); None when they are in the protobuf. ``range_steps``:
@@ -205,7 +206,9 @@ def compare_models(model: onnx.ModelProto, original: onnx.ModelProto,
     reference evaluator; a deployment runtime's comparison is reported, not judged.
     ``keep``: values (by ``id`` of the model's proto) onnxruntime's run of each model keeps
     beside its outputs, handed back in ``kept`` (the same keys): what a family's bounds
-    read (``CheckSupport.bound_values``), so that they need no runs of their own."""
+    read (``CheckSupport.bound_values``), so that they need no runs of their own.
+    ``meanwhile``: work of the caller's that needs no run, done after the reference
+    evaluator's runs while onnxruntime's may still go on."""
     names = [o.name for o in model.graph.output]
     extra = sorted(set(names) - {o.name for o in original.graph.output})
     if extra:
@@ -246,10 +249,14 @@ def compare_models(model: onnx.ModelProto, original: onnx.ModelProto,
         with concurrent.futures.ThreadPoolExecutor(1, "dqtool-ort") as pool:
             pending = pool.submit(on_runtime)
             ref = on_reference()
+            if meanwhile is not None:
+                meanwhile()
             ort = pending.result()
     else:
         ort = on_runtime()
         ref = on_reference()
+        if meanwhile is not None:
+            meanwhile()
     notes += ort_notes + ref_notes  # in the same order whichever finished first
     return [ort, ref]
 
