@@ -26,8 +26,9 @@ from dqtool.kernel.outputs import new_array
 from dqtool.native import transpose_fn
 
 _F32 = np.dtype(np.float32)
-# float32 bytes one band of a MatMulNBits weight computes at a time (at least one block of
-# K): its temporaries and its transpose stay in L2.
+# float32 bytes one band of a MatMulNBits weight computes at a time on the NumPy path
+# (8-bit codes, float zero points, no extension; at least one block of K): its
+# temporaries and its transpose stay in L2. The integer path's bands: GROUP_BYTES.
 BAND_BYTES = 1 << 21
 TILE = 1024  # columns of N a tile of the codes' transpose
 # float32 bytes of W a band of the integer path makes and rounds at once (at least one
@@ -91,10 +92,6 @@ def dequantize_matmul_nbits(
     rows = b.reshape(N, -1)
     blob = rows.shape[1] // kb
     s_t = np.ascontiguousarray(s.T)  # (k_blocks, N): a block's scales along a row of W
-    if float_zp:
-        z_t = np.ascontiguousarray((-(zp * s)).T)  # each block's offset, as below
-    else:
-        z_t = np.ascontiguousarray(zp.T).astype(np.float32)
     # float32(q - zp)·scale of uint8 codes and zero points: the fast cast's proven domain
     covered = not float_zp and half.covers(np.uint8, out_type, s)
     # Codes of at most 4 bits and their zero points are in [0, 15]: q - zp fits int8
@@ -103,6 +100,10 @@ def dequantize_matmul_nbits(
     # The packed codes transposed in C (on the calling thread, no unpacked transpose):
     # where the extension is built and N fills its squares of codes.
     packed_t = z_i8 is not None and transpose_fn() is not None and N % (64 // bits) == 0
+    z_t: np.ndarray | None = None  # the NumPy path's float32 zero points (or offsets)
+    if not packed_t:
+        z_t = np.ascontiguousarray((-(zp * s)).T if float_zp  # each block's offset
+                                   else zp.T.astype(np.float32))
     band_bytes = GROUP_BYTES if packed_t else BAND_BYTES
     step = max(1, band_bytes // max(1, N * block_size * 4))  # blocks a band
     group = max(1, GROUP_BYTES // max(1, N * 4))  # rows of W a pass over float32 holds
