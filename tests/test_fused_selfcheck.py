@@ -121,7 +121,8 @@ def test_large_tables_are_gathered_whole_in_chunks(monkeypatch):
     runs = _counting(monkeypatch)
     _, [node] = _nodes(model)
     assert node.status == "bit-exact" and node.reason == "every index gathered"
-    assert runs == [(7,)] * 5 + [(5,)]
+    # two probe threads: the runs in any order
+    assert sorted(runs) == [(5,)] + [(7,)] * 5
 
 
 def test_a_kernel_that_disagrees_is_reported_as_a_mismatch(monkeypatch, tmp_path):
