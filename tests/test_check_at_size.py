@@ -144,3 +144,27 @@ def test_products_through_float32_stay_above_the_exact_ones():
     # past float32's range: float64 products
     big = np.full((1, 4), 1e38)
     assert np.isfinite(bound._products_above(big, np.full((4, 1), 1e3, np.float32))).all()
+
+
+def test_check_alone_probes_a_gather_table_kept_in_its_file(tmp_path, monkeypatch):
+    """A GatherBlockQuantized table in external data is run on onnxruntime too (its probe
+    model carries the table's bytes): it was "kernel-only", onnxruntime finding no file,
+    and its weights went unverified there."""
+    import ml_dtypes
+    from helpers.fused import gbq_model
+
+    from dqtool import checking
+
+    rng = np.random.default_rng(5)
+    table = rng.integers(-8, 8, (64, 128)).astype(ml_dtypes.int4)
+    scales = (rng.random((64, 4)) * 0.1 + 0.01).astype(np.float16)
+    path = tmp_path / "gbq.onnx"
+    onnx.save(gbq_model(table, scales, None), path, save_as_external_data=True,
+              all_tensors_to_one_file=True, location="gbq.onnx.data", size_threshold=0)
+    monkeypatch.chdir(tmp_path.parent)  # not the model's folder
+    # read from its file, as a model past 256 MiB of external data is
+    monkeypatch.setattr(checking, "KEEP_IN_FILES_BYTES", 0)
+    report = dqtool.check(str(path))
+    assert any("kept in its files" in n for n in report.notes)
+    assert [(n.name, n.status) for n in report.nodes] == [("gbq", "bit-exact")]
+    assert report.passed

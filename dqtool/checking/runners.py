@@ -128,6 +128,51 @@ def _whole_ort(model: onnx.ModelProto, external_dir: Path | None) -> Session:
     return _session(sess, [o.name for o in sess.get_outputs()])
 
 
+# Initializers handed to onnxruntime from memory (``ort_session_from_memory``): the types
+# it maps from NumPy
+_FROM_MEMORY = (np.dtype(np.uint8), np.dtype(np.float16), np.dtype(np.float32))
+
+
+def ort_session_from_memory(model: onnx.ModelProto, arrays: Mapping[str, np.ndarray],
+                            threads: int = 0) -> Session:
+    """An onnxruntime session (``ort_session``'s options) of ``model`` with ``arrays`` as
+    initializers, handed over in memory where onnxruntime maps their type (read in place:
+    they must outlive the session's runs), else copied into the model; ``threads``: its
+    intra-op threads (0: onnxruntime's choice). Serializing a 50 MB probe's arrays into
+    its model took longer than the session's own creation (2026-11-28,
+    docs/benchmarks.md)."""
+    ort, options = _ort_options(None)
+    options.intra_op_num_threads = threads
+    options.inter_op_num_threads = 1 if threads == 1 else 0
+    names, values = [], []
+    for name, array in arrays.items():
+        if array.dtype in _FROM_MEMORY and array.flags.c_contiguous:
+            model.graph.initializer.append(_in_memory(name, array))
+            names.append(name)
+            values.append(ort.OrtValue.ortvalue_from_numpy(array))
+        else:
+            model.graph.initializer.append(onnx.numpy_helper.from_array(array, name))
+    if names:
+        options.add_external_initializers(names, values)
+    try:
+        sess = ort.InferenceSession(model.SerializeToString(), options,
+                                    providers=[ORT_PROVIDER])
+    except Exception as e:  # onnxruntime raises its own exception types
+        raise _failure(e) from None
+    return _session(sess, [o.name for o in sess.get_outputs()])
+
+
+def _in_memory(name: str, array: np.ndarray) -> onnx.TensorProto:
+    """An initializer whose data onnxruntime is given from memory: external, its location
+    a name only (never read: ``add_external_initializers`` supplies it)."""
+    t = onnx.TensorProto(name=name, dims=array.shape,
+                         data_type=onnx.helper.np_dtype_to_tensor_dtype(array.dtype),
+                         data_location=onnx.TensorProto.EXTERNAL)
+    t.external_data.extend(onnx.StringStringEntryProto(key=k, value=v) for k, v in (
+        ("location", "in-memory"), ("offset", "0"), ("length", str(array.nbytes))))
+    return t
+
+
 def ort_session(model: onnx.ModelProto, external_dir: Path | None = None) -> Session:
     """An onnxruntime session for several runs, ``session(feeds, outputs)`` (a large model
     loads once); with ``external_dir`` the model's external tensors are left in their files

@@ -11,15 +11,12 @@ kernel, bit for bit, as the Q/DQ self-check does for DequantizeLinear.
 - GatherBlockQuantized: the node alone, fed every index of its gathered axis (in chunks);
   the output is the table, which the kernel dequantizes from the same rows.
 
-Every weight is compared; none is sampled (before 2026-11-28 a node past 2^24 weights was
-checked on a sample of its rows or indices).
-
-The nodes' pieces run as one stream (``check_nodes``): onnxruntime's runs in two threads of
-their own, a few pieces ahead of the kernel's dequantization and the comparison in the
-caller's thread (onnxruntime and NumPy's large operations release the GIL). A block probe's
-output is compared with W where each weight lies, as integer words through views, not read
-back into W's layout; only a piece that differs is laid out as W for ``_same`` and the
-report, as before.
+Every weight is compared; none is sampled (since 2026-11-28). The nodes' pieces run as one
+stream (``check_nodes``): onnxruntime's runs in two threads of their own, a few pieces
+ahead of the kernel's dequantization and the comparison in the caller's thread
+(onnxruntime and NumPy's large operations release the GIL). A block probe's output is
+compared with W where each weight lies, as integer words through views; only a piece that
+differs is laid out as W for ``_same`` and the report.
 """
 
 from __future__ import annotations
@@ -225,9 +222,8 @@ def _compare(state: _Node, piece: _Piece, job: Future[np.ndarray]) -> None:
 
 
 def _probe_proto(node: ir.Node, inputs: list[str], **ints: int) -> onnx.NodeProto:
-    """``node`` as a probe: its attributes (``ints`` replacing some) without
-    ``accuracy_level`` (a quantized identity A would not be exact), on ``inputs``, output
-    ``y``."""
+    """``node`` as a probe on ``inputs``, output ``y``: its attributes (``ints`` replacing
+    some) without ``accuracy_level`` (a quantized identity A would not be exact)."""
     proto = ir.serde.serialize_node(node)
     del proto.input[:], proto.output[:]
     proto.input.extend(inputs)
@@ -291,50 +287,13 @@ def _by_blocks(node: ir.Node, ir_version: int) -> Iterator[_Piece]:
                      laid_out=laid_out)
 
 
-# Initializers handed to onnxruntime from memory (``_probe_session``): the types it maps.
-_FROM_MEMORY = (np.dtype(np.uint8), np.dtype(np.float16), np.dtype(np.float32))
-
-
 def _probe_session(model: onnx.ModelProto, arrays: Mapping[str, np.ndarray]
                    ) -> runners.Session:
-    """``runners.ort_session``'s onnxruntime session (its options) of ``model`` with
-    ``arrays`` as its initializers (read in place: they must outlive its runs), one thread.
-
-    One thread: the kernel's side runs on the other core meanwhile, and a second thread did
-    not make a run faster (a (128, 196608) probe: 75 ms on one, 68 ms on two; 2026-11-28,
-    recorded in docs/benchmarks.md). The arrays are handed over in memory (external
-    initializers) rather than copied into the model and serialized, which took longer
-    than the session's own creation for such a probe (2026-11-28, docs/benchmarks.md)."""
-    ort, options = runners._ort_options(None)
-    options.intra_op_num_threads = 1
-    options.inter_op_num_threads = 1
-    names, values = [], []
-    for name, array in arrays.items():
-        if array.dtype in _FROM_MEMORY and array.flags.c_contiguous:
-            model.graph.initializer.append(_in_memory(name, array))
-            names.append(name)
-            values.append(ort.OrtValue.ortvalue_from_numpy(array))
-        else:
-            model.graph.initializer.append(numpy_helper.from_array(array, name))
-    if names:
-        options.add_external_initializers(names, values)
-    try:
-        sess = ort.InferenceSession(model.SerializeToString(), options,
-                                    providers=[runners.ORT_PROVIDER])
-    except Exception as e:  # onnxruntime raises its own exception types
-        raise runners._failure(e) from None
-    return runners._session(sess, ["y"])
-
-
-def _in_memory(name: str, array: np.ndarray) -> onnx.TensorProto:
-    """An initializer whose data onnxruntime is given from memory: external, its location
-    a name only (never read: ``add_external_initializers`` supplies it)."""
-    t = onnx.TensorProto(name=name, dims=array.shape,
-                         data_type=helper.np_dtype_to_tensor_dtype(array.dtype),
-                         data_location=onnx.TensorProto.EXTERNAL)
-    t.external_data.extend(onnx.StringStringEntryProto(key=k, value=v) for k, v in (
-        ("location", "in-memory"), ("offset", "0"), ("length", str(array.nbytes))))
-    return t
+    """``model`` with ``arrays`` as its initializers, on onnxruntime in one thread: the
+    kernel's side runs on the other core meanwhile, and a second thread did not make a run
+    faster (a (128, 196608) probe: 75 ms on one, 68 ms on two; 2026-11-28, recorded in
+    docs/benchmarks.md)."""
+    return runners.ort_session_from_memory(model, arrays, threads=1)
 
 
 def _blocks_differ(got: np.ndarray, want: np.ndarray, block: int) -> bool:
@@ -493,7 +452,12 @@ def _same(want: np.ndarray, got: np.ndarray, summed: bool) -> bool:
 
 
 def _tensor(value: ir.Value, name: str) -> onnx.TensorProto:
-    """A constant as stored (int4/uint4 stay 4-bit)."""
-    t = ir.serde.serialize_tensor(graph.constant_tensor(value))
+    """A constant as stored (int4 stays 4-bit), its bytes in the proto: a file reference
+    is relative to a folder the probe has not (before 2026-11-28 a table in a file was
+    "kernel-only")."""
+    tensor = graph.constant_tensor(value)
+    t = ir.serde.serialize_tensor(tensor) if storage.file_range(tensor) is None else \
+        onnx.TensorProto(dims=[int(d) for d in tensor.shape], data_type=int(tensor.dtype),
+                         raw_data=storage.raw_bytes(tensor).tobytes())
     t.name = name
     return t
