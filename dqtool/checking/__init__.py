@@ -8,6 +8,7 @@ evaluator, and every output is compared (statistics in ``dqtool.checking.compare
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
@@ -137,17 +138,26 @@ def _against(loaded: Loaded, other_loaded: Loaded, feeds: dict[str, np.ndarray],
     kept: dict[int, dict[str, np.ndarray]] = {}
     ir_models = _IrModels()
     weights: list[Any] = []
+    bounds: list[Any] = []
+    exposed: dict[str, Any] = {}
+
+    def bound(compared: against_mod.RuntimeComparison) -> None:
+        # beside the reference evaluator's runs and the weights' comparison, at LLM size
+        got, moved = _family_bounds(loaded, other_loaded, feeds, [compared], kept,
+                                    ir_models)
+        bounds.extend(got)
+        exposed.update(moved)
+
     comparisons = against_mod.compare_models(
         proto, other, feeds, rtol=rtol, atol=atol, notes=notes,
         model_dir=loaded.external_dir, original_dir=other_loaded.external_dir,
         range_steps=any(e.comparison is not None for e in per_op), runtime=runtime,
         keep=keep, kept=kept,
-        meanwhile=lambda: weights.extend(_family_weights(loaded, other_loaded, ir_models)))
-    bounds, exposed = _family_bounds(loaded, other_loaded, feeds, comparisons, kept,
-                                     ir_models)
+        meanwhile=lambda: weights.extend(_family_weights(loaded, other_loaded, ir_models)),
+        after_runtime=bound if runtime == "onnxruntime" else None)
     if bounds and _kept_note(kept, keep):
         notes.append(_kept_note(kept, keep))
-    del kept
+    kept.clear()  # the kept values, freed
     if bounds:
         comparisons = bounded.apply(
             comparisons, weights, bounds, notes, exposed,
@@ -211,15 +221,17 @@ def _kept_note(kept: dict[int, dict[str, np.ndarray]], keep: dict[int, list[str]
 
 
 class _IrModels:
-    """Each side's ``ir.Model``, deserialized once whichever family asks."""
+    """Each side's ``ir.Model``, deserialized once whichever family (or thread) asks."""
 
     def __init__(self) -> None:
         self.models: dict[int, ir.Model] = {}
+        self.lock = threading.Lock()
 
     def __call__(self, side: Loaded) -> ir.Model:
-        if id(side) not in self.models:
-            self.models[id(side)] = side.ir_model()
-        return self.models[id(side)]
+        with self.lock:
+            if id(side) not in self.models:
+                self.models[id(side)] = side.ir_model()
+            return self.models[id(side)]
 
 
 def _family_weights(loaded: Loaded, other_loaded: Loaded, ir_model: _IrModels

@@ -115,8 +115,8 @@ Runner = Callable[[onnx.ModelProto, Mapping[str, np.ndarray], Path | None],
 
 def _run_ort(model: onnx.ModelProto, feeds: Mapping[str, np.ndarray],
              external_dir: Path | None, keep: Sequence[str] = ()) -> dict[str, np.ndarray]:
-    return runners.run_ort_keeping(for_ort(model)[0], feeds, keep, KEEP_BYTES,
-                                   external_dir=external_dir)
+    return runners.run_ort_beside(for_ort(model)[0], feeds, keep, KEEP_BYTES,
+                                  external_dir=external_dir)
 
 
 # Bytes of values a comparison's onnxruntime run of a model may keep (``keep``): past them,
@@ -196,7 +196,8 @@ def compare_models(model: onnx.ModelProto, original: onnx.ModelProto,
                    runtime: str = "onnxruntime",
                    keep: Mapping[int, Sequence[str]] | None = None,
                    kept: dict[int, dict[str, np.ndarray]] | None = None,
-                   meanwhile: Callable[[], object] | None = None
+                   meanwhile: Callable[[], object] | None = None,
+                   after_runtime: Callable[[RuntimeComparison], object] | None = None
                    ) -> list[RuntimeComparison]:
     """``model_dir``/``original_dir``: where a model's external tensors stay (see
     ``models.Loaded.external_dir``); None when they are in the protobuf. ``range_steps``:
@@ -208,7 +209,9 @@ def compare_models(model: onnx.ModelProto, original: onnx.ModelProto,
     beside its outputs, handed back in ``kept`` (the same keys): what a family's bounds
     read (``CheckSupport.bound_values``), so that they need no runs of their own.
     ``meanwhile``: work of the caller's that needs no run, done after the reference
-    evaluator's runs while onnxruntime's may still go on."""
+    evaluator's runs while onnxruntime's may still go on; ``after_runtime``: work that
+    needs onnxruntime's comparison (given it), done as soon as it is made, beside the
+    reference evaluator's runs or ``meanwhile``."""
     names = [o.name for o in model.graph.output]
     extra = sorted(set(names) - {o.name for o in original.graph.output})
     if extra:
@@ -231,11 +234,15 @@ def compare_models(model: onnx.ModelProto, original: onnx.ModelProto,
 
     def on_runtime() -> RuntimeComparison:
         if runtime == "onnxruntime":
-            return _on("onnxruntime", run_ort, (model, model_dir), (original, original_dir),
-                       feeds, rtol, atol, range_steps, ort_notes)
-        return replace(_on(runtime, lambda m, f, d: deployed.run(runtime, m, f, d),
-                           (model, model_dir), (original, original_dir), feeds, rtol, atol,
-                           True, ort_notes), judged=False)
+            got = _on("onnxruntime", run_ort, (model, model_dir), (original, original_dir),
+                      feeds, rtol, atol, range_steps, ort_notes)
+        else:
+            got = replace(_on(runtime, lambda m, f, d: deployed.run(runtime, m, f, d),
+                              (model, model_dir), (original, original_dir), feeds, rtol,
+                              atol, True, ort_notes), judged=False)
+        if after_runtime is not None:
+            after_runtime(got)
+        return got
 
     def on_reference() -> RuntimeComparison:
         return _on("reference", run_ref, (model, model_dir), (original, original_dir), feeds,

@@ -49,6 +49,7 @@ from dqtool.checking.compare import max_abs_difference
 from dqtool.checking.models import for_ort
 from dqtool.errors import KernelError
 from dqtool.families.fused import kernel, read
+from dqtool.kernel import half
 
 WORK = 1 << 24  # multiply-adds per node before its columns are sampled
 _U = {np.dtype(np.float32): 2.0 ** -24, np.dtype(np.float16): 2.0 ** -11,
@@ -160,12 +161,13 @@ def _weight_columns(node: ir.Node, cols: np.ndarray) -> np.ndarray:
     a = {k: v.as_int() for k, v in node.attributes.items() if v.type == ir.AttributeType.INT}
     k, n, bits, block = a["K"], a["N"], a.get("bits", 4), a["block_size"]
     kb = -(-k // block)
-    b = storage.stored_values(node.inputs[1]).reshape(n, -1)[cols]
-    s = storage.stored_values(node.inputs[2]).reshape(n, kb)[cols]
+    every = len(cols) == n  # every column (one row of A): the arrays as they are, no copy
+    b = storage.stored_values(node.inputs[1]).reshape(n, -1)
+    s = storage.stored_values(node.inputs[2]).reshape(n, kb)
     zp_v = graph.input_value(node, 3)
-    zp = None if zp_v is None else storage.stored_values(zp_v)
-    if zp is not None:
-        zp = zp.reshape(n, -1)[cols]
+    zp = None if zp_v is None else storage.stored_values(zp_v).reshape(n, -1)
+    if not every:
+        b, s, zp = b[cols], s[cols], None if zp is None else zp[cols]
     g_v = graph.input_value(node, 4)
     g_idx = None if g_v is None else storage.stored_values(g_v)
     return kernel.dequantize_matmul_nbits(b, s, zp, K=k, N=len(cols), bits=bits,
@@ -218,8 +220,14 @@ def _matmul_bound(node: ir.Node, checked_node: ir.Node | None, a1: np.ndarray,
     n_cols = y1.shape[-1]
     rows = int(np.prod(y1.shape[:-1], dtype=np.int64))
     cols = _columns(n_cols, rows, kk)
-    absw = _weight_columns(node, cols).astype(np.float32)  # (K, c): exact (a float type
-    np.abs(absw, out=absw)  # of at most 24 significant bits), one copy in place
+    w = _weight_columns(node, cols)  # (K, c)
+    absw = np.empty(w.shape, np.float32)  # exact: a float type of at most 24 bits
+    if w.dtype == np.float16:
+        half.widen_into(absw, w)  # onnxruntime's Cast where proven, ~2.5x NumPy's
+    else:
+        np.copyto(absw, w, casting="unsafe")
+    del w
+    np.abs(absw, out=absw)
     a1f = a1.reshape(rows, kk).astype(np.float64)
     a2f = a2.reshape(rows, kk).astype(np.float64)
     bias_v = graph.input_value(node, 5)
@@ -234,10 +242,13 @@ def _matmul_bound(node: ir.Node, checked_node: ir.Node | None, a1: np.ndarray,
     f1 = y1.reshape(rows, n_cols)[:, cols].astype(np.float64)
     f2 = y2.reshape(rows, n_cols)[:, cols].astype(np.float64)
     u_out, eta = _U.get(out_t, 0.0), _ETA.get(out_t, 0.0)
-    total = _products_above(np.abs(a1f - a2f), absw)
-    for a, y, fused, level in ((a1f, f1, True, _accuracy(node)),
-                               (a2f, f2, checked_node is not None, _accuracy(checked_node))):
-        s = _products_above(np.abs(a), absw)
+    # the three products in one pass over the weight: |a1 - a2|, |a1|, |a2| (rows each)
+    products = _products_above(np.abs(np.concatenate([a1f - a2f, a1f, a2f])), absw)
+    total = products[:rows].copy()
+    for i, (a, y, fused, level) in enumerate((
+            (a1f, f1, True, _accuracy(node)),
+            (a2f, f2, checked_node is not None, _accuracy(checked_node))), start=1):
+        s = products[i * rows:(i + 1) * rows]
         moved, u = _perturbation(a, level, absw, s)
         if fused and u_out > _ACC_U:
             # A float16/bfloat16 MatMulNBits multiplies by the float32 weight, before its
