@@ -168,3 +168,30 @@ def test_check_alone_probes_a_gather_table_kept_in_its_file(tmp_path, monkeypatc
     assert any("kept in its files" in n for n in report.notes)
     assert [(n.name, n.status) for n in report.nodes] == [("gbq", "bit-exact")]
     assert report.passed
+
+
+def test_upgrade_check_at_llm_size_runs_each_model_once_on_onnxruntime(tmp_path,
+                                                                          monkeypatch):
+    """``upgrade --check`` streams as ``check --against`` does: onnxruntime beside the
+    reference evaluator, its runs keeping what the bounds read; the same verdicts."""
+    from dqtool.checking import runners, stream_ort
+
+    rng = np.random.default_rng(0)
+    src = _save(nbits_model(256, 64, 4, 32, nbits_inputs(rng, 256, 64, 4, 32, np.float16),
+                            dtype=np.float16, m=8), tmp_path / "orig.onnx")
+    runs: list[str] = []
+    real_run, real_streamed = runners.run_ort, stream_ort.StreamedOrt.__call__
+    monkeypatch.setattr(runners, "run_ort",
+                        lambda *a, **k: runs.append("whole") or real_run(*a, **k))
+    monkeypatch.setattr(stream_ort.StreamedOrt, "__call__",
+                        lambda *a, **k: runs.append("streamed") or real_streamed(*a, **k))
+    small = dqtool.upgrade(src, 21, tmp_path / "a.onnx", check=True).check
+    assert runs == ["whole"] * 2  # the bounds run both models again (the comparison
+    # opens sessions of its own)
+    monkeypatch.setattr(runners, "STREAM_BYTES", 0)
+    runs.clear()
+    large = dqtool.upgrade(src, 21, tmp_path / "b.onnx", check=True).check
+    assert runs == ["streamed"] * 2
+    assert small.ok and large.ok and large.runtimes == small.runtimes
+    assert large.runtimes["onnxruntime (CPU, ORT_DISABLE_ALL)"].startswith(
+        "fused weights identical; final Y: ")

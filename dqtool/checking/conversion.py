@@ -14,6 +14,7 @@ IR version / kernel is skipped only when the reference evaluator agreed.
 
 from __future__ import annotations
 
+import concurrent.futures
 import os
 import re
 from collections.abc import Callable
@@ -26,7 +27,7 @@ import onnx
 import onnx_ir as ir
 
 from dqtool import registry
-from dqtool.checking import inputs, models, runners
+from dqtool.checking import against, inputs, models, runners
 from dqtool.checking.compare import max_abs_difference
 from dqtool.messages import one_line
 from dqtool.runtimes import onnxruntime as ort_facts
@@ -213,19 +214,84 @@ def compare(original_model: models.Loaded | onnx.ModelProto,
     if not checker_passed and not _checker(original_model)[1]:
         checker, checker_passed = "skipped: the original fails onnx.checker too", True
     plan = _plan(original_model, converted_model)
-    held, tolerated, kind = _held_weights(plan)
+    runs: dict[str, _Runs] = {}
+    ran: dict[int, dict[str, np.ndarray]] = {}
+    if runners.streams(plan.original.proto) or runners.streams(plan.converted.proto):
+        # At LLM size as ``check --against`` does (docs/benchmarks.md, 2026-11-28): the
+        # runtimes side by side, the weights compared meanwhile, onnxruntime's runs keeping
+        # what the bounds read.
+        (ref_name, ref_open, ref_a, ref_b), (ort_name, _, ort_a, ort_b) = plan.runs
+        keep = _bound_values(plan, ort_a, ort_b)
+        with concurrent.futures.ThreadPoolExecutor(1, "dqtool-ort") as pool:
+            pending = pool.submit(_runs, _beside(keep), ort_a, ort_b, plan, feeds)
+            runs[ref_name] = _runs(ref_open, ref_a, ref_b, plan, feeds)
+            held, tolerated, kind = _held_weights(plan)
+            runs[ort_name] = pending.result()
+        if keep:
+            ran = {id(plan.original.proto): runs[ort_name][0],
+                   id(plan.converted.proto): runs[ort_name][1]}
+    else:
+        held, tolerated, kind = _held_weights(plan)
+        for name, open_session, model_a, model_b in plan.runs:
+            runs[name] = _runs(open_session, model_a, model_b, plan, feeds)
     verdicts: list[RuntimeVerdict] = []
-    for name, open_session, model_a, model_b in plan.runs:
+    for name, _, _, model_b in plan.runs:
         reference_agrees = any(v.runtime == REFERENCE and v.status in ("identical",
                                                                        "tolerated")
                                for v in verdicts)
-        verdicts.append(_on(name, open_session, model_a, model_b, plan, feeds,
-                            reference_agrees, held, tolerated, kind))
+        verdicts.append(_on(name, runs[name], model_b, plan, feeds, reference_agrees, held,
+                            tolerated, kind, ran))
     return ConversionCheck(tuple(verdicts), checker, checker_passed, seed, tuple(plan.notes))
 
 
+# A runtime's runs of the original and of the converted model: each its outputs, or why it
+# could not run (the converted model is not run when the original cannot be)
+_Runs = tuple[dict[str, np.ndarray] | runners.RuntimeFailure,
+              dict[str, np.ndarray] | runners.RuntimeFailure | None]
+
+
+def _runs(open_session: Open, model_a: onnx.ModelProto, model_b: onnx.ModelProto,
+          plan: _Plan, feeds: dict[str, np.ndarray]) -> _Runs:
+    # One session at a time: a large model's weights are held once, not twice.
+    try:
+        got_a = open_session(model_a, plan.original.external_dir)(feeds, None)
+    except runners.RuntimeFailure as e:
+        return e, None
+    try:
+        return got_a, open_session(model_b, plan.converted.external_dir)(feeds, None)
+    except runners.RuntimeFailure as e:
+        return got_a, e
+
+
+def _bound_values(plan: _Plan, ort_a: onnx.ModelProto, ort_b: onnx.ModelProto
+                  ) -> dict[int, list[str]]:
+    """The values the families' bounds read, by ``id`` of the protos onnxruntime runs."""
+    keep: dict[int, list[str]] = {}
+    for s in registry.check_supports():
+        if s.bound_values is None or s.holds_weights is None or \
+                not s.holds_weights(plan.original.proto):
+            continue
+        names = s.bound_values(plan.converted.proto, plan.original.proto,
+                               plan.original.ir_model())
+        keep.setdefault(id(ort_a), []).extend(names.get(id(plan.original.proto), []))
+        keep.setdefault(id(ort_b), []).extend(names.get(id(plan.converted.proto), []))
+    return keep
+
+
+def _beside(keep: dict[int, list[str]]) -> Open:
+    """onnxruntime's sessions beside the reference evaluator's runs, keeping ``keep``."""
+    def open_session(model: onnx.ModelProto, external_dir: Path | None) -> runners.Session:
+        def run(feeds: Any, outputs: Any = None) -> dict[str, np.ndarray]:
+            return runners.run_ort_beside(model, feeds, keep.get(id(model), ()),
+                                          against.KEEP_BYTES, external_dir)
+        return run
+
+    return open_session
+
+
 def _beyond_bounds(plan: _Plan, feeds: dict[str, np.ndarray],
-                   got_a: dict[str, np.ndarray], got_b: dict[str, np.ndarray]) -> str:
+                   got_a: dict[str, np.ndarray], got_b: dict[str, np.ndarray],
+                   ran: dict[int, dict[str, np.ndarray]] | None = None) -> str:
     """Why onnxruntime's final differences are not its rounding: the original's
     weight-holding nodes beyond the family's rounding bound (``CheckSupport.bounds``) or
     not bounded at all (outside a subgraph or function, which no run can expose), or final
@@ -240,7 +306,7 @@ def _beyond_bounds(plan: _Plan, feeds: dict[str, np.ndarray],
             continue
         got = s.bounds(plan.converted.proto, plan.original.proto,
                        plan.converted.ir_model(), plan.original.ir_model(), feeds,
-                       plan.converted.external_dir, plan.original.external_dir)
+                       plan.converted.external_dir, plan.original.external_dir, ran=ran)
         for b in got:
             if not b.passed or (b.status == "unbounded" and not getattr(b, "hidden", False)):
                 bad.append(b.describe())
@@ -281,17 +347,15 @@ def _held_weights(plan: _Plan) -> tuple[str | None, str, str]:
     return "", "; ".join(s.tolerated for s in supports if s.tolerated), kind
 
 
-def _on(name: str, open_session: Open, model_a: onnx.ModelProto, model_b: onnx.ModelProto,
-        plan: _Plan, feeds: dict[str, np.ndarray], reference_agrees: bool,
-        held: str | None = None, tolerated: str = "", kind: str = "") -> RuntimeVerdict:
-    # One session at a time: a large model's weights are held once, not twice.
-    try:
-        got_a = open_session(model_a, plan.original.external_dir)(feeds, None)
-    except runners.RuntimeFailure as e:  # the original does not run there: skip it
-        return RuntimeVerdict(name, "skipped", f"skipped: original does not run ({e})")
-    try:
-        got_b = open_session(model_b, plan.converted.external_dir)(feeds, None)
-    except runners.RuntimeFailure as e:
+def _on(name: str, runs: _Runs, model_b: onnx.ModelProto, plan: _Plan,
+        feeds: dict[str, np.ndarray], reference_agrees: bool, held: str | None = None,
+        tolerated: str = "", kind: str = "",
+        ran: dict[int, dict[str, np.ndarray]] | None = None) -> RuntimeVerdict:
+    got_a, got_b = runs
+    if isinstance(got_a, runners.RuntimeFailure):  # the original does not run there
+        return RuntimeVerdict(name, "skipped", f"skipped: original does not run ({got_a})")
+    if not isinstance(got_b, dict):  # a failure (run only when the original ran)
+        e = got_b if got_b is not None else runners.RuntimeFailure("not run")
         unsupported = _unsupported(e, model_b) if name == ORT else None
         if unsupported and reference_agrees:
             # The runtime lacks the target opset / IR version / kernel: that says nothing
@@ -312,7 +376,7 @@ def _on(name: str, open_session: Open, model_a: onnx.ModelProto, model_b: onnx.M
         # design, not the conversion's, when every such node is within its proven rounding
         # bound. The reference evaluator runs the operator as its ai.onnx decomposition,
         # so there a difference is the conversion's.
-        beyond = _beyond_bounds(plan, feeds, got_a, got_b)
+        beyond = _beyond_bounds(plan, feeds, got_a, got_b, ran)
         if beyond:
             return RuntimeVerdict(name, "different", f"DIFFERENT: final {final_diff}; "
                                   f"beyond the rounding bound: {beyond}")
