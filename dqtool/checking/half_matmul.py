@@ -20,8 +20,8 @@ NumPy's). ``tests/test_half_matmul_speedpaths.py`` compares it with ``np.matmul`
 random shapes and non-finite, overflowing and subnormal values.
 
 Measured 2026-11-28 on (1, 1, 3072) @ (3072, 8192): NumPy's loop 0.19-0.24 s, a vectorised
-add per row 37-38 ms, this way 18-19 ms (8192 × 3072: 47-54 → 22-26 ms; given in that
-day's report for docs/benchmarks.md, "Check at LLM size"). It runs on the calling thread:
+add per row 37-38 ms, this way 18-19 ms (8192 × 3072: 47-54 → 22-26 ms; docs/benchmarks.md,
+"2026-11-28, evening"). It runs on the calling thread:
 the output's columns split between two threads ran slower (29 against 19 ms) on the
 shared machine, and in ``check --against`` at that size onnxruntime runs on the other
 core meanwhile. The reference evaluator multiplies every float16 weight of an LLM-shaped

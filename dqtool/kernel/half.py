@@ -20,8 +20,8 @@ subnormal results, overflow to infinity) gave NumPy's bits. Otherwise, or with
 The other way, float16 → float32 (``widen_into``, for ``checking.half_matmul``), is exact,
 so the whole domain is 65536 inputs: the probe compares every one of them, in buffers of
 several lengths (SIMD body and scalar tails), before onnxruntime's Cast is used
-(measured 2026-11-28: ~0.4 ns an element in chunks of 128 Ki, NumPy's ~1.05 ns; given in
-that day's report for docs/benchmarks.md). A NaN must stay a NaN: onnxruntime quiets a
+(measured 2026-11-28: ~0.4 ns an element in chunks of 128 Ki, NumPy's ~1.05 ns;
+docs/benchmarks.md, "2026-11-28, evening"). A NaN must stay a NaN: onnxruntime quiets a
 signalling one, NumPy keeps its bits, and a float32 multiply quiets it anyway (NaN
 payloads carry no meaning for dqtool: ``compare.bit_identical``).
 """
@@ -158,7 +158,7 @@ def _run_into(session: object, src: np.ndarray, dst: np.ndarray) -> bool:
     The output is bound to ``dst`` itself (``IOBinding``): ``session.run`` would allocate
     an output (fresh memory) and the result be copied from there, which took more than the
     conversion: 2026-11-28, 25 Mi float32 → float16 in chunks of 256 Ki, 8.9 ms by
-    ``run`` and a copy, 5.7 ms bound (given in that day's report for docs/benchmarks.md).
+    ``run`` and a copy, 5.7 ms bound (docs/benchmarks.md, "2026-11-28, evening").
     A session without ``io_binding`` (a test's stand-in) runs and is copied."""
     try:
         if not hasattr(session, "io_binding"):

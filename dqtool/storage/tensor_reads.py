@@ -175,8 +175,8 @@ def unpack(packed: np.ndarray, bits: int, signed: bool = False) -> np.ndarray:
             # as int8. Two vectorized passes, in place: far cheaper than a masked
             # subtraction (docs/decisions.md, "2026-11-28: sizes the code holds") or the
             # sign bit shifted up and back (NumPy's uint8 left_shift is a scalar loop):
-            # 2026-11-28, a 3072 x 8192 int4 weight's codes 15.0 → 7.4 ms of CPU (given
-            # in that day's report for docs/benchmarks.md)
+            # 2026-11-28, a 3072 x 8192 int4 weight's codes unpacked in 14.1-14.5 → 5.0-5.9
+            # ms of CPU (docs/benchmarks.md, "2026-11-28, evening")
             np.bitwise_xor(d, half_range, out=d)
             np.subtract(d, half_range, out=d)
     return out.view(np.int8) if signed else out
@@ -196,7 +196,7 @@ def _unpack_chunk(src: np.ndarray, dst: np.ndarray, bits: int, spare: np.ndarray
     (4 bits) or uint32 (2 bits). Shifts left are multiplies: NumPy's integer left_shift
     is a scalar loop, its multiply vectorized (measured 2026-11-28, 25 Mi 4-bit codes in
     chunks: 3.0 ms of CPU with shifts, 2.5 ms so; 2-bit codes 25 ms a pass per code, 15 ms
-    so; given in that day's report for docs/benchmarks.md)."""
+    so; docs/benchmarks.md, "2026-11-28, evening")."""
     if bits == 4 and sys.byteorder == "little":
         # Byte b widened to 16 bits, b | b·16 masked with 0x0F0F: its low nibble in the
         # low byte, its high nibble in the high byte, i.e. the two codes in order. Four

@@ -35,8 +35,8 @@ TILE = 1024  # columns of N a tile of the codes' transpose
 # block of K; rows of a block of a larger N in groups of this size). Larger bands cost less:
 # 2026-11-28, one thread, 4-bit blocks of 128, CPU ms for (N, K) = (3072, 8192),
 # (3072, 3072), (8192, 3072): 2 MiB 44, 15, 34; 4 MiB 38, 13, 33; 8 MiB 33.5, 11.2, 29.6
-# (each onnxruntime call and band costs more than the cache saves; given in that day's
-# report for docs/benchmarks.md). A thread keeps its float32 buffer of this size.
+# (each onnxruntime call and band costs more than the cache saves; docs/benchmarks.md,
+# "2026-11-28, evening"). A thread keeps its float32 buffer of this size.
 GROUP_BYTES = 1 << 23
 # data bytes of a GatherBlockQuantized table dequantized at a time
 GATHER_BAND_BYTES = 1 << 20
@@ -143,8 +143,8 @@ def _codes_kn(p: np.ndarray, n: int, codes: int, bits: int) -> np.ndarray:
     """uint8 codes ``(codes, N)`` of the packed rows ``p`` (``(N, codes·bits/8)`` bytes):
     transposed packed (``packing.transpose_band``, in C on this thread), then unpacked.
     Measured 2026-11-28, (N, K) = (8192, 3072) 4-bit, one thread: 9.1 ms of CPU against
-    25 ms for unpacking first and transposing uint8 tiles (given in that day's report for
-    docs/benchmarks.md)."""
+    25 ms for unpacking first and transposing uint8 tiles (docs/benchmarks.md, "2026-11-28,
+    evening")."""
     e = 64 // bits
     buf = packing.band_scratch((-(-codes // e) * e) * (n * bits // 8))
     return packing.unpack(packing.transpose_band(p, n, codes, bits, 0, buf), bits)
