@@ -134,9 +134,10 @@ def _against(loaded: Loaded, other_loaded: Loaded, feeds: dict[str, np.ndarray],
     # A family's rewritten nodes, each run alone on the original's inputs.
     per_op = [e for support in registry.check_supports() if support.per_op
               for e in support.per_op(proto, other, feeds, other_loaded.external_dir)]
-    keep = _bound_values(loaded, other_loaded) if runtime == "onnxruntime" else {}
-    kept: dict[int, dict[str, np.ndarray]] = {}
     ir_models = _IrModels()
+    keep = _bound_values(loaded, other_loaded, ir_models) if runtime == "onnxruntime" \
+        else {}
+    kept: dict[int, dict[str, np.ndarray]] = {}
     weights: list[Any] = []
     bounds: list[Any] = []
     exposed: dict[str, Any] = {}
@@ -155,8 +156,8 @@ def _against(loaded: Loaded, other_loaded: Loaded, feeds: dict[str, np.ndarray],
         keep=keep, kept=kept,
         meanwhile=lambda: weights.extend(_family_weights(loaded, other_loaded, ir_models)),
         after_runtime=bound if runtime == "onnxruntime" else None)
-    if bounds and _kept_note(kept, keep):
-        notes.append(_kept_note(kept, keep))
+    note = _kept_note(kept, keep) if bounds else ""
+    notes += [note] if note else []
     kept.clear()  # the kept values, freed
     if bounds:
         comparisons = bounded.apply(
@@ -190,7 +191,8 @@ def _sides(support: registry.CheckSupport, loaded: Loaded, other_loaded: Loaded
     return other_loaded, loaded
 
 
-def _bound_values(loaded: Loaded, other_loaded: Loaded) -> dict[int, list[str]]:
+def _bound_values(loaded: Loaded, other_loaded: Loaded, ir_model: _IrModels
+                  ) -> dict[int, list[str]]:
     """What the comparison's onnxruntime runs keep for the families' bounds, at LLM size
     (a model that streams: each run of a converted model is onnxruntime dequantizing
     every weight, 27 s of the bench model's check, docs/benchmarks.md 2026-11-28); a run
@@ -203,7 +205,7 @@ def _bound_values(loaded: Loaded, other_loaded: Loaded) -> dict[int, list[str]]:
             continue
         checked, original = _sides(support, loaded, other_loaded)
         for key, names in support.bound_values(checked.proto, original.proto,
-                                               original.ir_model()).items():
+                                               ir_model(original)).items():
             keep.setdefault(key, []).extend(names)
     return keep
 
