@@ -325,15 +325,15 @@ def run_ort_beside(model: onnx.ModelProto, feeds: Mapping[str, np.ndarray],
                    keep: Sequence[str], budget: int,
                    external_dir: Path | None = None) -> dict[str, np.ndarray]:
     """Run once on onnxruntime, beside another runtime's run: a model that streams does
-    in pieces of ``stream_ort.BESIDE_BYTES``, and keeps the values ``keep`` names as long
-    as they hold at most ``budget`` bytes (``StreamedOrt``); a model that does not stream
-    keeps nothing (a second run of it costs little)."""
+    in pieces of ``stream_ort.BESIDE_SHARE`` of the usual size, and keeps the values
+    ``keep`` names as long as they hold at most ``budget`` bytes (``StreamedOrt``); a
+    model that does not stream keeps nothing (a second run of it costs little)."""
     if not streams(model):
         return run_ort(model, feeds, external_dir=external_dir)
     _ort_options(external_dir)  # onnxruntime missing: the same failure, at once
     run = stream_ort.StreamedOrt(model, lambda piece: _whole_ort(piece, external_dir),
                                  _reporter("onnxruntime", model),
-                                 piece_bytes=stream_ort.BESIDE_BYTES)
+                                 share=stream_ort.BESIDE_SHARE)
     return _streamed(lambda f, o: run(f, o, keep, budget))(feeds, None)
 
 

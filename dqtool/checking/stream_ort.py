@@ -33,12 +33,12 @@ from dqtool.checking import liveness
 
 # Weights per piece, counted as ``liveness.value_bytes`` (4 bytes an element).
 PIECE_BYTES = 256 << 20
-# ... for a run beside the reference evaluator's (``check --against`` at LLM size): a
-# converted model's piece holds its weights dequantized twice (float16, and the float32
-# copy onnxruntime's MatMul reads), beside the reference's own weights. 2026-11-28, the
-# finite bench model: 971 MB peak with 256 MiB pieces; the time the same with 128 MiB
+# The share of it a run beside the reference evaluator's takes (``check --against`` at LLM
+# size): a converted model's piece holds its weights dequantized twice (float16, and the
+# float32 copy onnxruntime's MatMul reads), beside the reference's own weights. 2026-11-28,
+# the finite bench model: 971 MB peak with 256 MiB pieces; the time the same with 128 MiB
 # (docs/benchmarks.md).
-BESIDE_BYTES = 128 << 20
+BESIDE_SHARE = 0.5
 
 Progress = Callable[[int, int], None]
 OpenSession = Callable[[onnx.ModelProto], Any]  # a piece's model → an onnxruntime session
@@ -110,9 +110,9 @@ class StreamedOrt:
     """``session(feeds, outputs)`` running ``proto`` piece by piece (module docstring)."""
 
     def __init__(self, proto: onnx.ModelProto, open_session: OpenSession,
-                 progress: Progress | None = None, piece_bytes: int | None = None) -> None:
+                 progress: Progress | None = None, share: float = 1.0) -> None:
         self.proto = proto
-        self.piece_bytes = piece_bytes  # None: PIECE_BYTES, as it is when the run starts
+        self.share = share  # of PIECE_BYTES (as it is when the run starts) a piece takes
         self.open_session = open_session
         self.progress = progress
         self.outputs = [o.name for o in proto.graph.output]
@@ -127,7 +127,7 @@ class StreamedOrt:
         crossing, unclean = _unclean(nodes, live, keep, types)
         clean = [not u for u in unclean]
         allowed = [all(types.get(v) not in _NOT_CARRIED for v in c) for c in crossing]
-        budget = PIECE_BYTES if self.piece_bytes is None else self.piece_bytes
+        budget = max(1, int(PIECE_BYTES * self.share))
         return (liveness.cut(nodes, weights, budget, clean, allowed), crossing,
                 unclean)
 
