@@ -28,6 +28,20 @@ def _fp16_pair(tmp_path, m: int = 4):
     return src, up
 
 
+def _counted_runs(monkeypatch) -> list[str]:
+    """Each onnxruntime run of a whole model from here on: "whole" (one session) or
+    "streamed" (in pieces)."""
+    from dqtool.checking import runners, stream_ort
+
+    runs: list[str] = []
+    real_run, real_streamed = runners.run_ort, stream_ort.StreamedOrt.__call__
+    monkeypatch.setattr(runners, "run_ort",
+                        lambda *a, **k: runs.append("whole") or real_run(*a, **k))
+    monkeypatch.setattr(stream_ort.StreamedOrt, "__call__",
+                        lambda *a, **k: runs.append("streamed") or real_streamed(*a, **k))
+    return runs
+
+
 def test_outputs_that_compare_nothing_are_not_bounded_and_still_fail(tmp_path):
     """NaN in every element of both models: nothing differs for a bound to explain, so no
     onnxruntime run is spent on one; the verdict fails unless accepted."""
@@ -68,15 +82,10 @@ def test_streamed_runs_keep_what_the_bounds_read(tmp_path, monkeypatch):
     """At LLM size (a model that streams) onnxruntime runs each model once: the runs the
     outputs are compared on keep each fused node's A and output, and the bounds read them
     there (each run of a converted LLM is onnxruntime dequantizing every weight)."""
-    from dqtool.checking import against, runners, stream_ort
+    from dqtool.checking import against, runners
 
     src, up = _fp16_pair(tmp_path, m=8)
-    runs: list[str] = []
-    real_run, real_streamed = runners.run_ort, stream_ort.StreamedOrt.__call__
-    monkeypatch.setattr(runners, "run_ort",
-                        lambda *a, **k: runs.append("whole") or real_run(*a, **k))
-    monkeypatch.setattr(stream_ort.StreamedOrt, "__call__",
-                        lambda *a, **k: runs.append("streamed") or real_streamed(*a, **k))
+    runs = _counted_runs(monkeypatch)
     separate = dqtool.check(up, against=src)  # small: not streamed, the bounds run again
     assert runs == ["whole"] * 4 and separate.passed
     monkeypatch.setattr(runners, "STREAM_BYTES", 0)
@@ -174,17 +183,12 @@ def test_upgrade_check_at_llm_size_runs_each_model_once_on_onnxruntime(tmp_path,
                                                                           monkeypatch):
     """``upgrade --check`` streams as ``check --against`` does: onnxruntime beside the
     reference evaluator, its runs keeping what the bounds read; the same verdicts."""
-    from dqtool.checking import runners, stream_ort
+    from dqtool.checking import runners
 
     rng = np.random.default_rng(0)
     src = _save(nbits_model(256, 64, 4, 32, nbits_inputs(rng, 256, 64, 4, 32, np.float16),
                             dtype=np.float16, m=8), tmp_path / "orig.onnx")
-    runs: list[str] = []
-    real_run, real_streamed = runners.run_ort, stream_ort.StreamedOrt.__call__
-    monkeypatch.setattr(runners, "run_ort",
-                        lambda *a, **k: runs.append("whole") or real_run(*a, **k))
-    monkeypatch.setattr(stream_ort.StreamedOrt, "__call__",
-                        lambda *a, **k: runs.append("streamed") or real_streamed(*a, **k))
+    runs = _counted_runs(monkeypatch)
     small = dqtool.upgrade(src, 21, tmp_path / "a.onnx", check=True).check
     assert runs == ["whole"] * 2  # the bounds run both models again (the comparison
     # opens sessions of its own)
