@@ -17,6 +17,7 @@ import onnx
 import onnx_ir as ir
 
 from dqtool import graph, storage
+from dqtool.errors import KernelError
 from dqtool.evaluator import reference_evaluator
 from dqtool.families.fused import kernel, read
 from dqtool.kernel.dequantize import dequantize
@@ -28,12 +29,12 @@ class WeightComparison:
     node: str
     op: str
     status: str  # "bit-identical", "kept" (the same node, its weight computed), "differ",
-    # "not found"
+    # "not found", "error" (the kernel cannot compute a weight: an invalid node)
     detail: str = ""
 
     @property
     def passed(self) -> bool:
-        return self.status != "differ"
+        return self.status not in ("differ", "error")
 
     @property
     def same(self) -> bool:
@@ -207,7 +208,11 @@ def compare_weights(model: ir.Model, original: ir.Model) -> list[WeightCompariso
             continue
         values = scopes.get(_scope(site.function), {})
         name = node.name or node.outputs[0].name
-        want = fused_weight(node)
+        try:
+            want = fused_weight(node)
+        except KernelError as e:  # an invalid node (bool scales ...): a finding
+            out.append(WeightComparison(name, node.op_type, "error", f"the original's: {e}"))
+            continue
         if want is None:
             if _kept(values, node):
                 out.append(WeightComparison(name, node.op_type, "kept", "the same node in "
@@ -216,7 +221,12 @@ def compare_weights(model: ir.Model, original: ir.Model) -> list[WeightCompariso
                 out.append(WeightComparison(name, node.op_type, "not found",
                                             "the original's weight is not constant"))
             continue
-        got = _counterpart(values, node)
+        try:
+            got = _counterpart(values, node)
+        except KernelError as e:
+            out.append(WeightComparison(name, node.op_type, "error",
+                                        f"the checked model's: {e}"))
+            continue
         if isinstance(got, str) or got is None:
             out.append(WeightComparison(name, node.op_type, "not found",
                                         "no constant weight in the checked model's place"))
