@@ -66,7 +66,8 @@ def plant(up: Path, out: Path) -> None:
     shutil.copy(up, out)
     data = out.with_name(out.name + ".data")
     shutil.copy(up.with_name(up.name + ".data"), data)
-    last = max(t.name for t in m.graph.initializer if t.name.endswith(".down/scale"))
+    last = max((t.name for t in m.graph.initializer if t.name.endswith(".down/scale")),
+               key=lambda name: int(name.split(".")[0][1:]))  # "l31", not "l9" (text order)
     t = next(t for t in m.graph.initializer if t.name == last)
     offset = int({e.key: e.value for e in t.external_data}["offset"]) + 2 * 1000
     with open(data, "r+b") as f:

@@ -156,7 +156,10 @@ def _against(loaded: Loaded, other_loaded: Loaded, feeds: dict[str, np.ndarray],
         keep=keep, kept=kept,
         meanwhile=lambda: weights.extend(_family_weights(loaded, other_loaded, ir_models)),
         after_runtime=bound if runtime == "onnxruntime" else None)
-    note = _kept_note(kept, keep) if bounds else ""
+    note = bounded.kept_note(kept, keep, {id(proto): name, id(other): other_name},
+                             "/".join(dict.fromkeys(s.kind for s in registry.check_supports()
+                                                    if s.bound_values and s.kind))) \
+        if bounds else ""
     notes += [note] if note else []
     kept.clear()  # the kept values, freed
     if bounds:
@@ -208,18 +211,6 @@ def _bound_values(loaded: Loaded, other_loaded: Loaded, ir_model: _IrModels
                                                ir_model(original)).items():
             keep.setdefault(key, []).extend(names)
     return keep
-
-
-def _kept_note(kept: dict[int, dict[str, np.ndarray]], keep: dict[int, list[str]]) -> str:
-    if not any(keep.values()) or not all(
-            all(n in kept.get(k, {}) for n in names) for k, names in keep.items()):
-        return ""
-    kind = "/".join(dict.fromkeys(s.kind for s in registry.check_supports()
-                                  if s.bound_values is not None and s.kind))
-    return (f"onnxruntime ran each model once: its runs kept each {kind} node's input and "
-            "output for the node's bound (a kept float16 value onnxruntime would compute in "
-            "float32 is rounded to float16, as the model's arithmetic says and as a piece "
-            "boundary does)")
 
 
 class _IrModels:

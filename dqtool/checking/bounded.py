@@ -42,6 +42,28 @@ def _same(a: float, b: float) -> bool:
     return a == b or abs(a - b) <= 1e-9 * max(abs(a), abs(b))
 
 
+def kept_note(kept: Mapping[int, Mapping[str, Any]], keep: Mapping[int, Sequence[str]],
+              labels: Mapping[int, str], kind: str = "") -> str:
+    """Where the bounds read each node's input and output (``keep``: the values asked of
+    each model's compared onnxruntime run, ``kept``: what each run handed back; keys as
+    ``labels``'): "" when nothing was asked."""
+    asked = [k for k, names in keep.items() if names]
+    if not asked:
+        return ""
+    what = f"each {kind + ' ' if kind else ''}node's input and output"
+    whole = [labels[k] for k in asked if all(n in kept.get(k, {}) for n in keep[k])]
+    again = [labels[k] for k in asked if labels[k] not in whole]
+    if not again:
+        return f"onnxruntime ran each model once: its compared runs kept {what} for the bounds"
+    why = ("keeping them in the run compared would change what onnxruntime computes (a "
+           "float16 value it keeps in float32), or they passed 256 MiB")
+    if not whole:
+        return f"the bounds ran {' and '.join(again)} again with {what} exposed: {why}"
+    return (f"the bounds read {what} from onnxruntime's compared run of "
+            f"{' and '.join(whole)}; {' and '.join(again)} ran again with them exposed: "
+            f"{why}")
+
+
 def needs_bounds(comparisons: Sequence[RuntimeComparison]) -> bool:
     """Whether onnxruntime compared and some output is beyond rtol/atol for a reason a
     bound could explain (not a shape, a dtype, a NaN or a missing output)."""

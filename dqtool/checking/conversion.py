@@ -27,7 +27,7 @@ import onnx
 import onnx_ir as ir
 
 from dqtool import registry
-from dqtool.checking import against, inputs, models, runners
+from dqtool.checking import against, bounded, inputs, models, runners
 from dqtool.checking.compare import max_abs_difference
 from dqtool.messages import one_line
 from dqtool.runtimes import onnxruntime as ort_facts
@@ -163,6 +163,7 @@ class _Plan:
     qdq_names: list[str]
     all_qdq_compared: bool
     notes: list[str]
+    kept_note: str = ""  # where the bounds read their values (``bounded.kept_note``)
 
 
 def _plan(original_model: models.Loaded, converted_model: models.Loaded) -> _Plan:
@@ -227,9 +228,14 @@ def compare(original_model: models.Loaded | onnx.ModelProto,
             runs[ref_name] = _runs(ref_open, ref_a, ref_b, plan, feeds)
             held, tolerated, kind = _held_weights(plan)
             runs[ort_name] = pending.result()
-        if keep:
-            ran = {id(plan.original.proto): runs[ort_name][0],
-                   id(plan.converted.proto): runs[ort_name][1]}
+        got_a, got_b = runs[ort_name]
+        if keep and isinstance(got_a, dict) and isinstance(got_b, dict):
+            ran = {id(plan.original.proto): got_a, id(plan.converted.proto): got_b}
+            plan.kept_note = bounded.kept_note(
+                {id(ort_a): got_a, id(ort_b): got_b}, keep,
+                {id(ort_a): "the original", id(ort_b): "the converted model"},
+                "/".join(dict.fromkeys(s.kind for s in registry.check_supports()
+                                       if s.bound_values and s.kind)))
     else:
         held, tolerated, kind = _held_weights(plan)
         for name, open_session, model_a, model_b in plan.runs:
@@ -300,6 +306,8 @@ def _beyond_bounds(plan: _Plan, feeds: dict[str, np.ndarray],
     the notes say so); "" when none."""
     bad: list[str] = []
     drift: list[str] = []
+    if ran and plan.kept_note:
+        plan.notes.append(plan.kept_note)
     for s in registry.check_supports():
         if s.bounds is None or s.holds_weights is None or \
                 not s.holds_weights(plan.original.proto):

@@ -152,16 +152,55 @@ class StreamedOrt:
         model.ir_version = self.proto.ir_version
         return model
 
+    def neutral(self, names: Sequence[str]) -> list[str]:
+        """Those of ``names`` that onnxruntime holds in their own type whether or not they
+        are outputs, so that keeping them changes nothing it computes: a graph input, a
+        value not float16/bfloat16, a value made by a node with a float16 CPU kernel
+        (other than a Cast), or one every reader of which has such a kernel (not a Cast:
+        onnxruntime then rounds it for them). Any other float16 value its graph may keep in float32
+        and never round, where making it an output would round it (2026-11-28, the
+        reviewer's case: `Cast → MatMulNBits → Add → MatMulNBits → Cast`, onnxruntime's
+        difference between the models 0.0963 plain, 0.125 with the values kept)."""
+        kernels = _half_kernels()
+        types = _types(self.proto)
+        inputs = {i.name for i in self.proto.graph.input}
+        producer = {o: n for n in self.proto.graph.node for o in n.output if o}
+        readers: dict[str, list[onnx.NodeProto]] = {}
+        for n in self.proto.graph.node:
+            for r in liveness.reads(n):
+                readers.setdefault(r, []).append(n)
+
+        def half(n: onnx.NodeProto) -> bool:
+            # a Cast is no witness: onnxruntime drops a Cast pair around a value it keeps
+            # in float32 (MatMul → Cast to float16 → Cast to float: never rounded)
+            return (n.domain or "", n.op_type) in kernels and n.op_type != "Cast"
+
+        def kept_alike(v: str) -> bool:
+            p = producer.get(v)
+            if v in inputs:
+                return True
+            if p is None:
+                return False
+            if types.get(v) is not None and types[v] not in _HALF:
+                return True
+            return half(p) or \
+                (bool(readers.get(v)) and all(map(half, readers[v])))
+
+        return [v for v in names if kept_alike(v)]
+
     def __call__(self, feeds: Mapping[str, np.ndarray], outputs: Sequence[str] | None = None,
                  optional: Sequence[str] = (), budget: int = 0) -> dict[str, np.ndarray]:
-        """``optional``: values kept too while they hold at most ``budget`` bytes in all;
-        past it, none of them (the caller finds them missing)."""
+        """``optional``: values kept too, those of them keeping changes nothing onnxruntime
+        computes (``neutral``), while they hold at most ``budget`` bytes in all; past it,
+        none of them. The caller finds the others missing."""
         names = list(outputs if outputs is not None else self.outputs)
         # the pieces and the values' lives as for the outputs alone: what is kept in
         # passing moves no boundary and frees nothing later than it would be freed
         pieces, crossing, unclean = self._pieces(set(names))
         live = liveness.Liveness.of(list(self.proto.graph.node), keep=names)
-        extra = [o for o in dict.fromkeys(optional) if o not in names]
+        made_here = {o for n in self.proto.graph.node for o in n.output if o} | set(feeds)
+        extra = [o for o in self.neutral(list(dict.fromkeys(optional)))
+                 if o not in names and o in made_here]
         names += extra
         keep = set(names)
         values: dict[str, np.ndarray] = dict(feeds)

@@ -189,24 +189,42 @@ def _ulps(diff: np.ndarray, y1: np.ndarray, y2: np.ndarray, dtype: np.dtype) -> 
     return float(diff[at]) / 2.0 ** (exp - mantissa)
 
 
+# Terms a float32 partial sum of ``_products_above`` adds: its rounding is within γ_64(2^-24)
+# (~3.8e-6) of the exact partial sum; the partial sums are added in float64
+_BLOCK = 64
+
+
 def _products_above(x: np.ndarray, absw: np.ndarray) -> np.ndarray:
     """An upper bound on ``x @ absw`` (float64, both non-negative; ``absw`` float32) made
-    by float32 BLAS: with no cancellation, a float32 sum of K products in any order is
-    within γ_K·(x@absw) of it (plus x's rounding to float32 and what underflow loses),
-    so the float32 result scaled by (1 + 2^-23)/(1 - γ_K), and K·2^-149·(1 + max|w|)
-    more, is above it.
-    The bound is a bound, not an estimate: it stays sound, only slightly looser, at a
-    fraction of the float64 product's cost (2026-11-28: 18 of the finite bench model's
-    29 s of bounds were float64 products, docs/benchmarks.md). Where float32 overflows,
-    float64."""
-    k = x.shape[-1]
-    with np.errstate(over="ignore", invalid="ignore"):
-        got = x.astype(np.float32) @ absw
-    if not np.isfinite(got).all():
+    by float32 BLAS: the sum over K is cut into blocks of ``_BLOCK`` terms, each summed in
+    float32 (one batched product) and the blocks' sums added in float64. With no
+    cancellation a float32 sum of 64 products in any order is within γ_64 of its exact
+    value (plus x's rounding to float32 and what underflow loses), so each block's result
+    scaled by (1 + 2^-23)/(1 - γ_64), plus 64·2^-149·(1 + max|w|), is above it: the bound
+    is the exact one looser by at most ~4e-6 of itself, whatever K, at a fraction of the
+    float64 product's cost (2026-11-28: 18 of the finite bench model's 29 s of bounds were
+    float64 products over a float64 copy of the weight, docs/benchmarks.md). Where
+    float32 overflows, or x is not finite, float64 products."""
+    rows, k = x.shape
+    blocks = -(-k // _BLOCK)
+    if not np.isfinite(x).all():
         return x @ absw.astype(np.float64)
-    gamma = _gamma(k, 2.0 ** -24)
-    tiny = k * 2.0 ** -149 * (1.0 + float(absw.max(initial=0.0)))  # what underflow loses
-    return got.astype(np.float64) * ((1 + 2.0 ** -23) / (1 - gamma)) + tiny
+    xp = np.zeros((rows, blocks * _BLOCK), np.float32)
+    with np.errstate(over="ignore"):
+        xp[:, :k] = x
+    wp = absw if k == blocks * _BLOCK else np.concatenate(
+        [absw, np.zeros((blocks * _BLOCK - k, absw.shape[1]), np.float32)])
+    # (blocks, rows, 64) @ (blocks, 64, N): one float32 sum of 64 terms per block
+    with np.errstate(over="ignore", invalid="ignore"):
+        parts = np.matmul(xp.reshape(rows, blocks, _BLOCK).transpose(1, 0, 2),
+                          wp.reshape(blocks, _BLOCK, -1))
+    if not np.isfinite(parts).all():
+        return x @ absw.astype(np.float64)
+    gamma = _gamma(_BLOCK, 2.0 ** -24)
+    tiny = _BLOCK * 2.0 ** -149 * (1.0 + float(absw.max(initial=0.0)))  # underflow's loss
+    # the float64 sum of the blocks' results, and this product, round too
+    scale = (1 + 2.0 ** -23) / (1 - gamma) * (1 + (blocks + 2) * 2.0 ** -52)
+    return parts.sum(axis=0, dtype=np.float64) * scale + blocks * tiny
 
 
 def _matmul_bound(node: ir.Node, checked_node: ir.Node | None, a1: np.ndarray,
@@ -274,6 +292,14 @@ def _matmul_bound(node: ir.Node, checked_node: ir.Node | None, a1: np.ndarray,
     levels = {_accuracy(node), _accuracy(checked_node)} - {0}
     detail = f"accuracy_level {max(levels)}: onnxruntime may round A first" if levels else ""
     full_diff = np.abs(y1.astype(np.float64) - y2.astype(np.float64))
+    with np.errstate(invalid="ignore"):
+        vacuous = bool(((diff > 0) & np.isinf(total)).any())
+    if vacuous:  # n·u ≥ 1 (accuracy_level 3 from K = 256): the bound says nothing
+        return NodeBound(name, node.op_type, "unbounded",
+                         max_abs=float(np.max(full_diff)) if full_diff.size else 0.0,
+                         ulps=_ulps(full_diff, y1, y2, out_t), dtype=str(out_t),
+                         detail=f"no finite rounding bound for {n_terms} terms at this "
+                         f"unit roundoff{'; ' + detail if detail else ''}")
     return NodeBound(
         name, node.op_type, "within" if max_ratio <= 1.0 else "beyond",
         max_abs=float(np.max(full_diff)) if full_diff.size else 0.0,
@@ -343,7 +369,11 @@ def _plan(checked: onnx.ModelProto, original_ir: ir.Model) -> tuple[Bounds, list
 
 
 def _names(wanted: list[ir.Node]) -> list[str]:
-    return sorted({v for n in wanted for v in (n.inputs[0].name, n.outputs[0].name)})
+    """What the bounds read: a MatMulNBits' A and output, a GatherBlockQuantized's output
+    (its first input is the table)."""
+    return sorted({v for n in wanted for v in (
+        (n.inputs[0].name, n.outputs[0].name) if n.op_type == "MatMulNBits"
+        else (n.outputs[0].name,))})
 
 
 def bound_values(checked: onnx.ModelProto, original: onnx.ModelProto,
@@ -378,8 +408,9 @@ def node_bounds(checked: onnx.ModelProto, original: onnx.ModelProto,
             runs.append(kept)
             continue
         try:
-            runs.append(runners.run_ort(for_ort(_with_outputs(proto, exposed))[0], feeds,
-                                        external_dir=where))
+            # beside the reference evaluator's runs at LLM size: pieces of its share
+            runs.append(runners.run_ort_beside(for_ort(_with_outputs(proto, exposed))[0],
+                                               feeds, (), 0, external_dir=where))
         except runners.RuntimeFailure as e:
             out += [NodeBound(n.name or n.outputs[0].name, n.op_type, "unbounded",
                               detail=f"onnxruntime cannot run it: {e}") for n in wanted]
