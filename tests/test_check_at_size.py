@@ -284,3 +284,37 @@ def test_kept_values_never_change_the_onnxruntime_run_compared(tmp_path, monkeyp
     monkeypatch.setattr(runners, "STREAM_BYTES", 1 << 50)
     b = dqtool.upgrade(src, 21, tmp_path / "b.onnx", check=True).check
     assert a.runtimes == b.runtimes and a.ok and b.ok
+
+
+def test_a_failure_beside_onnxruntime_stops_its_streamed_run(tmp_path, monkeypatch):
+    """The reference evaluator failing (or Ctrl-C) while onnxruntime runs beside it: the
+    error reaches the caller once onnxruntime's run has stopped at its next piece, not
+    after the whole run (and its bounds)."""
+    import threading
+
+    import pytest
+
+    from dqtool.checking import against, runners, stream_ort
+
+    src, up = _float16_chain(tmp_path)
+    monkeypatch.setattr(runners, "STREAM_BYTES", 0)
+    monkeypatch.setattr(stream_ort, "PIECE_BYTES", 1)  # a piece per node
+    started, pieces = threading.Event(), []
+    real_piece = stream_ort.StreamedOrt._piece_model
+
+    def piece(self, *a, **k):
+        started.set()
+        pieces.append(1)
+        if len(pieces) == 1:  # hold onnxruntime at its first piece until the failure
+            assert self.stop is not None and self.stop.wait(10)
+        return real_piece(self, *a, **k)
+
+    def failing_reference(*a, **k):
+        assert started.wait(10)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(stream_ort.StreamedOrt, "_piece_model", piece)
+    monkeypatch.setattr(against, "_run_ref", failing_reference)
+    with pytest.raises(KeyboardInterrupt):
+        dqtool.check(up, against=src)
+    assert len(pieces) == 1  # the converted model's first piece, then nothing

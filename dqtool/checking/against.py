@@ -11,6 +11,7 @@ check fails when a compared output differs, or when no runtime could compare at 
 from __future__ import annotations
 
 import concurrent.futures
+import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -114,9 +115,10 @@ Runner = Callable[[onnx.ModelProto, Mapping[str, np.ndarray], Path | None],
 
 
 def _run_ort(model: onnx.ModelProto, feeds: Mapping[str, np.ndarray],
-             external_dir: Path | None, keep: Sequence[str] = ()) -> dict[str, np.ndarray]:
+             external_dir: Path | None, keep: Sequence[str] = (),
+             stop: threading.Event | None = None) -> dict[str, np.ndarray]:
     return runners.run_ort_beside(for_ort(model)[0], feeds, keep, KEEP_BYTES,
-                                  external_dir=external_dir)
+                                  external_dir=external_dir, stop=stop)
 
 
 # Bytes of values a comparison's onnxruntime run of a model may keep (``keep``): past them,
@@ -224,10 +226,11 @@ def compare_models(model: onnx.ModelProto, original: onnx.ModelProto,
 
     ort_notes: list[str] = []
     ref_notes: list[str] = []
+    stop = threading.Event()  # set when this thread fails: onnxruntime's run ends early
 
     def run_ort(m: onnx.ModelProto, f: Mapping[str, np.ndarray], d: Path | None
                 ) -> dict[str, np.ndarray]:
-        got = _run_ort(m, f, d, (keep or {}).get(id(m), ()))
+        got = _run_ort(m, f, d, (keep or {}).get(id(m), ()), stop)
         if keep and kept is not None:
             kept[id(m)] = got
         return got
@@ -240,7 +243,7 @@ def compare_models(model: onnx.ModelProto, original: onnx.ModelProto,
             got = replace(_on(runtime, lambda m, f, d: deployed.run(runtime, m, f, d),
                               (model, model_dir), (original, original_dir), feeds, rtol,
                               atol, True, ort_notes), judged=False)
-        if after_runtime is not None:
+        if after_runtime is not None and not stop.is_set():
             after_runtime(got)
         return got
 
@@ -255,9 +258,13 @@ def compare_models(model: onnx.ModelProto, original: onnx.ModelProto,
         # NumPy's large operations do; each streams, so memory stays one piece each.
         with concurrent.futures.ThreadPoolExecutor(1, "dqtool-ort") as pool:
             pending = pool.submit(on_runtime)
-            ref = on_reference()
-            if meanwhile is not None:
-                meanwhile()
+            try:
+                ref = on_reference()
+                if meanwhile is not None:
+                    meanwhile()
+            except BaseException:  # an error, Ctrl-C: onnxruntime stops at its next piece
+                stop.set()
+                raise
             ort = pending.result()
     else:
         ort = on_runtime()

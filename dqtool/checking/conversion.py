@@ -17,6 +17,7 @@ from __future__ import annotations
 import concurrent.futures
 import os
 import re
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -223,10 +224,15 @@ def compare(original_model: models.Loaded | onnx.ModelProto,
         # what the bounds read.
         (ref_name, ref_open, ref_a, ref_b), (ort_name, _, ort_a, ort_b) = plan.runs
         keep = _bound_values(plan, ort_a, ort_b)
+        stop = threading.Event()  # set when this thread fails: onnxruntime ends early
         with concurrent.futures.ThreadPoolExecutor(1, "dqtool-ort") as pool:
-            pending = pool.submit(_runs, _beside(keep), ort_a, ort_b, plan, feeds)
-            runs[ref_name] = _runs(ref_open, ref_a, ref_b, plan, feeds)
-            held, tolerated, kind = _held_weights(plan)
+            pending = pool.submit(_runs, _beside(keep, stop), ort_a, ort_b, plan, feeds)
+            try:
+                runs[ref_name] = _runs(ref_open, ref_a, ref_b, plan, feeds)
+                held, tolerated, kind = _held_weights(plan)
+            except BaseException:
+                stop.set()
+                raise
             runs[ort_name] = pending.result()
         got_a, got_b = runs[ort_name]
         if keep and isinstance(got_a, dict) and isinstance(got_b, dict):
@@ -284,12 +290,12 @@ def _bound_values(plan: _Plan, ort_a: onnx.ModelProto, ort_b: onnx.ModelProto
     return keep
 
 
-def _beside(keep: dict[int, list[str]]) -> Open:
+def _beside(keep: dict[int, list[str]], stop: threading.Event) -> Open:
     """onnxruntime's sessions beside the reference evaluator's runs, keeping ``keep``."""
     def open_session(model: onnx.ModelProto, external_dir: Path | None) -> runners.Session:
         def run(feeds: Any, outputs: Any = None) -> dict[str, np.ndarray]:
             return runners.run_ort_beside(model, feeds, keep.get(id(model), ()),
-                                          against.KEEP_BYTES, external_dir)
+                                          against.KEEP_BYTES, external_dir, stop)
         return run
 
     return open_session

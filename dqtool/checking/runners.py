@@ -7,6 +7,7 @@ onnxruntime is imported only here, and only when a check runs.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -323,17 +324,19 @@ def run_ort(model: onnx.ModelProto, feeds: Mapping[str, np.ndarray],
 
 def run_ort_beside(model: onnx.ModelProto, feeds: Mapping[str, np.ndarray],
                    keep: Sequence[str], budget: int,
-                   external_dir: Path | None = None) -> dict[str, np.ndarray]:
+                   external_dir: Path | None = None,
+                   stop: threading.Event | None = None) -> dict[str, np.ndarray]:
     """Run once on onnxruntime, beside another runtime's run: a model that streams does
     in pieces of ``stream_ort.BESIDE_SHARE`` of the usual size, and keeps the values
     ``keep`` names as long as they hold at most ``budget`` bytes (``StreamedOrt``); a
-    model that does not stream keeps nothing (a second run of it costs little)."""
+    model that does not stream keeps nothing (a second run of it costs little). ``stop``
+    set: a streamed run ends at its next piece (a ``RuntimeFailure``)."""
     if not streams(model):
         return run_ort(model, feeds, external_dir=external_dir)
     _ort_options(external_dir)  # onnxruntime missing: the same failure, at once
     run = stream_ort.StreamedOrt(model, lambda piece: _whole_ort(piece, external_dir),
                                  _reporter("onnxruntime", model),
-                                 share=stream_ort.BESIDE_SHARE)
+                                 share=stream_ort.BESIDE_SHARE, stop=stop)
     return _streamed(lambda f, o: run(f, o, keep, budget))(feeds, None)
 
 

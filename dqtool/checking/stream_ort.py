@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -106,12 +107,18 @@ def _unclean(nodes: Sequence[onnx.NodeProto], live: liveness.Liveness, keep: set
     return crossing, unclean
 
 
+class Stopped(Exception):
+    """A streamed run asked to stop (``StreamedOrt.stop``)."""
+
+
 class StreamedOrt:
     """``session(feeds, outputs)`` running ``proto`` piece by piece (module docstring)."""
 
     def __init__(self, proto: onnx.ModelProto, open_session: OpenSession,
-                 progress: Progress | None = None, share: float = 1.0) -> None:
+                 progress: Progress | None = None, share: float = 1.0,
+                 stop: threading.Event | None = None) -> None:
         self.proto = proto
+        self.stop = stop  # set: the run ends at the next piece (``Stopped``)
         self.share = share  # of PIECE_BYTES (as it is when the run starts) a piece takes
         self.open_session = open_session
         self.progress = progress
@@ -206,6 +213,8 @@ class StreamedOrt:
         values: dict[str, np.ndarray] = dict(feeds)
         self.rounded = 0
         for k, piece in enumerate(pieces):
+            if self.stop is not None and self.stop.is_set():
+                raise Stopped("stopped: the check ended elsewhere")
             after = crossing[piece.stop - 1]
             made = {o for n in self.proto.graph.node[piece.start:piece.stop]
                     for o in n.output if o}
