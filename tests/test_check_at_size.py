@@ -28,6 +28,16 @@ def _fp16_pair(tmp_path, m: int = 4):
     return src, up
 
 
+def _sums_in_float16() -> bool:
+    """onnxruntime on this CPU's path sums a float16 MatMulNBits in float16
+    (``code_paths``: neon-fp16-matmulnbits, arm64-dotprod): beyond the float32-sum bound,
+    a known deviation the reference evaluator decides."""
+    from dqtool.checking import path_deviations
+
+    return any(d.key == "neon-fp16-matmulnbits"
+               for d in path_deviations.for_op("com.microsoft:MatMulNBits"))
+
+
 def _counted_runs(monkeypatch) -> list[str]:
     """Each onnxruntime run of a whole model from here on: "whole" (one session) or
     "streamed" (in pieces)."""
@@ -56,7 +66,8 @@ def test_outputs_that_compare_nothing_are_not_bounded_and_still_fail(tmp_path):
     assert finite.passed
     ort = next(c for c in finite.comparisons if c.runtime == "onnxruntime")
     if any(o.max_abs for o in ort.outputs):  # 1 ulp apart on x86-64 (2026-11-28)
-        assert [b.status for b in finite.bounds] == ["within"]
+        assert [b.status for b in finite.bounds] == \
+            ["beyond" if _sums_in_float16() else "within"]
 
 
 def test_one_block_scale_off_by_one_ulp_fails(tmp_path):
@@ -87,19 +98,22 @@ def test_streamed_runs_keep_what_the_bounds_read(tmp_path, monkeypatch):
     src, up = _fp16_pair(tmp_path, m=8)
     runs = _counted_runs(monkeypatch)
     separate = dqtool.check(up, against=src)  # small: not streamed, the bounds run again
-    assert runs == ["whole"] * 4 and separate.passed
+    # (on a path with a MatMulNBits deviation, one more: the original's own distance)
+    assert runs == ["whole"] * (5 if _sums_in_float16() else 4) and separate.passed
     monkeypatch.setattr(runners, "STREAM_BYTES", 0)
     runs.clear()
     once = dqtool.check(up, against=src)
-    assert runs == ["streamed"] * 2 and once.passed
+    # (after them, on a path with a MatMulNBits deviation: the original's own distance)
+    own = ["whole", "streamed"] if _sums_in_float16() else []
+    assert runs == ["streamed"] * 2 + own and once.passed
     assert any(n.startswith("onnxruntime ran each model once") for n in once.notes)
     assert [b.to_json() for b in once.bounds] == [b.to_json() for b in separate.bounds]
-    assert [b.status for b in once.bounds] == ["within"]
+    assert [b.status for b in once.bounds] == ["beyond" if _sums_in_float16() else "within"]
     # past the budget, nothing is kept and the bounds run the models again
     monkeypatch.setattr(against, "KEEP_BYTES", 0)
     runs.clear()
     again = dqtool.check(up, against=src)
-    assert runs == ["streamed"] * 4
+    assert runs == ["streamed"] * 4 + own
     assert [b.to_json() for b in again.bounds] == [b.to_json() for b in separate.bounds]
     assert not any(n.startswith("onnxruntime ran each model once") for n in again.notes)
 
@@ -275,11 +289,16 @@ def test_kept_values_never_change_the_onnxruntime_run_compared(tmp_path, monkeyp
     assert ort_stats(streamed) == ort_stats(plain)
     assert ort_stats(plain)[0][0] > 0  # onnxruntime's sums differ between the two models
     drift = [n.split(":")[0] for n in plain.notes if "when the nodes' values are exposed" in n]
-    assert drift and drift == [n.split(":")[0] for n in streamed.notes
-                               if "when the nodes' values are exposed" in n]
-    assert any(n.startswith("the bounds read each fused node's input and output from "
-                            "onnxruntime's compared run of ") and "ran again" in n
-               for n in streamed.notes), streamed.notes
+    assert drift == [n.split(":")[0] for n in streamed.notes
+                     if "when the nodes' values are exposed" in n]
+    from dqtool.runtimes import cpu_path
+
+    if cpu_path.probe().name.startswith("x86-64"):  # measured there (2026-11-28): its
+        # graph keeps the converted model's Add and MatMul outputs in float32
+        assert drift
+        assert any(n.startswith("the bounds read each fused node's input and output from "
+                                "onnxruntime's compared run of ") and "ran again" in n
+                   for n in streamed.notes), streamed.notes
     a = dqtool.upgrade(src, 21, tmp_path / "a.onnx", check=True).check
     monkeypatch.setattr(runners, "STREAM_BYTES", 1 << 50)
     b = dqtool.upgrade(src, 21, tmp_path / "b.onnx", check=True).check

@@ -116,6 +116,15 @@ def _fp16_pair(tmp_path, *, bias=False, k=256, n=64, m=8):
     return src, up
 
 
+def _sums_in_float16() -> bool:
+    """onnxruntime on this CPU's path sums a float16 MatMulNBits in float16
+    (``code_paths``: neon-fp16-matmulnbits, measured on arm64-dotprod)."""
+    from dqtool.checking import path_deviations
+
+    return any(d.key == "neon-fp16-matmulnbits"
+               for d in path_deviations.for_op("com.microsoft:MatMulNBits"))
+
+
 def _cli_check(*args):
     return CliRunner().invoke(cli, ["check", *map(str, args)], env={"COLUMNS": "200"})
 
@@ -202,7 +211,10 @@ def test_a_wrong_conversion_fails(tmp_path, how):
     report = dqtool.check(bad, against=src)
     assert not report.passed and report.exit_code == 1
     ort_out = report.comparisons[0].outputs[0]
-    assert not ort_out.passed and ort_out.tolerated is None
+    if _sums_in_float16():  # this path's onnxruntime deviates: the reference decides
+        assert "known deviation" in (ort_out.tolerated or "")
+    else:
+        assert not ort_out.passed and ort_out.tolerated is None
     if how == "no bias":
         # the weights are right; the node's output is not: beyond its bound, and the
         # reference runtime differs too
@@ -312,6 +324,12 @@ def test_upgrade_check_consults_the_bound(tmp_path, monkeypatch):
     monkeypatch.setattr(bound, "_ETA", dict.fromkeys(bound._ETA, 0.0))
     from dqtool.convert.report import CheckFailed
 
+    if _sums_in_float16():  # beyond the bound where this onnxruntime deviates: the
+        # reference evaluator decides, and the verdict says so
+        check = dqtool.upgrade(src, 21, tmp_path / "u2.onnx", check=True).check
+        verdict = check.runtimes["onnxruntime (CPU, ORT_DISABLE_ALL)"]
+        assert "BEYOND its rounding bound" in verdict and "known deviation" in verdict
+        return
     with pytest.raises(CheckFailed) as failed:
         dqtool.upgrade(src, 21, tmp_path / "u2.onnx", check=True)
     check = failed.value.report.check

@@ -34,11 +34,27 @@ def for_op(op: str | None = None) -> tuple[PathDeviation, ...]:
     return code_paths.applicable("onnxruntime", version, cpu_path.probe().name, op)
 
 
+def _typed_ops(model: onnx.ModelProto) -> set[tuple[str, str]]:
+    """("domain:Op", element type) of each constant input of the main graph's nodes."""
+    types = {t.name: onnx.helper.tensor_dtype_to_np_dtype(t.data_type).name
+             for t in model.graph.initializer
+             if t.data_type in onnx.helper.get_all_tensor_dtypes()
+             and t.data_type not in (onnx.TensorProto.STRING, onnx.TensorProto.UNDEFINED)}
+    return {(f"{n.domain or 'ai.onnx'}:{n.op_type}", types[i]) for n in model.graph.node
+            for i in n.input if i in types}
+
+
 def applicable(*models: onnx.ModelProto) -> tuple[PathDeviation, ...]:
     """The entries for the installed onnxruntime on this CPU's path whose operators one of
-    ``models`` holds (main graph)."""
+    ``models`` holds (main graph), reading an element type the entry names if it names
+    any."""
     ops = set().union(*(_ops(m) for m in models))
-    return tuple(d for d in for_op() if ops & set(d.ops))
+    found = [d for d in for_op() if ops & set(d.ops)]
+    if any(d.types for d in found):
+        typed = set().union(*(_typed_ops(m) for m in models))
+        found = [d for d in found if not d.types
+                 or any((op, t) in typed for op in d.ops for t in d.types)]
+    return tuple(found)
 
 
 def describe(found: Sequence[PathDeviation]) -> list[str]:

@@ -48,6 +48,9 @@ class PathDeviation:
     # (u8s8-pair-saturation).
     ulps: int | None = None
     steps: int | None = None
+    # element types ("float16") a node of ``ops`` must read for the entry to apply to it
+    # (a constant input of that type: a MatMulNBits' scales); empty: any node of ``ops``
+    types: tuple[str, ...] = ()
 
     def applies(self, runtime: str, version: str, path: str, op: str | None = None) -> bool:
         release = ".".join(version.split(".")[:2])
@@ -158,6 +161,21 @@ DEVIATIONS: tuple[PathDeviation, ...] = (
                       "emulated: fusing the sum's and the final scale-and-shift's "
                       "multiply-adds reproduced 15 of 20 cases, not all)",
         ulps=5),
+    PathDeviation(
+        key="neon-fp16-matmulnbits", runtime="onnxruntime", releases=("1.32",),
+        measured="1.32.0 under qemu-aarch64 -cpu neoverse-n1 (2026-11-28): a float16 node "
+                 "of K 256, N 64, 8 rows, 4-bit blocks of 32: its outputs 0.0857 at most "
+                 "from the exact sum of A times the float16 weight, against 0.0109 on "
+                 "x86-64 (AVX-512); closest to float16 products summed in float16 (0.039 "
+                 "apart, 17% equal), not to float32 sums (0.086 apart)",
+        paths=("arm64-dotprod",), ops=("com.microsoft:MatMulNBits",),
+        spec="MatMulNBits is A @ dequant(B) in A's type; the precision of its sums is "
+             "open: the rounding bound of check --against assumes float32 sums, as "
+             "onnxruntime's x86-64 build makes them (docs/fused.md)",
+        runtime_gives="computes a float16 MatMulNBits in float16 arithmetic (NEON fp16 "
+                      "products and sums): its outputs may lie beyond the float32-sum "
+                      "bound from the converted model's (not emulated)",
+        types=("float16",)),
 )
 
 
