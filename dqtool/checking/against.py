@@ -251,28 +251,37 @@ def compare_models(model: onnx.ModelProto, original: onnx.ModelProto,
         return _on("reference", run_ref, (model, model_dir), (original, original_dir), feeds,
                    rtol, atol, range_steps, ref_notes, probes=probes)
 
-    if runtime == "onnxruntime" and (runners.streams(model) or runners.streams(original)):
-        # At LLM size the two runtimes run side by side: onnxruntime's DequantizeLinear
-        # runs on one core (a float16 model's converted weights: 27 s of the bench
-        # model's check, docs/benchmarks.md 2026-11-28) and releases the interpreter, as
-        # NumPy's large operations do; each streams, so memory stays one piece each.
-        with concurrent.futures.ThreadPoolExecutor(1, "dqtool-ort") as pool:
-            pending = pool.submit(on_runtime)
-            try:
-                ref = on_reference()
-                if meanwhile is not None:
-                    meanwhile()
-            except BaseException:  # an error, Ctrl-C: onnxruntime stops at its next piece
-                stop.set()
-                raise
-            ort = pending.result()
-    else:
-        ort = on_runtime()
-        ref = on_reference()
-        if meanwhile is not None:
-            meanwhile()
+    side_by_side = runtime == "onnxruntime" and (runners.streams(model)
+                                                 or runners.streams(original))
+    ort, ref = _both(on_runtime, on_reference, meanwhile, stop, side_by_side)
     notes += ort_notes + ref_notes  # in the same order whichever finished first
     return [ort, ref]
+
+
+def _both(on_runtime: Callable[[], RuntimeComparison],
+          on_reference: Callable[[], RuntimeComparison],
+          meanwhile: Callable[[], object] | None, stop: threading.Event,
+          side_by_side: bool) -> tuple[RuntimeComparison, RuntimeComparison]:
+    """(onnxruntime's comparison, the reference evaluator's), then ``meanwhile``. At LLM
+    size (``side_by_side``) the two runtimes run side by side: onnxruntime's
+    DequantizeLinear runs on one core (a float16 model's converted weights: 27 s of the
+    bench model's check, docs/benchmarks.md 2026-11-28) and releases the interpreter, as
+    NumPy's large operations do; each streams, so memory stays one piece each."""
+    if not side_by_side:
+        ort, ref = on_runtime(), on_reference()
+        if meanwhile is not None:
+            meanwhile()
+        return ort, ref
+    with concurrent.futures.ThreadPoolExecutor(1, "dqtool-ort") as pool:
+        pending = pool.submit(on_runtime)
+        try:
+            ref = on_reference()
+            if meanwhile is not None:
+                meanwhile()
+        except BaseException:  # an error, Ctrl-C: onnxruntime stops at its next piece
+            stop.set()
+            raise
+        return pending.result(), ref
 
 
 def _on(runtime: str, run: Runner, model: tuple[onnx.ModelProto, Path | None],
