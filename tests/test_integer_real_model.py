@@ -7,7 +7,6 @@ The file is read, the package is never imported. A missing package fails these t
 
 from __future__ import annotations
 
-import importlib.metadata
 from collections import Counter
 from pathlib import Path
 
@@ -15,6 +14,7 @@ import numpy as np
 import onnx
 import pytest
 from helpers.integer import run_ort
+from helpers.wheels import packaged_model
 
 import dqtool
 from dqtool.checking import path_deviations
@@ -23,14 +23,9 @@ from dqtool.integer import api
 
 @pytest.fixture(scope="module")
 def model_path() -> Path:
-    try:
-        dist = importlib.metadata.distribution("ddddocr")
-    except importlib.metadata.PackageNotFoundError:
-        pytest.fail("the ddddocr wheel is not installed: `pip install -e '.[dev]'` (it carries "
-                    "the real model these tests read)")
-    path = Path(str(dist.locate_file("ddddocr/common_old.onnx")))
-    assert path.is_file(), f"{path} is missing from ddddocr {dist.version}"
-    return path
+    return packaged_model("ddddocr", "ddddocr/common_old.onnx",
+                          "`pip install -e '.[dev]'` (it carries the real model these tests "
+                          "read)")
 
 
 def _census(proto: onnx.ModelProto) -> Counter:
