@@ -157,9 +157,7 @@ def _against(loaded: Loaded, other_loaded: Loaded, feeds: dict[str, np.ndarray],
         meanwhile=lambda: weights.extend(_family_weights(loaded, other_loaded, ir_models)),
         after_runtime=bound if runtime == "onnxruntime" else None)
     note = bounded.kept_note(kept, keep, {id(proto): name, id(other): other_name},
-                             "/".join(dict.fromkeys(s.kind for s in registry.check_supports()
-                                                    if s.bound_values and s.kind))) \
-        if bounds else ""
+                             bounded.bound_kind()) if bounds else ""
     notes += [note] if note else []
     kept.clear()  # the kept values, freed
     if bounds:

@@ -17,6 +17,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from dqtool import registry
 from dqtool.checking import against
 from dqtool.checking.against import RuntimeComparison
 
@@ -40,6 +41,13 @@ def moved_when_exposed(comparisons: Sequence[RuntimeComparison],
 
 def _same(a: float, b: float) -> bool:
     return a == b or abs(a - b) <= 1e-9 * max(abs(a), abs(b))
+
+
+def bound_kind() -> str:
+    """What the families whose bounds read values from onnxruntime's runs call their nodes
+    ("fused")."""
+    return "/".join(dict.fromkeys(s.kind for s in registry.check_supports()
+                                  if s.bound_values is not None and s.kind))
 
 
 def kept_note(kept: Mapping[int, Mapping[str, Any]], keep: Mapping[int, Sequence[str]],

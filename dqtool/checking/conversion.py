@@ -240,8 +240,7 @@ def compare(original_model: models.Loaded | onnx.ModelProto,
             plan.kept_note = bounded.kept_note(
                 {id(ort_a): got_a, id(ort_b): got_b}, keep,
                 {id(ort_a): "the original", id(ort_b): "the converted model"},
-                "/".join(dict.fromkeys(s.kind for s in registry.check_supports()
-                                       if s.bound_values and s.kind)))
+                bounded.bound_kind())
     else:
         held, tolerated, kind = _held_weights(plan)
         for name, open_session, model_a, model_b in plan.runs:

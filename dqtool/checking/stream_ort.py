@@ -124,13 +124,21 @@ class StreamedOrt:
         self.progress = progress
         self.outputs = [o.name for o in proto.graph.output]
         self.rounded = 0  # float16 values a boundary rounded that may not be in a whole run
+        self._types: dict[str, int] | None = None
+
+    def types(self) -> dict[str, int]:
+        """``_types`` of the model, inferred once (the pieces and ``neutral`` both read it:
+        onnx's shape inference over the whole graph)."""
+        if self._types is None:
+            self._types = _types(self.proto)
+        return self._types
 
     def _pieces(self, keep: set[str]) -> tuple[list[liveness.Piece], list[set[str]],
                                                    list[set[str]]]:
         nodes = list(self.proto.graph.node)
         live = liveness.Liveness.of(nodes, keep=keep)
         weights = {t.name: liveness.value_bytes(t) for t in self.proto.graph.initializer}
-        types = _types(self.proto)
+        types = self.types()
         crossing, unclean = _unclean(nodes, live, keep, types)
         clean = [not u for u in unclean]
         allowed = [all(types.get(v) not in _NOT_CARRIED for v in c) for c in crossing]
@@ -169,7 +177,7 @@ class StreamedOrt:
         reviewer's case: `Cast → MatMulNBits → Add → MatMulNBits → Cast`, onnxruntime's
         difference between the models 0.0963 plain, 0.125 with the values kept)."""
         kernels = _half_kernels()
-        types = _types(self.proto)
+        types = self.types()
         inputs = {i.name for i in self.proto.graph.input}
         producer = {o: n for n in self.proto.graph.node for o in n.output if o}
         readers: dict[str, list[onnx.NodeProto]] = {}
